@@ -1,0 +1,202 @@
+"""The engine-neutral knob vocabulary and the protocol every engine adapter implements.
+
+The tuning policy speaks only these knobs. Each adapter (vllm.py, sglang.py, trtllm.py) renders them
+to the engine's real flags, parses the same flags back, lists valid values and defaults, and names
+the engine's metrics. Nothing outside ``prefixtune.engines`` should know an engine flag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+
+class EngineName(StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+
+
+# Knob names, engine-neutral. The policy, the API (camelCase) and the twin all use these.
+MEMORY_FRACTION = "memory_fraction"
+BLOCK_SIZE = "block_size"
+PREFIX_CACHING = "prefix_caching"
+SCHEDULE_POLICY = "schedule_policy"
+KNOB_NAMES: tuple[str, ...] = (MEMORY_FRACTION, BLOCK_SIZE, PREFIX_CACHING, SCHEDULE_POLICY)
+
+
+@dataclass(frozen=True)
+class KnobConfig:
+    """One engine-neutral configuration: the values of the tuned knobs.
+
+    ``memory_fraction`` keeps each engine's own meaning (vLLM: share of total GPU memory; SGLang:
+    share for weights + KV; TensorRT-LLM: share of the memory left after weights and activations).
+    The twin and the adapters normalise it to KV bytes; the tuner only needs it to be monotone.
+    """
+
+    memory_fraction: float
+    block_size: int
+    prefix_caching: bool
+    schedule_policy: str
+
+    def with_(self, **changes: object) -> KnobConfig:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, float | int | bool | str]:
+        return {
+            MEMORY_FRACTION: float(self.memory_fraction),
+            BLOCK_SIZE: int(self.block_size),
+            PREFIX_CACHING: bool(self.prefix_caching),
+            SCHEDULE_POLICY: str(self.schedule_policy),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> KnobConfig:
+        return cls(
+            memory_fraction=float(data[MEMORY_FRACTION]),  # type: ignore[arg-type]
+            block_size=int(data[BLOCK_SIZE]),  # type: ignore[call-overload]
+            prefix_caching=bool(data[PREFIX_CACHING]),
+            schedule_policy=str(data[SCHEDULE_POLICY]),
+        )
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """What one knob may be on one engine.
+
+    ``searched`` is False where the knob exists but changes nothing the tuner can measure on this
+    engine (for example vLLM's ``priority`` policy when requests carry no priority): such a knob is
+    kept at its default and never enters the search space.
+    """
+
+    name: str
+    default: float | int | bool | str
+    choices: tuple[float | int | bool | str, ...] = ()  # categorical values; empty for continuous
+    low: float | None = None  # continuous bounds, inclusive
+    high: float | None = None
+    low_exclusive: bool = False
+    searched: bool = True
+    flag: str = ""  # the engine flag or option key the knob renders to, for messages
+    doc: str = ""
+
+    @property
+    def continuous(self) -> bool:
+        return not self.choices
+
+    def validate(self, value: object) -> str | None:
+        """Return None when ``value`` is allowed, else a message naming the allowed values."""
+        if self.continuous:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return f"must be a number in {self.range_text()}"
+            assert self.low is not None and self.high is not None
+            below = value <= self.low if self.low_exclusive else value < self.low
+            if below or value > self.high:
+                return f"must be in {self.range_text()}, got {value}"
+            return None
+        if value not in self.choices or type(value) is not type(self.choices[0]):
+            allowed = ", ".join(str(c) for c in self.choices)
+            return f"must be one of {allowed}; got {value!r}"
+        return None
+
+    def range_text(self) -> str:
+        left = "(" if self.low_exclusive else "["
+        return f"{left}{self.low}, {self.high}]"
+
+
+@dataclass(frozen=True)
+class RenderedCommand:
+    """What a container runs: command + args, plus files the engine reads (TensorRT-LLM's options YAML).
+
+    ``files`` maps an absolute path inside the container to its content; the controller mounts
+    them from a ConfigMap, the twin kubelet resolves them the same way.
+    """
+
+    command: tuple[str, ...]
+    args: tuple[str, ...]
+    files: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return self.command + self.args
+
+
+@dataclass(frozen=True)
+class ParsedCommand:
+    """A command line read back: the model, the tuned knobs, and every other argument untouched."""
+
+    engine: EngineName
+    model: str
+    config: KnobConfig
+    port: int
+    extra_args: tuple[str, ...] = ()
+    options: Mapping[str, object] = field(default_factory=dict)  # engine options not tuned (TRT YAML)
+
+
+class ArgsError(ValueError):
+    """A command line the engine itself would refuse (unknown value, missing model, bad number)."""
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """The engine's Prometheus series, as scraped (counters with ``_total``), for the metrics layer.
+
+    Fields that an engine lacks are empty strings. ``hit_*`` say in which unit the engine counts hits.
+    """
+
+    requests_running: str
+    requests_waiting: str
+    kv_usage: str  # gauge 0..1
+    prompt_tokens: str  # counter
+    generation_tokens: str  # counter
+    requests_finished: str  # counter
+    ttft: str  # histogram base name
+    itl: str  # histogram base name
+    e2e: str  # histogram base name
+    preemptions: str  # counter ("" where the engine has none)
+    hit_numerator: str  # counter of hit tokens (or blocks)
+    hit_denominator: str  # counter of queried tokens (or blocks); "" where hits+misses is used
+    hit_miss: str  # counter of missed blocks where the engine counts hits/misses (TRT-LLM)
+    hit_unit: str  # "tokens" | "blocks"
+    cached_prompt_tokens: str  # counter of prompt tokens served from cache ("" if absent)
+    config_info: str  # gauge with the effective config as labels
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class EngineAdapter(Protocol):
+    name: EngineName
+    default_image: str
+    metrics_port: int  # the port the engine serves HTTP (API, health and metrics) on
+    metrics_path: str
+    health_path: str
+    metrics: MetricNames
+
+    def knobs(self) -> Mapping[str, KnobSpec]:
+        """Every engine-neutral knob with its valid values and default on this engine."""
+        ...
+
+    def default_config(self) -> KnobConfig: ...
+
+    def tuned_flags(self) -> frozenset[str]:
+        """Flags (and their aliases) that the operator owns; extraArgs may not set them."""
+        ...
+
+    def validate(self, config: KnobConfig) -> list[tuple[str, str]]:
+        """(knob, message) for every invalid value; empty when the config is valid."""
+        ...
+
+    def normalize(self, config: KnobConfig) -> KnobConfig:
+        """Collapse equivalent configs (a cache-aware policy with caching off is plain fcfs)."""
+        ...
+
+    def render(
+        self, model: str, config: KnobConfig, extra_args: Sequence[str] = (), port: int | None = None
+    ) -> RenderedCommand: ...
+
+    def parse(self, argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedCommand: ...
+
+    def effective_config(self, samples: Sequence[tuple[str, Mapping[str, str], float]]) -> dict[str, object]:
+        """Read the effective config back from scraped samples (name, labels, value)."""
+        ...

@@ -1,0 +1,153 @@
+"""Token sequences without the tokens: the prefix identity the twin's caches need.
+
+A sequence is a tuple of segments. Each segment has a ``key`` that identifies its content *and
+everything before it* (producers chain keys: a segment's key already depends on its parent), and a
+``length`` in tokens. So the token at offset ``o`` of segment ``s`` is identified by ``(s.key, o)``,
+and the prefix ``[0, p)`` of a sequence is identified by the identity of its last token. Two
+sequences share exactly the prefix up to the end of their last common token identity.
+
+This lets one representation serve every source: workload generators (a system prompt, tool
+schemas, turns of history, a question), Mooncake traces (one segment per 512-token hash id, already
+chained), and raw token-id arrays from HTTP (one segment per token, chained by ``from_tokens``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+# A position identity: the key of the segment holding the token, and the token's offset + 1 there.
+# ``(key, n)`` names the prefix that ends after the n-th token of segment ``key``.
+PrefixId = tuple[int, int]
+
+
+def chain_key(parent: int, *parts: int | str) -> int:
+    """A stable 63-bit key for content ``parts`` that follows the prefix named by ``parent``.
+
+    Stable across processes (no Python ``hash`` randomisation), so pods and load generators agree.
+    """
+    h = hashlib.blake2b(digest_size=8)
+    h.update(parent.to_bytes(8, "little", signed=True))
+    for part in parts:
+        h.update(b"\x00")
+        h.update(str(part).encode())
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+ROOT_KEY = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    key: int
+    length: int
+
+
+@dataclass(frozen=True)
+class TokenSeq:
+    segments: tuple[Segment, ...]
+
+    @cached_property
+    def length(self) -> int:
+        return sum(s.length for s in self.segments)
+
+    @cached_property
+    def _ends(self) -> tuple[int, ...]:
+        ends: list[int] = []
+        total = 0
+        for s in self.segments:
+            total += s.length
+            ends.append(total)
+        return tuple(ends)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def prefix_id(self, p: int) -> PrefixId:
+        """Identity of the prefix ``[0, p)`` (``1 <= p <= length``)."""
+        if not 1 <= p <= self.length:
+            raise ValueError(f"prefix length {p} outside 1..{self.length}")
+        lo, hi = 0, len(self._ends) - 1
+        while lo < hi:  # first segment whose end >= p
+            mid = (lo + hi) // 2
+            if self._ends[mid] >= p:
+                hi = mid
+            else:
+                lo = mid + 1
+        start = self._ends[lo] - self.segments[lo].length
+        return (self.segments[lo].key, p - start)
+
+    def block_ids(self, block_size: int, limit: int | None = None) -> list[PrefixId]:
+        """Identities of the full blocks of ``block_size`` tokens (within the first ``limit`` tokens).
+
+        Block ``k`` is identified by the prefix ending at ``(k + 1) * block_size``; that is exactly
+        vLLM's chained block hash (parent hash + this block's tokens).
+        """
+        n = self.length if limit is None else min(limit, self.length)
+        out: list[PrefixId] = []
+        seg_i = 0
+        start = 0
+        segs = self.segments
+        for end in range(block_size, n + 1, block_size):
+            while start + segs[seg_i].length < end:
+                start += segs[seg_i].length
+                seg_i += 1
+            out.append((segs[seg_i].key, end - start))
+        return out
+
+    def common_prefix(self, other: TokenSeq) -> int:
+        """Number of leading tokens the two sequences share."""
+        shared = 0
+        for a, b in zip(self.segments, other.segments, strict=False):
+            if a.key != b.key:
+                return shared
+            if a.length != b.length:
+                return shared + min(a.length, b.length)
+            shared += a.length
+        return shared
+
+    def extend(self, *segments: Segment) -> TokenSeq:
+        return TokenSeq(self.segments + tuple(segments))
+
+    def truncate(self, n: int) -> TokenSeq:
+        """The first ``n`` tokens (a partial last segment keeps its key: same tokens, same ids)."""
+        out: list[Segment] = []
+        left = n
+        for s in self.segments:
+            if left <= 0:
+                break
+            out.append(s if s.length <= left else Segment(s.key, left))
+            left -= s.length
+        return TokenSeq(tuple(out))
+
+    def __iter__(self) -> Iterator[Segment]:
+        return iter(self.segments)
+
+    @classmethod
+    def of(cls, segments: Iterable[Segment]) -> TokenSeq:
+        return cls(tuple(segments))
+
+    @classmethod
+    def from_tokens(cls, tokens: Sequence[int], parent: int = ROOT_KEY) -> TokenSeq:
+        """Raw token ids (as the OpenAI endpoint receives them): one chained segment per token."""
+        segs: list[Segment] = []
+        key = parent
+        for tok in tokens:
+            key = chain_key(key, int(tok))
+            segs.append(Segment(key, 1))
+        return cls(tuple(segs))
+
+    def to_tokens(self, vocab: int = 128_000) -> list[int]:
+        """Deterministic token ids for this sequence, for sending it over HTTP.
+
+        Token ``o`` of segment ``key`` is derived from ``(key, o)``, so equal prefixes give equal
+        token arrays. (The receiving side re-chains them with ``from_tokens``; its identities differ
+        from these but equality of prefixes is preserved, which is all a cache can observe.)
+        """
+        out: list[int] = []
+        for s in self.segments:
+            seed = s.key & 0xFFFFFFFF
+            out.extend((seed * 2654435761 + o * 40503) % vocab for o in range(s.length))
+        return out
