@@ -39,5 +39,6 @@ class Signals:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Signals:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: (None if v is None else float(v)) for k, v in data.items() if k in known})
+        known = {f.name for f in fields(cls)} - {"window_s"}
+        values = {k: (None if v is None else float(v)) for k, v in data.items() if k in known}
+        return cls(float(data["window_s"]), **values)
