@@ -132,6 +132,7 @@ class ParsedCommand:
     port: int
     extra_args: tuple[str, ...] = ()
     options: Mapping[str, object] = field(default_factory=dict)  # engine options not tuned (TRT YAML)
+    tensor_parallel: int = 1  # effective TP degree (options["tensor_parallel"] only when the command sets it)
 
 
 class ArgsError(ValueError):
@@ -192,8 +193,15 @@ class EngineAdapter(Protocol):
         ...
 
     def render(
-        self, model: str, config: KnobConfig, extra_args: Sequence[str] = (), port: int | None = None
-    ) -> RenderedCommand: ...
+        self,
+        model: str,
+        config: KnobConfig,
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        tensor_parallel: int = 1,
+    ) -> RenderedCommand:
+        """The container command for ``config``; raises ArgsError for an invalid config or extra args."""
+        ...
 
     def parse(self, argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedCommand: ...
 

@@ -1,0 +1,448 @@
+"""TensorRT-LLM (``trtllm-serve MODEL ...``, PyTorch backend): knobs, command line, options YAML, metrics.
+
+Facts from shared/reference/engines.md §1.3, §2.3, §3.3, §4.3. ``trtllm-serve`` has no prefix-cache
+flag: block size, block reuse and the capacity scheduler live in the LLM API options YAML passed with
+``--extra_llm_api_options`` (``--config`` in newer builds). The operator renders that file into
+``RenderedCommand.files``. Prometheus metrics are served at ``/prometheus/metrics`` only with
+``return_perf_metrics: true``; iteration gauges also need ``enable_iter_perf_stats: true``: both are
+always rendered.
+
+A setting given both on the command line and in the YAML is refused: which one wins is not
+documented in the reference, and the operator never renders both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import yaml
+
+from prefixtune.engines._argv import (
+    Flag,
+    FlagTable,
+    Kind,
+    Role,
+    Scan,
+    format_float,
+    to_choice,
+    to_float,
+    to_int,
+    to_text,
+)
+from prefixtune.engines._common import (
+    CHUNKED_PREFILL,
+    DEFAULT_HOST,
+    HOST,
+    HOST_CACHE_BYTES,
+    KV_CACHE_DTYPE,
+    MAX_BATCHED_TOKENS,
+    MAX_MODEL_LEN,
+    MAX_RUNNING,
+    PARTIAL_REUSE,
+    TENSOR_PARALLEL,
+    AdapterBase,
+    flag_name,
+    label_bool,
+    label_number,
+    options_from,
+    require_model,
+    require_port,
+    require_tensor_parallel,
+)
+from prefixtune.engines.base import (
+    BLOCK_SIZE,
+    MEMORY_FRACTION,
+    PREFIX_CACHING,
+    SCHEDULE_POLICY,
+    ArgsError,
+    EngineName,
+    KnobConfig,
+    KnobSpec,
+    MetricNames,
+    ParsedCommand,
+    RenderedCommand,
+)
+
+COMMAND = ("trtllm-serve",)
+DEFAULT_PORT = 8000
+OPTIONS_PATH = "/etc/prefixtune/llm_api_options.yaml"
+_HEADER = "# LLM API options rendered by prefixtune (the operator owns this file)\n"
+
+KNOBS: Mapping[str, KnobSpec] = {
+    MEMORY_FRACTION: KnobSpec(
+        name=MEMORY_FRACTION,
+        default=0.9,
+        low=0.0,
+        high=1.0,
+        low_exclusive=True,
+        flag="--free_gpu_memory_fraction",
+        doc="share of the memory FREE after weights and the activation peak that goes to the KV pool",
+    ),
+    BLOCK_SIZE: KnobSpec(
+        name=BLOCK_SIZE,
+        default=32,
+        choices=(8, 16, 32, 64, 128),
+        flag="kv_cache_config.tokens_per_block",
+        doc="tokens per KV block (a power of two); partial block reuse is on",
+    ),
+    PREFIX_CACHING: KnobSpec(
+        name=PREFIX_CACHING,
+        default=True,
+        choices=(True, False),
+        flag="kv_cache_config.enable_block_reuse",
+        doc="cross-request KV block reuse",
+    ),
+    SCHEDULE_POLICY: KnobSpec(
+        name=SCHEDULE_POLICY,
+        default="guaranteed_no_evict",
+        choices=("guaranteed_no_evict", "max_utilization"),
+        flag="scheduler_config.capacity_scheduler_policy",
+        doc="capacity scheduler: reserve KV for whole requests, or pack the batch and pause on shortage",
+    ),
+}
+
+_ENGINE_POLICIES = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH")
+
+FLAGS = FlagTable(
+    [
+        # owned: rendered by the operator
+        Flag("host", ("--host",), role=Role.OWNED, convert=to_text),
+        Flag("port", ("--port",), role=Role.OWNED, convert=to_int(1)),
+        Flag("tp_size", ("--tp_size",), role=Role.OWNED, convert=to_int(1)),
+        Flag(
+            "free_gpu_memory_fraction",
+            ("--free_gpu_memory_fraction", "--kv_cache_free_gpu_memory_fraction"),
+            role=Role.OWNED,
+            convert=to_float(),
+        ),
+        Flag(
+            "extra_llm_api_options", ("--extra_llm_api_options", "--config"), role=Role.OWNED, convert=to_text
+        ),
+        # options: recognised, untuned, passed through verbatim
+        Flag("max_batch_size", ("--max_batch_size",), convert=to_int(1)),
+        Flag("max_num_tokens", ("--max_num_tokens",), convert=to_int(1)),
+        Flag("enable_chunked_prefill", ("--enable_chunked_prefill",), Kind.SWITCH),
+        # nvfp4 exists in the engine but has no neutral value for the twin yet.
+        Flag("kv_cache_dtype", ("--kv_cache_dtype",), convert=to_choice(("auto", "fp8"))),
+        Flag("max_seq_len", ("--max_seq_len",), convert=to_int(1)),
+        Flag("trust_remote_code", ("--trust_remote_code",), Kind.SWITCH),
+        Flag("backend", ("--backend",), convert=to_choice(("pytorch", "_autodeploy"))),
+        Flag("tokenizer", ("--tokenizer",), convert=to_text),
+        Flag(
+            "log_level",
+            ("--log_level",),
+            convert=to_choice(("internal_error", "error", "warning", "info", "verbose", "debug")),
+        ),
+        Flag("max_beam_width", ("--max_beam_width",), convert=to_int(1)),
+        Flag("pp_size", ("--pp_size",), convert=to_int(1)),
+        Flag("ep_size", ("--ep_size",), convert=to_int(1)),
+        Flag("num_postprocess_workers", ("--num_postprocess_workers",), convert=to_int(0)),
+        Flag("reasoning_parser", ("--reasoning_parser",), convert=to_text),
+    ]
+)
+
+_OPTION_KEYS = {
+    "max_batch_size": MAX_RUNNING,
+    "max_num_tokens": MAX_BATCHED_TOKENS,
+    "enable_chunked_prefill": CHUNKED_PREFILL,
+    "kv_cache_dtype": KV_CACHE_DTYPE,
+    "max_seq_len": MAX_MODEL_LEN,
+    "pp_size": "pipeline_parallel",
+    "tp_size": TENSOR_PARALLEL,
+    "host": HOST,
+}
+
+# The YAML keys prefixtune understands: key -> (type, neutral option key or "" when it is not one).
+# LLM API models refuse unknown keys, so an unknown key here is an error too.
+_YAML_TOP: dict[str, tuple[type, str]] = {
+    "return_perf_metrics": (bool, ""),
+    "enable_iter_perf_stats": (bool, ""),
+    "perf_metrics_max_requests": (int, ""),
+    "max_batch_size": (int, MAX_RUNNING),
+    "max_num_tokens": (int, MAX_BATCHED_TOKENS),
+    "max_seq_len": (int, MAX_MODEL_LEN),
+    "enable_chunked_prefill": (bool, CHUNKED_PREFILL),
+    "print_iter_log": (bool, ""),
+}
+_YAML_KV: dict[str, tuple[type, str]] = {
+    "free_gpu_memory_fraction": (float, ""),
+    "tokens_per_block": (int, ""),
+    "enable_block_reuse": (bool, ""),
+    "enable_partial_reuse": (bool, PARTIAL_REUSE),
+    "copy_on_partial_reuse": (bool, ""),
+    "host_cache_size": (int, HOST_CACHE_BYTES),
+    "onboard_blocks": (bool, ""),
+    "secondary_offload_min_priority": (int, ""),
+    "event_buffer_max_size": (int, ""),
+    "dtype": (str, KV_CACHE_DTYPE),
+}
+_YAML_KV_FORBIDDEN = {
+    "max_tokens": "caps the KV pool that the tuned memory_fraction decides",
+    "max_gpu_total_bytes": "caps the KV pool that the tuned memory_fraction decides",
+}
+_YAML_SCHEDULER: dict[str, tuple[type, str]] = {
+    "capacity_scheduler_policy": (str, ""),
+    "context_chunking_policy": (str, ""),
+}
+# The same setting on the command line and in the YAML: refused (precedence is not documented).
+_CLI_TWINS = {
+    "max_batch_size": "max_batch_size",
+    "max_num_tokens": "max_num_tokens",
+    "max_seq_len": "max_seq_len",
+    "enable_chunked_prefill": "enable_chunked_prefill",
+    "kv_cache_config.dtype": "kv_cache_dtype",
+    "kv_cache_config.free_gpu_memory_fraction": "free_gpu_memory_fraction",
+}
+
+METRICS = MetricNames(
+    requests_running="trtllm_num_requests_running",
+    requests_waiting="trtllm_num_requests_waiting",
+    kv_usage="trtllm_kv_cache_utilization",
+    prompt_tokens="trtllm_prompt_tokens_total",
+    generation_tokens="trtllm_generation_tokens_total",
+    requests_finished="trtllm_request_success_total",
+    ttft="trtllm_time_to_first_token_seconds",
+    itl="trtllm_time_per_output_token_seconds",  # per-token time; TRT-LLM exports no separate ITL
+    e2e="trtllm_e2e_request_latency_seconds",
+    preemptions="",  # no preemption counter; see extra["paused_requests"]
+    hit_numerator="trtllm_kv_cache_reused_blocks_total",
+    hit_denominator="",  # hit rate = reused / (reused + missed), in blocks
+    hit_miss="trtllm_kv_cache_missed_blocks_total",
+    hit_unit="blocks",
+    cached_prompt_tokens="trtllm_prompt_cached_tokens_total",
+    config_info="trtllm_kv_cache_config_info",
+    extra={
+        "paused_requests": "trtllm_num_paused_requests",
+        "tokens_per_block": "trtllm_kv_cache_tokens_per_block",
+        "max_blocks": "trtllm_kv_cache_max_blocks",
+        "hit_rate_gauge": "trtllm_kv_cache_hit_rate",
+        "queue_time": "trtllm_request_queue_time_seconds",
+        "host_kv_usage": "trtllm_kv_cache_host_utilization",
+    },
+)
+
+
+def options_yaml(config: KnobConfig) -> str:
+    """The LLM API options file for ``config`` (deterministic text)."""
+    document = {
+        "kv_cache_config": {
+            "tokens_per_block": int(config.block_size),
+            "enable_block_reuse": bool(config.prefix_caching),
+            "enable_partial_reuse": True,
+        },
+        "scheduler_config": {"capacity_scheduler_policy": str(config.schedule_policy).upper()},
+        "return_perf_metrics": True,
+        "enable_iter_perf_stats": True,
+    }
+    return _HEADER + yaml.safe_dump(document, sort_keys=False)
+
+
+def _typed(where: str, value: object, expected: type) -> object:
+    ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise ArgsError(f"{where}: expected {expected.__name__}, got {value!r}")
+    return value
+
+
+def _section(
+    path: str, name: str, data: object, known: Mapping[str, tuple[type, str]], forbidden: Mapping[str, str]
+) -> dict[str, object]:
+    if not isinstance(data, dict):
+        raise ArgsError(f"{path}: {name} must be a mapping, got {data!r}")
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        where = f"{path}: {name}.{key}"
+        if key in forbidden:
+            raise ArgsError(f"{where}: {forbidden[key]}")
+        if key not in known:
+            raise ArgsError(f"{where}: unknown key; known: {', '.join(sorted(known))}")
+        out[str(key)] = _typed(where, value, known[key][0])
+    return out
+
+
+def _read_options(path: str, text: str) -> tuple[dict[str, object], dict[str, object], dict[str, object]]:
+    """(top-level, kv_cache_config, scheduler_config) of an options YAML, checked key by key."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ArgsError(f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ArgsError(f"{path}: the options file must be a mapping")
+    top = dict(data)
+    kv = _section(path, "kv_cache_config", top.pop("kv_cache_config", {}), _YAML_KV, _YAML_KV_FORBIDDEN)
+    scheduler = _section(path, "scheduler_config", top.pop("scheduler_config", {}), _YAML_SCHEDULER, {})
+    rest = _section(path, "options", top, _YAML_TOP, {})
+    return rest, kv, scheduler
+
+
+class TrtllmAdapter(AdapterBase):
+    name = EngineName.TRTLLM
+    default_image = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0"
+    metrics_port = DEFAULT_PORT
+    metrics_path = "/prometheus/metrics"
+    health_path = "/health"
+    metrics = METRICS
+    table = FLAGS
+    _knobs = KNOBS
+
+    def normalize(self, config: KnobConfig) -> KnobConfig:
+        """No collapse: with block reuse off the block size is still the KV page and the capacity
+        policy still decides admission, so every combination behaves differently."""
+        return KnobConfig(
+            float(config.memory_fraction),
+            int(config.block_size),
+            bool(config.prefix_caching),
+            str(config.schedule_policy),
+        )
+
+    def render(
+        self,
+        model: str,
+        config: KnobConfig,
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        tensor_parallel: int = 1,
+    ) -> RenderedCommand:
+        require_model(model)
+        self.check_config(config)
+        self.check_extra_args(extra_args)
+        port = require_port(DEFAULT_PORT if port is None else port)
+        args = (
+            model,
+            "--host",
+            DEFAULT_HOST,
+            "--port",
+            str(port),
+            "--tp_size",
+            str(require_tensor_parallel(tensor_parallel)),
+            "--free_gpu_memory_fraction",
+            format_float(config.memory_fraction),
+            "--extra_llm_api_options",
+            OPTIONS_PATH,
+            *extra_args,
+        )
+        rendered = RenderedCommand(COMMAND, args, {OPTIONS_PATH: options_yaml(config)})
+        self.parse(rendered.argv, rendered.files)  # what we render must read back
+        return rendered
+
+    def parse(self, argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedCommand:
+        tokens = list(argv)
+        if tuple(tokens[:1]) != COMMAND:
+            raise ArgsError(
+                f"trtllm: the command must start with 'trtllm-serve', got {' '.join(tokens[:1])!r}"
+            )
+        rest = tokens[1:]
+        if rest[:1] == ["serve"]:  # ``trtllm-serve serve MODEL`` is the same command
+            rest = rest[1:]
+        scan = self.table.scan(rest, max_positionals=1)
+        self.refuse_forbidden(scan)
+        if not scan.positionals:
+            raise ArgsError("trtllm-serve: missing argument 'MODEL'")
+        top: dict[str, object] = {}
+        kv: dict[str, object] = {}
+        scheduler: dict[str, object] = {}
+        path = scan.str_value("extra_llm_api_options", "")
+        if path:
+            if files is None or path not in files:
+                raise ArgsError(f"{flag_name(scan, 'extra_llm_api_options')}: file {path} was not provided")
+            top, kv, scheduler = _read_options(path, files[path])
+            self._refuse_twins(scan, path, top, kv)
+        config = self._config(scan, path, kv, scheduler)
+        options = options_from(scan, _OPTION_KEYS)
+        for section, known in ((top, _YAML_TOP), (kv, _YAML_KV)):
+            for key, value in section.items():
+                if known[key][1]:
+                    options[known[key][1]] = value
+        if options.get(KV_CACHE_DTYPE) not in (None, "auto", "fp8"):
+            raise ArgsError(f"{path}: kv_cache_config.dtype must be one of auto, fp8")
+        if "return_perf_metrics" in top:
+            options["metrics"] = bool(top["return_perf_metrics"]) and bool(top.get("enable_iter_perf_stats"))
+        return ParsedCommand(
+            engine=self.name,
+            model=scan.positionals[0],
+            config=config,
+            port=scan.int_value("port", DEFAULT_PORT),
+            extra_args=self.extra_tokens(scan),
+            options=options,
+            tensor_parallel=scan.int_value("tp_size", 1),
+        )
+
+    def _config(
+        self, scan: Scan, path: str, kv: Mapping[str, object], scheduler: Mapping[str, object]
+    ) -> KnobConfig:
+        computed: dict[str, tuple[str, object]] = {}
+        if "free_gpu_memory_fraction" in kv:
+            computed[MEMORY_FRACTION] = (
+                f"{path}: kv_cache_config.free_gpu_memory_fraction",
+                kv["free_gpu_memory_fraction"],
+            )
+        if "tokens_per_block" in kv:
+            computed[BLOCK_SIZE] = (f"{path}: kv_cache_config.tokens_per_block", kv["tokens_per_block"])
+        if "enable_block_reuse" in kv:
+            computed[PREFIX_CACHING] = (
+                f"{path}: kv_cache_config.enable_block_reuse",
+                kv["enable_block_reuse"],
+            )
+        if "capacity_scheduler_policy" in scheduler:
+            where = f"{path}: scheduler_config.capacity_scheduler_policy"
+            policy = scheduler["capacity_scheduler_policy"]
+            if policy not in _ENGINE_POLICIES:
+                raise ArgsError(
+                    f"{where}: invalid value {policy!r}; choose from {', '.join(_ENGINE_POLICIES)}"
+                )
+            computed[SCHEDULE_POLICY] = (where, str(policy).lower())
+        return self.config_from(scan, {MEMORY_FRACTION: "free_gpu_memory_fraction"}, computed)
+
+    @staticmethod
+    def _refuse_twins(scan: Scan, path: str, top: Mapping[str, object], kv: Mapping[str, object]) -> None:
+        for key, dest in _CLI_TWINS.items():
+            section, _, field = key.rpartition(".")
+            in_yaml = field in (kv if section else top)
+            if in_yaml and scan.last(dest) is not None:
+                raise ArgsError(
+                    f"{flag_name(scan, dest)} is also set as {key} in {path}; set it in one place only"
+                )
+
+    def effective_config(self, samples: Sequence[tuple[str, Mapping[str, str], float]]) -> dict[str, object]:
+        """From ``trtllm_kv_cache_config_info`` labels (tokens_per_block, enable_block_reuse,
+        free_gpu_memory_fraction, enable_partial_reuse, host_cache_size: label names unverified in the
+        reference), then the gauges ``trtllm_kv_cache_tokens_per_block`` and ``trtllm_kv_cache_max_blocks``.
+        Keys: block_size, prefix_caching, memory_fraction, partial_reuse, host_cache_bytes, kv_blocks,
+        kv_tokens.
+        """
+        found: dict[str, object] = {}
+        for name, labels, _ in samples:
+            if name != METRICS.config_info:
+                continue
+            block = label_number(labels.get("tokens_per_block", ""))
+            if block is not None:
+                found[BLOCK_SIZE] = int(block)
+            fraction = label_number(labels.get("free_gpu_memory_fraction", ""))
+            if fraction is not None:
+                found[MEMORY_FRACTION] = float(fraction)
+            for label, key in (
+                ("enable_block_reuse", PREFIX_CACHING),
+                ("enable_partial_reuse", PARTIAL_REUSE),
+            ):
+                flag = label_bool(labels.get(label, ""))
+                if flag is not None:
+                    found[key] = flag
+            host = label_number(labels.get("host_cache_size", ""))
+            if host is not None:
+                found[HOST_CACHE_BYTES] = int(host)
+            break
+        for name, _, value in samples:
+            if name == METRICS.extra["tokens_per_block"] and BLOCK_SIZE not in found:
+                found[BLOCK_SIZE] = int(value)
+            elif name == METRICS.extra["max_blocks"] and "kv_blocks" not in found:
+                found["kv_blocks"] = int(value)
+        if "kv_blocks" in found and BLOCK_SIZE in found:
+            found["kv_tokens"] = int(found["kv_blocks"]) * int(found[BLOCK_SIZE])  # type: ignore[call-overload]
+        return found
+
+
+ADAPTER = TrtllmAdapter()

@@ -1,0 +1,370 @@
+"""vLLM 0.33 (``vllm serve MODEL ...``): knobs, command line, metrics.
+
+Facts from shared/reference/engines.md §1.1, §2.1, §4.1. vLLM's FlexibleArgumentParser turns
+underscores into dashes in flag names (``--block_size`` is ``--block-size``;
+vllm/utils/argparse_utils.py), so parsing and the owned-flag check do the same. Flag abbreviations
+are not accepted (stricter than argparse's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from prefixtune.engines._argv import (
+    Flag,
+    FlagTable,
+    Kind,
+    Role,
+    format_float,
+    to_choice,
+    to_float,
+    to_int,
+    to_text,
+)
+from prefixtune.engines._common import (
+    CHUNKED_PREFILL,
+    DEFAULT_HOST,
+    HOST,
+    HOST_CACHE_BYTES,
+    KV_CACHE_DTYPE,
+    MAX_BATCHED_TOKENS,
+    MAX_MODEL_LEN,
+    MAX_RUNNING,
+    TENSOR_PARALLEL,
+    AdapterBase,
+    label_bool,
+    label_number,
+    options_from,
+    require_model,
+    require_port,
+    require_tensor_parallel,
+)
+from prefixtune.engines.base import (
+    BLOCK_SIZE,
+    MEMORY_FRACTION,
+    PREFIX_CACHING,
+    SCHEDULE_POLICY,
+    ArgsError,
+    EngineName,
+    KnobConfig,
+    KnobSpec,
+    MetricNames,
+    ParsedCommand,
+    RenderedCommand,
+)
+
+COMMAND = ("vllm", "serve")
+DEFAULT_PORT = 8000
+
+KNOBS: Mapping[str, KnobSpec] = {
+    MEMORY_FRACTION: KnobSpec(
+        name=MEMORY_FRACTION,
+        default=0.92,
+        low=0.0,
+        high=1.0,
+        low_exclusive=True,
+        flag="--gpu-memory-utilization",
+        doc="share of TOTAL device memory for this instance (weights + activations + KV); (0, 1]",
+    ),
+    BLOCK_SIZE: KnobSpec(
+        name=BLOCK_SIZE,
+        default=16,
+        choices=(16, 32, 64, 128),
+        flag="--block-size",
+        doc="KV block size in tokens; multiples of 16 that FLASH_ATTN supports; only full blocks hit",
+    ),
+    PREFIX_CACHING: KnobSpec(
+        name=PREFIX_CACHING,
+        default=True,
+        choices=(True, False),
+        flag="--enable-prefix-caching/--no-enable-prefix-caching",
+        doc="automatic prefix caching (on by default for generative decoders)",
+    ),
+    SCHEDULE_POLICY: KnobSpec(
+        name=SCHEDULE_POLICY,
+        default="fcfs",
+        choices=("fcfs", "priority"),
+        searched=False,
+        flag="--scheduling-policy",
+        doc="priority only reorders requests that carry a priority; without them it equals fcfs",
+    ),
+}
+
+
+def _vllm_name(name: str) -> str:
+    """FlexibleArgumentParser: underscores become dashes in the name, up to the first '.'."""
+    if not name.startswith("--"):
+        return name
+    head, dot, tail = name[2:].partition(".")
+    return "--" + head.replace("_", "-") + dot + tail
+
+
+def _bool_pair(dest: str, name: str, role: Role = Role.OPTION) -> Flag:
+    return Flag(dest, (f"--{name}",), Kind.NEGATABLE, role, negations=(f"--no-{name}",))
+
+
+_KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+_QUANTIZATION = (
+    "awq",
+    "awq_marlin",
+    "gptq",
+    "gptq_marlin",
+    "fp8",
+    "bitsandbytes",
+    "compressed-tensors",
+    "modelopt",
+    "modelopt_fp4",
+    "mxfp4",
+    "gguf",
+)
+
+FLAGS = FlagTable(
+    [
+        # owned: rendered by the operator
+        Flag("model", ("--model",), role=Role.OWNED, convert=to_text),
+        Flag("host", ("--host",), role=Role.OWNED, convert=to_text),
+        Flag("port", ("--port",), role=Role.OWNED, convert=to_int(1)),
+        Flag("tensor_parallel_size", ("--tensor-parallel-size", "-tp"), role=Role.OWNED, convert=to_int(1)),
+        Flag(
+            "gpu_memory_utilization",
+            ("--gpu-memory-utilization", "--device-memory-utilization"),
+            role=Role.OWNED,
+            convert=to_float(),
+        ),
+        Flag("block_size", ("--block-size",), role=Role.OWNED, convert=to_int()),
+        _bool_pair("enable_prefix_caching", "enable-prefix-caching", Role.OWNED),
+        Flag(
+            "scheduling_policy",
+            ("--scheduling-policy",),
+            role=Role.OWNED,
+            convert=to_choice(("fcfs", "priority")),
+        ),
+        # forbidden: real flags that would override a tuned knob or blind the tuner
+        Flag(
+            "kv_cache_memory_bytes",
+            ("--kv-cache-memory-bytes",),
+            role=Role.FORBIDDEN,
+            why="sets the KV pool in bytes and makes vLLM ignore the tuned memory_fraction",
+        ),
+        Flag(
+            "num_gpu_blocks_override",
+            ("--num-gpu-blocks-override",),
+            role=Role.FORBIDDEN,
+            why="overrides the KV pool size that the tuned memory_fraction decides",
+        ),
+        Flag(
+            "prefix_match_unit",
+            ("--prefix-match-unit",),
+            role=Role.FORBIDDEN,
+            why="changes the prefix-hit granularity that the tuned block_size decides",
+        ),
+        Flag(
+            "disable_log_stats",
+            ("--disable-log-stats",),
+            Kind.SWITCH,
+            role=Role.FORBIDDEN,
+            why="removes the Prometheus metrics the tuner reads",
+        ),
+        # options: recognised, untuned, passed through verbatim
+        Flag("max_num_seqs", ("--max-num-seqs",), convert=to_int(1)),
+        Flag("max_num_batched_tokens", ("--max-num-batched-tokens",), convert=to_int(1)),
+        _bool_pair("enable_chunked_prefill", "enable-chunked-prefill"),
+        Flag("long_prefill_token_threshold", ("--long-prefill-token-threshold",), convert=to_int(0)),
+        Flag("kv_cache_dtype", ("--kv-cache-dtype",), convert=to_choice(tuple(_KV_DTYPES), _KV_DTYPES)),
+        Flag("max_model_len", ("--max-model-len",), convert=to_int(1)),
+        _bool_pair("trust_remote_code", "trust-remote-code"),
+        Flag("served_model_name", ("--served-model-name",), Kind.LIST, convert=to_text),
+        Flag("seed", ("--seed",), convert=to_int()),
+        Flag("dtype", ("--dtype",), convert=to_choice(_DTYPES)),
+        Flag("quantization", ("--quantization", "-q"), convert=to_choice(_QUANTIZATION)),
+        _bool_pair("enforce_eager", "enforce-eager"),
+        _bool_pair("enable_log_requests", "enable-log-requests"),
+        Flag(
+            "prefix_caching_hash_algo",
+            ("--prefix-caching-hash-algo",),
+            convert=to_choice(("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")),
+        ),
+        Flag("kv_offloading_size", ("--kv-offloading-size",), convert=to_float(0.0)),
+        Flag("kv_offloading_backend", ("--kv-offloading-backend",), convert=to_choice(("native", "lmcache"))),
+        _bool_pair("kv_cache_metrics", "kv-cache-metrics"),
+        Flag("kv_cache_metrics_sample", ("--kv-cache-metrics-sample",), convert=to_float(0.0)),
+        Flag("pipeline_parallel_size", ("--pipeline-parallel-size", "-pp"), convert=to_int(1)),
+        Flag("data_parallel_size", ("--data-parallel-size", "-dp"), convert=to_int(1)),
+        Flag("tokenizer", ("--tokenizer",), convert=to_text),
+        Flag("revision", ("--revision",), convert=to_text),
+        Flag("download_dir", ("--download-dir",), convert=to_text),
+        Flag("api_key", ("--api-key",), convert=to_text),
+        Flag("max_logprobs", ("--max-logprobs",), convert=to_int()),
+        Flag(
+            "uvicorn_log_level",
+            ("--uvicorn-log-level",),
+            convert=to_choice(("critical", "error", "warning", "info", "debug", "trace")),
+        ),
+    ],
+    normalize_name=_vllm_name,
+)
+
+_OPTION_KEYS = {
+    "max_num_seqs": MAX_RUNNING,
+    "max_num_batched_tokens": MAX_BATCHED_TOKENS,
+    "enable_chunked_prefill": CHUNKED_PREFILL,
+    "kv_cache_dtype": KV_CACHE_DTYPE,
+    "max_model_len": MAX_MODEL_LEN,
+    "pipeline_parallel_size": "pipeline_parallel",
+    "data_parallel_size": "data_parallel",
+    "tensor_parallel_size": TENSOR_PARALLEL,
+    "host": HOST,
+}
+
+METRICS = MetricNames(
+    requests_running="vllm:num_requests_running",
+    requests_waiting="vllm:num_requests_waiting",
+    kv_usage="vllm:kv_cache_usage_perc",
+    prompt_tokens="vllm:prompt_tokens_total",
+    generation_tokens="vllm:generation_tokens_total",
+    requests_finished="vllm:request_success_total",
+    ttft="vllm:time_to_first_token_seconds",
+    itl="vllm:inter_token_latency_seconds",
+    e2e="vllm:e2e_request_latency_seconds",
+    preemptions="vllm:num_preemptions_total",
+    hit_numerator="vllm:prefix_cache_hits_total",
+    hit_denominator="vllm:prefix_cache_queries_total",
+    hit_miss="",
+    hit_unit="tokens",
+    cached_prompt_tokens="vllm:prompt_tokens_cached_total",
+    config_info="vllm:cache_config_info",
+    extra={
+        "queue_time": "vllm:request_queue_time_seconds",
+        "tpot": "vllm:request_time_per_output_token_seconds",
+        "prefill_time": "vllm:request_prefill_time_seconds",
+        "external_hits": "vllm:external_prefix_cache_hits_total",
+        "external_queries": "vllm:external_prefix_cache_queries_total",
+        "waiting_by_reason": "vllm:num_requests_waiting_by_reason",
+    },
+)
+
+
+class VllmAdapter(AdapterBase):
+    name = EngineName.VLLM
+    default_image = "vllm/vllm-openai:v0.33.0"
+    metrics_port = DEFAULT_PORT
+    metrics_path = "/metrics"
+    health_path = "/health"
+    metrics = METRICS
+    table = FLAGS
+    _knobs = KNOBS
+
+    def tuned_flags(self) -> frozenset[str]:
+        # vLLM also accepts the underscore spelling of every long flag.
+        base = super().tuned_flags()
+        return base | {"--" + name[2:].replace("-", "_") for name in base if name.startswith("--")}
+
+    def normalize(self, config: KnobConfig) -> KnobConfig:
+        """Only type coercion: every vLLM knob changes behaviour on its own.
+
+        Block size still matters with prefix caching off (it is the KV page), and ``priority`` is kept
+        as is (it is not searched; with priorities on the requests it does differ from fcfs).
+        """
+        return KnobConfig(
+            float(config.memory_fraction),
+            int(config.block_size),
+            bool(config.prefix_caching),
+            str(config.schedule_policy),
+        )
+
+    def render(
+        self,
+        model: str,
+        config: KnobConfig,
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        tensor_parallel: int = 1,
+    ) -> RenderedCommand:
+        require_model(model)
+        self.check_config(config)
+        self.check_extra_args(extra_args)
+        port = require_port(DEFAULT_PORT if port is None else port)
+        args = (
+            model,
+            "--host",
+            DEFAULT_HOST,
+            "--port",
+            str(port),
+            "--tensor-parallel-size",
+            str(require_tensor_parallel(tensor_parallel)),
+            "--gpu-memory-utilization",
+            format_float(config.memory_fraction),
+            "--block-size",
+            str(int(config.block_size)),
+            "--enable-prefix-caching" if config.prefix_caching else "--no-enable-prefix-caching",
+            "--scheduling-policy",
+            str(config.schedule_policy),
+            *extra_args,
+        )
+        rendered = RenderedCommand(COMMAND, args)
+        self.parse(rendered.argv)  # what we render must read back: unknown extra flags fail here
+        return rendered
+
+    def parse(self, argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedCommand:
+        tokens = list(argv)
+        if tuple(tokens[:2]) != COMMAND:
+            raise ArgsError(f"vllm: the command must start with 'vllm serve', got {' '.join(tokens[:2])!r}")
+        scan = self.table.scan(tokens[2:], max_positionals=1)
+        self.refuse_forbidden(scan)
+        # ``vllm serve MODEL`` puts the positional into --model; the positional wins when both are given.
+        model = scan.positionals[0] if scan.positionals else scan.str_value("model", "")
+        if not model:
+            raise ArgsError("vllm serve: the model is required (positional MODEL or --model)")
+        config = self.config_from(
+            scan,
+            {
+                MEMORY_FRACTION: "gpu_memory_utilization",
+                BLOCK_SIZE: "block_size",
+                PREFIX_CACHING: "enable_prefix_caching",
+                SCHEDULE_POLICY: "scheduling_policy",
+            },
+        )
+        options = options_from(scan, _OPTION_KEYS)
+        offload = scan.value("kv_offloading_size")
+        if isinstance(offload, float) and offload > 0:
+            options[HOST_CACHE_BYTES] = int(offload * 2**30)  # GiB, total across TP ranks
+        return ParsedCommand(
+            engine=self.name,
+            model=model,
+            config=config,
+            port=scan.int_value("port", DEFAULT_PORT),
+            extra_args=self.extra_tokens(scan),
+            options=options,
+            tensor_parallel=scan.int_value("tensor_parallel_size", 1),
+        )
+
+    def effective_config(self, samples: Sequence[tuple[str, Mapping[str, str], float]]) -> dict[str, object]:
+        """From ``vllm:cache_config_info`` labels (the first sample): knob values and the KV pool size.
+
+        Keys: block_size, memory_fraction, prefix_caching (knob names), kv_blocks and kv_tokens.
+        Labels that are missing or unparseable ("None") are left out.
+        """
+        for name, labels, _ in samples:
+            if name != METRICS.config_info:
+                continue
+            found: dict[str, object] = {}
+            block = label_number(labels.get("block_size", ""))
+            if block is not None:
+                found[BLOCK_SIZE] = int(block)
+            fraction = label_number(labels.get("gpu_memory_utilization", ""))
+            if fraction is not None:
+                found[MEMORY_FRACTION] = float(fraction)
+            caching = label_bool(labels.get("enable_prefix_caching", ""))
+            if caching is not None:
+                found[PREFIX_CACHING] = caching
+            blocks = label_number(labels.get("num_gpu_blocks", ""))
+            if blocks is not None:
+                found["kv_blocks"] = int(blocks)
+                if block is not None:
+                    found["kv_tokens"] = int(blocks) * int(block)
+            return found
+        return {}
+
+
+ADAPTER = VllmAdapter()
