@@ -1,0 +1,72 @@
+"""The enumerations of the ServingDeployment resource (their values are the YAML spellings)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class GpuType(StrEnum):
+    H100_80GB = "H100-80GB"
+    H200 = "H200"
+    A100_80GB = "A100-80GB"
+
+
+class TuningMode(StrEnum):
+    OFF = "off"
+    OBSERVE = "observe"
+    AUTO = "auto"
+
+
+class Objective(StrEnum):
+    GOODPUT = "goodput"
+    THROUGHPUT = "throughput"
+    TTFT = "ttft"
+
+
+class RolloutStrategy(StrEnum):
+    CANARY = "canary"
+    ROLLING = "rolling"
+
+
+class MetricsSource(StrEnum):
+    PROMETHEUS = "prometheus"
+    SCRAPE = "scrape"
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    BASELINE = "Baseline"
+    EXPLORING = "Exploring"
+    CONVERGED = "Converged"
+    OBSERVING = "Observing"
+    PAUSED = "Paused"
+    FAILED = "Failed"
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"
+    TUNING = "Tuning"
+    DEGRADED = "Degraded"
+    METRICS_UNAVAILABLE = "MetricsUnavailable"
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class TrialOutcome(StrEnum):
+    OK = "ok"
+    INFEASIBLE = "infeasible"
+    ABORTED = "aborted"
+    INVALIDATED = "invalidated"
+    RUNNING = "running"
+
+
+class Bound(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    KV_CAPACITY = "kv-capacity"
+    QUEUEING = "queueing"
+    UNKNOWN = "unknown"

@@ -1,0 +1,530 @@
+"""Pydantic models of the ServingDeployment custom resource (prefixtune.io/v1alpha1).
+
+Field names are snake_case in Python and camelCase in YAML/JSON (both are accepted on input; output
+uses camelCase). Numbers and booleans are strict (``"1"`` is not an integer, ``1`` is not a boolean),
+as the API server's schema is. Unknown fields are errors, so a typo such as ``blocksize`` is reported.
+
+Engine-specific defaults (image, the four knobs, the rollout strategy) are filled in after validation
+from the engine adapter, and engine-specific rules (valid block sizes, flags extraArgs may not set, ...)
+are checked by ``prefixtune.api.rules``. ``prefixtune.api.validation.validate_spec`` turns every problem
+into a ``FieldError`` with a path such as ``spec.config.blockSize``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationInfo,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
+
+from prefixtune.api import rules
+from prefixtune.api.durations import (
+    DURATION_EXAMPLES,
+    DURATION_MAX_LENGTH,
+    DURATION_PATTERN,
+    DurationError,
+    format_duration,
+    parse_duration,
+)
+from prefixtune.api.enums import (
+    Bound,
+    ConditionStatus,
+    ConditionType,
+    GpuType,
+    MetricsSource,
+    Objective,
+    Phase,
+    RolloutStrategy,
+    TrialOutcome,
+    TuningMode,
+)
+from prefixtune.engines.base import EngineName, KnobConfig, KnobSpec
+
+API_GROUP = "prefixtune.io"
+API_VERSION = "v1alpha1"
+GROUP_VERSION: Final = "prefixtune.io/v1alpha1"
+KIND: Final = "ServingDeployment"
+LIST_KIND = "ServingDeploymentList"
+PLURAL = "servingdeployments"
+SINGULAR = "servingdeployment"
+SHORT_NAMES = ("sdep",)
+CATEGORIES = ("prefixtune",)
+
+# Read only by the local sandbox: which synthetic workload its load generator sends to this
+# deployment. In a real cluster traffic comes from users and the annotation is ignored.
+SANDBOX_WORKLOAD_ANNOTATION = "prefixtune.io/sandbox-workload"
+
+MAX_EXTRA_ARGS = 64
+MAX_EXTRA_ARG_LENGTH = 1024
+# Characters a shell would interpret. Engines are started without a shell, but an argument holding
+# one of these is almost always a copy-paste mistake or an injection attempt: refuse it.
+SHELL_METACHARACTERS = (";", "|", "&", "`", "$", "(", ")", "<", ">", "\n", "\r")
+SHELL_METACHARACTERS_TEXT = "; | & ` $ ( ) < > newline"
+EXTRA_ARG_PATTERN = r"^[^;|&`$()<>\n\r]*$"
+MODEL_PATTERN = r"^[^\s-]\S*$"
+URL_PATTERN = r"^https?://[^\s/?#]+[^\s]*$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        allow_inf_nan=False,
+        use_enum_values=False,
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON/YAML form (camelCase, enums and durations as strings, None fields left out)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def _section(factory: Any, description: str) -> Any:
+    """A nested object that is always present: the API server defaults it to {} so that its own
+    field defaults apply, exactly as pydantic's default_factory does here."""
+    return Field(default_factory=factory, description=description, json_schema_extra={"default": {}})
+
+
+def _omittable_schema(extra: JsonDict) -> Callable[[JsonDict], None]:
+    def apply(schema: JsonDict) -> None:
+        # None means "omitted" (the engine default, or not recorded yet), not a value: the CRD shows
+        # the field as optional but not nullable (the API server drops nulls of such fields).
+        options = schema.pop("anyOf", None)
+        if isinstance(options, list):
+            (kept,) = [o for o in options if isinstance(o, dict) and o.get("type") != "null"]
+            assert isinstance(kept, dict)
+            for key, value in kept.items():
+                schema.setdefault(key, value)
+        schema.pop("default", None)
+        schema.update(extra)
+
+    return apply
+
+
+def _omittable(description: str | None = None, extra: JsonDict | None = None) -> Any:
+    """An optional field whose None means "omitted"."""
+    return Field(None, description=description, json_schema_extra=_omittable_schema(extra or {}))
+
+
+# --- durations -------------------------------------------------------------------------------------
+
+
+def _check_duration(value: object) -> float:
+    return parse_duration(value)
+
+
+def _positive(seconds: float) -> float:
+    if seconds <= 0:
+        raise DurationError(f"must be a positive duration such as {DURATION_EXAMPLES}")
+    return seconds
+
+
+_DURATION_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "pattern": DURATION_PATTERN,
+    "maxLength": DURATION_MAX_LENGTH,
+}
+
+# Seconds in Python, a duration string ("1m30s") in YAML/JSON.
+Duration = Annotated[
+    float,
+    BeforeValidator(_check_duration),
+    PlainSerializer(format_duration, return_type=str),
+    WithJsonSchema(_DURATION_SCHEMA),
+]
+PositiveDuration = Annotated[
+    float,
+    BeforeValidator(_check_duration),
+    AfterValidator(_positive),
+    PlainSerializer(format_duration, return_type=str),
+    WithJsonSchema(
+        {
+            **_DURATION_SCHEMA,
+            "x-kubernetes-validations": [
+                {"rule": "duration(self) > duration('0s')", "message": "must be a positive duration"}
+            ],
+        }
+    ),
+]
+
+
+# --- spec ------------------------------------------------------------------------------------------
+
+
+MemoryFraction = Annotated[StrictFloat, Field(gt=0, le=1)]
+BlockSize = Annotated[StrictInt, Field(ge=1, le=4096)]
+PolicyName = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+def _check_extra_arg(arg: str) -> str:
+    bad = sorted({c for c in SHELL_METACHARACTERS if c in arg}, key=SHELL_METACHARACTERS.index)
+    if bad:
+        shown = ", ".join("newline" if c in "\n\r" else repr(c) for c in bad)
+        raise ValueError(
+            f"{arg!r} contains shell metacharacter(s) {shown}; not allowed: {SHELL_METACHARACTERS_TEXT} "
+            "(pass one flag or value per list item)"
+        )
+    return arg
+
+
+ExtraArg = Annotated[
+    str,
+    Field(max_length=MAX_EXTRA_ARG_LENGTH),
+    AfterValidator(_check_extra_arg),
+    WithJsonSchema({"type": "string", "maxLength": MAX_EXTRA_ARG_LENGTH, "pattern": EXTRA_ARG_PATTERN}),
+]
+
+
+def _check_model(name: str) -> str:
+    if not name.strip():
+        raise ValueError(
+            "must not be empty; give a model name or path, e.g. meta-llama/Llama-3.1-8B-Instruct"
+        )
+    if name.startswith("-") or any(c.isspace() for c in name):
+        raise ValueError(
+            f"{name!r} is not a model name or path: it may not start with '-' or contain spaces "
+            "(e.g. meta-llama/Llama-3.1-8B-Instruct)"
+        )
+    return name
+
+
+def _check_url(url: str) -> str:
+    if not re.match(URL_PATTERN, url):
+        raise ValueError(f"{url!r} is not an http(s) URL; e.g. http://prometheus.monitoring:9090")
+    return url
+
+
+class GpuSpec(_Model):
+    """GPUs of one replica."""
+
+    count: StrictInt = Field(1, ge=1, le=8, description="GPUs per replica; becomes the tensor-parallel size.")
+    type: GpuType = Field(GpuType.H100_80GB, description="GPU model; selects the node and the twin's model.")
+
+
+class ConfigSpec(_Model):
+    """The baseline configuration of the tuned knobs. Omitted knobs take the engine's default."""
+
+    memory_fraction: MemoryFraction | None = _omittable(
+        "Memory fraction with the engine's own meaning (vLLM: of total GPU memory; SGLang: "
+        "weights + KV; TensorRT-LLM: of the memory free after weights)."
+    )
+    block_size: BlockSize | None = _omittable(
+        "KV block (page) size in tokens; valid sizes depend on the engine."
+    )
+    prefix_caching: StrictBool | None = _omittable(
+        "Automatic prefix caching (vLLM), radix cache (SGLang), block reuse (TensorRT-LLM)."
+    )
+    schedule_policy: PolicyName | None = _omittable("Scheduling policy; valid values depend on the engine.")
+
+    def to_knob_config(self) -> KnobConfig:
+        """The KnobConfig of a filled-in config (every validated spec has one)."""
+        missing = [name for name, value in self if value is None]
+        if missing:
+            raise ValueError(
+                f"config is not filled in (missing {', '.join(missing)}); validate the spec first"
+            )
+        assert self.memory_fraction is not None and self.block_size is not None
+        assert self.prefix_caching is not None and self.schedule_policy is not None
+        return KnobConfig(
+            memory_fraction=float(self.memory_fraction),
+            block_size=int(self.block_size),
+            prefix_caching=bool(self.prefix_caching),
+            schedule_policy=str(self.schedule_policy),
+        )
+
+    @classmethod
+    def from_knob_config(cls, config: KnobConfig) -> ConfigSpec:
+        return cls(
+            memory_fraction=float(config.memory_fraction),
+            block_size=int(config.block_size),
+            prefix_caching=bool(config.prefix_caching),
+            schedule_policy=str(config.schedule_policy),
+        )
+
+
+class FloatRange(_Model):
+    """An inclusive range [min, max] with min < max."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self.min < self.max", "message": "min must be less than max"}
+            ]
+        }
+    )
+
+    min: MemoryFraction
+    max: MemoryFraction
+
+
+_SET: JsonDict = {"x-kubernetes-list-type": "set"}  # scalar list without duplicates
+
+
+class SearchSpace(_Model):
+    """Values the tuner may try. Each omitted knob uses the engine adapter's default space."""
+
+    memory_fraction: FloatRange | None = _omittable("Range to search.")
+    block_size: Annotated[list[BlockSize], Field(min_length=1, max_length=16)] | None = _omittable(
+        "Block sizes to try.", _SET
+    )
+    prefix_caching: Annotated[list[StrictBool], Field(min_length=1, max_length=2)] | None = _omittable(
+        "Prefix caching values to try.", _SET
+    )
+    schedule_policy: Annotated[list[PolicyName], Field(min_length=1, max_length=16)] | None = _omittable(
+        "Scheduling policies to try.", _SET
+    )
+
+
+class SloSpec(_Model):
+    """Latency objectives; goodput counts output tokens of requests that meet both."""
+
+    ttft_p99: PositiveDuration = Field("2s", validate_default=True, description="Time to first token, p99.")
+    itl_p99: PositiveDuration = Field("150ms", validate_default=True, description="Inter-token latency, p99.")
+
+
+class TrialSpec(_Model):
+    """One trial: roll out, warm the cache up, then measure."""
+
+    warmup: Duration = Field(
+        "3m", validate_default=True, description="Time to warm the cache before measuring."
+    )
+    measure: PositiveDuration = Field("10m", validate_default=True, description="Measurement window.")
+    min_requests: StrictInt = Field(
+        300, ge=1, le=1_000_000, description="Requests the window needs before it is scored."
+    )
+
+
+class BudgetSpec(_Model):
+    max_trials: StrictInt = Field(20, ge=1, le=200, description="Trials per tuning run, baseline included.")
+
+
+class RolloutSpec(_Model):
+    strategy: RolloutStrategy | None = _omittable(
+        "canary (a trial replica beside the baseline; needs replicas >= 2) or rolling. "
+        "Default: canary when replicas >= 2, else rolling."
+    )
+    min_interval: Duration = Field(
+        "15m", validate_default=True, description="Least time between two rollouts (no flapping)."
+    )
+
+
+class DriftSpec(_Model):
+    threshold: StrictFloat = Field(
+        0.25, gt=0, le=1, description="Relative change of the workload that starts a new tuning run."
+    )
+
+
+class MetricsSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.source != 'prometheus' || has(self.url)",
+                    "message": "url is required when source is prometheus",
+                }
+            ]
+        }
+    )
+
+    source: MetricsSource = Field(
+        MetricsSource.SCRAPE, description="scrape (the pods' /metrics directly) or prometheus (query url)."
+    )
+    url: (
+        Annotated[
+            str,
+            Field(max_length=2048),
+            AfterValidator(_check_url),
+            WithJsonSchema({"type": "string", "maxLength": 2048, "pattern": URL_PATTERN}),
+        ]
+        | None
+    ) = _omittable("Prometheus base URL, e.g. http://prometheus.monitoring:9090.")
+
+
+class TuningSpec(_Model):
+    mode: TuningMode = Field(
+        TuningMode.AUTO, description="off, observe (measure and recommend only) or auto (tune and roll out)."
+    )
+    objective: Objective = Field(Objective.GOODPUT, description="What the tuner maximises.")
+    slo: SloSpec = _section(SloSpec, "Latency objectives.")
+    space: SearchSpace = _section(SearchSpace, "Search space; defaults come from the engine adapter.")
+    trial: TrialSpec = _section(TrialSpec, "Trial timing.")
+    budget: BudgetSpec = _section(BudgetSpec, "Trial budget.")
+    rollout: RolloutSpec = _section(RolloutSpec, "How trial configurations are rolled out.")
+    drift: DriftSpec = _section(DriftSpec, "When to re-tune.")
+    metrics: MetricsSpec = _section(MetricsSpec, "Where signals come from.")
+
+
+class ServingDeploymentSpec(_Model):
+    """A GPU serving deployment of one model on one engine, and how to tune it."""
+
+    engine: EngineName = Field(description="Serving engine: vllm, sglang or trtllm.")
+    model: Annotated[
+        str,
+        Field(min_length=1, max_length=512, json_schema_extra={"pattern": MODEL_PATTERN}),
+        AfterValidator(_check_model),
+    ] = Field(description="Model name or path, passed to the engine.")
+    image: Annotated[str, Field(min_length=1, max_length=512)] | None = _omittable(
+        "Container image; defaults to the engine's image."
+    )
+    replicas: StrictInt = Field(1, ge=1, le=1000, description="Serving replicas.")
+    gpu: GpuSpec = _section(GpuSpec, "GPUs per replica.")
+    extra_args: Annotated[list[ExtraArg], Field(max_length=MAX_EXTRA_ARGS)] = Field(
+        default_factory=list,
+        description="Extra engine arguments, one token per item; may not set flags the operator owns.",
+    )
+    config: ConfigSpec = _section(ConfigSpec, "Baseline knob values (engine defaults when omitted).")
+    tuning: TuningSpec = _section(TuningSpec, "Online tuning.")
+
+    @model_validator(mode="after")
+    def _engine_rules(self, info: ValidationInfo) -> ServingDeploymentSpec:
+        # Engine-specific and cross-field rules, with exact paths. validate_spec passes a list in the
+        # context to collect them; a plain model_validate raises them all at once.
+        problems = rules.check_spec(self)
+        rules.fill_defaults(self)
+        collector = info.context.get(rules.COLLECT_KEY) if isinstance(info.context, dict) else None
+        if isinstance(collector, list):
+            collector.extend(problems)
+        elif problems:
+            raise ValueError("; ".join(f"spec.{path}: {message}" for path, message in problems))
+        return self
+
+    def knob_config(self) -> KnobConfig:
+        """spec.config as a KnobConfig (engine defaults filled in)."""
+        return self.config.to_knob_config()
+
+    def effective_rollout(self) -> RolloutStrategy:
+        assert self.tuning.rollout.strategy is not None  # filled in by validation
+        return self.tuning.rollout.strategy
+
+    def search_space(self) -> dict[str, KnobSpec]:
+        """The adapter's knob specs narrowed by spec.tuning.space (see rules.search_space)."""
+        return rules.search_space(self)
+
+
+# --- status ----------------------------------------------------------------------------------------
+
+
+Ratio = Annotated[StrictFloat, Field(ge=0, le=1)]
+
+
+class KnobValues(_Model):
+    """A complete configuration of the tuned knobs (every knob set), as recorded in the status."""
+
+    memory_fraction: MemoryFraction
+    block_size: BlockSize
+    prefix_caching: StrictBool
+    schedule_policy: PolicyName
+
+    def to_knob_config(self) -> KnobConfig:
+        return KnobConfig(
+            memory_fraction=float(self.memory_fraction),
+            block_size=int(self.block_size),
+            prefix_caching=bool(self.prefix_caching),
+            schedule_policy=str(self.schedule_policy),
+        )
+
+    @classmethod
+    def from_knob_config(cls, config: KnobConfig) -> KnobValues:
+        return cls(
+            memory_fraction=float(config.memory_fraction),
+            block_size=int(config.block_size),
+            prefix_caching=bool(config.prefix_caching),
+            schedule_policy=str(config.schedule_policy),
+        )
+
+
+class Condition(_Model):
+    type: ConditionType
+    status: ConditionStatus
+    reason: Annotated[
+        str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    ]
+    message: Annotated[str, Field(max_length=32768)] = ""
+    last_transition_time: AwareDatetime
+    observed_generation: Annotated[StrictInt, Field(ge=0)] | None = _omittable()
+
+
+class BestConfig(_Model):
+    config: KnobValues
+    score: StrictFloat | None = Field(None, description="Objective value of the best trial.")
+    confidence: Ratio | None = Field(None, description="Confidence that it beats the baseline, 0..1.")
+
+
+class TrialRecord(_Model):
+    index: Annotated[StrictInt, Field(ge=0)] = Field(description="Trial number, assigned once, increasing.")
+    config: KnobValues
+    outcome: TrialOutcome
+    reason: str = ""
+    started_at: AwareDatetime | None = None
+    finished_at: AwareDatetime | None = None
+    signals: dict[str, StrictFloat | None] = Field(
+        default_factory=dict,
+        description="Measured signals (null: not measured).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    score: StrictFloat | None = None
+
+
+class Diagnosis(_Model):
+    bound: Bound = Bound.UNKNOWN
+    hit_rate: Ratio | None = Field(None, description="Prefix-cache hit rate (tokens), 0..1.")
+    prefill_reduction: Ratio | None = Field(None, description="Share of prompt tokens not recomputed, 0..1.")
+    notes: list[str] = Field(default_factory=list)
+
+
+class Recommendation(_Model):
+    """What observe mode would roll out, and why."""
+
+    config: KnobValues
+    reason: str
+    score: StrictFloat | None = Field(None, description="Expected objective value (measured or the twin's).")
+
+
+class ServingDeploymentStatus(_Model):
+    phase: Phase = Phase.PENDING
+    observed_generation: Annotated[StrictInt, Field(ge=0)] | None = _omittable()
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    current_config: KnobValues | None = _omittable("The configuration the serving pods run.")
+    best_config: BestConfig | None = _omittable("The best configuration measured so far.")
+    trials: list[TrialRecord] = Field(default_factory=list)
+    diagnosis: Diagnosis | None = _omittable("What limits the deployment now.")
+    recommendation: Recommendation | None = _omittable("Observe mode: what would be rolled out.")
+    policy: dict[str, Any] = Field(
+        default_factory=dict,
+        description="State of the tuning policy (opaque; owned by the policy state machine).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class ServingDeployment(_Model):
+    api_version: Literal["prefixtune.io/v1alpha1"] = GROUP_VERSION
+    kind: Literal["ServingDeployment"] = KIND
+    # ObjectMeta is the API server's business; kept as given. (The CRD's root schema is written in
+    # crd.py, where metadata is a plain object as Kubernetes requires.)
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    spec: ServingDeploymentSpec
+    status: ServingDeploymentStatus | None = _omittable()

@@ -1,0 +1,305 @@
+"""Engine-specific and cross-field rules of a ServingDeployment spec, and its engine defaults.
+
+Everything engine-specific comes from the engine adapter (``knobs()``, ``default_config()``,
+``tuned_flags()``, ``validate()``, ``default_image``); nothing here lists block sizes or flags.
+Problems are ``(path, message)`` with the path relative to ``spec`` ("config.blockSize").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from pydantic.alias_generators import to_camel
+
+from prefixtune.api.enums import MetricsSource, RolloutStrategy
+from prefixtune.engines import get_adapter
+from prefixtune.engines.base import KNOB_NAMES, EngineAdapter, KnobConfig, KnobSpec
+
+if TYPE_CHECKING:
+    from prefixtune.api.models import ServingDeploymentSpec
+
+# The validation context key under which validate_spec passes a list that collects problems.
+COLLECT_KEY = "prefixtune.collect"
+
+Problem = tuple[str, str]
+
+# Where to set what an owned flag would set, for flags that are not one of the four knobs.
+_TENSOR_PARALLEL_WORDS = {"tp", "tensor"}
+_MODEL_WORDS = {"model", "model-path"}
+_OPERATOR_WORDS = {"port", "host"}
+
+
+def knob_field(knob: str) -> str:
+    """The camelCase spec field of an engine-neutral knob ("block_size" -> "blockSize")."""
+    return to_camel(knob)
+
+
+def show(value: object) -> str:
+    """A value as the user wrote it in YAML (true/false, numbers bare, strings quoted)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
+
+
+def allowed_text(spec: KnobSpec) -> str:
+    if spec.continuous:
+        return f"a number in {spec.range_text()}"
+    return ", ".join(show(c) if isinstance(c, bool) else str(c) for c in spec.choices)
+
+
+def knob_problem(engine: str, spec: KnobSpec, value: object) -> str | None:
+    """None when ``value`` is valid for the knob, else a message that names the allowed values."""
+    if spec.validate(value) is None:
+        return None
+    if spec.continuous:
+        return f"{show(value)} is outside the range {engine} allows; allowed: {allowed_text(spec)}"
+    return f"{show(value)} is not supported by {engine}; allowed: {allowed_text(spec)}"
+
+
+def check_spec(spec: ServingDeploymentSpec) -> list[Problem]:
+    adapter = get_adapter(spec.engine)
+    problems: list[Problem] = []
+    problems += _check_config(adapter, spec)
+    problems += _check_space(adapter, spec)
+    problems += _check_extra_args(adapter, spec.extra_args)
+    problems += _check_rollout(spec)
+    problems += _check_metrics(spec)
+    return problems
+
+
+def fill_defaults(spec: ServingDeploymentSpec) -> None:
+    """Engine defaults for what the user left out (image, knobs, rollout strategy). In place: this
+    runs inside the model's own validator, before anyone else sees the object."""
+    adapter = get_adapter(spec.engine)
+    if spec.image is None:
+        spec.image = adapter.default_image
+    defaults = adapter.default_config().to_dict()
+    config = spec.config
+    if config.memory_fraction is None:
+        config.memory_fraction = float(defaults["memory_fraction"])
+    if config.block_size is None:
+        config.block_size = int(defaults["block_size"])
+    if config.prefix_caching is None:
+        config.prefix_caching = bool(defaults["prefix_caching"])
+    if config.schedule_policy is None:
+        config.schedule_policy = str(defaults["schedule_policy"])
+    rollout = spec.tuning.rollout
+    if rollout.strategy is None:
+        rollout.strategy = RolloutStrategy.CANARY if spec.replicas >= 2 else RolloutStrategy.ROLLING
+
+
+def search_space(spec: ServingDeploymentSpec) -> dict[str, KnobSpec]:
+    """The effective search space: the adapter's knob specs narrowed by spec.tuning.space.
+
+    A knob the user did not list keeps the adapter's spec (``searched`` says whether the tuner
+    varies it; an unsearched knob stays at spec.config's value). A knob the user listed is searched
+    over exactly the listed values (or the given range).
+    """
+    adapter = get_adapter(spec.engine)
+    knobs = dict(adapter.knobs())
+    space = spec.tuning.space
+    if space.memory_fraction is not None:
+        knobs["memory_fraction"] = replace(
+            knobs["memory_fraction"],
+            low=float(space.memory_fraction.min),
+            high=float(space.memory_fraction.max),
+            low_exclusive=False,
+            searched=True,
+        )
+    listed: Mapping[str, Sequence[object] | None] = {
+        "block_size": space.block_size,
+        "prefix_caching": space.prefix_caching,
+        "schedule_policy": space.schedule_policy,
+    }
+    for knob, values in listed.items():
+        if values is not None:
+            knobs[knob] = replace(knobs[knob], choices=tuple(values), searched=True)  # type: ignore[arg-type]
+    return knobs
+
+
+# --- the checks ------------------------------------------------------------------------------------
+
+
+def _check_config(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[Problem]:
+    problems: list[Problem] = []
+    knobs = adapter.knobs()
+    given = {
+        "memory_fraction": spec.config.memory_fraction,
+        "block_size": spec.config.block_size,
+        "prefix_caching": spec.config.prefix_caching,
+        "schedule_policy": spec.config.schedule_policy,
+    }
+    flagged: set[str] = set()
+    for knob in KNOB_NAMES:
+        value = given[knob]
+        if value is None:
+            continue
+        message = knob_problem(adapter.name, knobs[knob], value)
+        if message is not None:
+            problems.append((f"config.{knob_field(knob)}", message))
+            flagged.add(knob)
+    if not flagged:
+        # Rules across knobs, if the adapter has any, on the filled-in config.
+        defaults = adapter.default_config().to_dict()
+        merged = {k: (v if v is not None else defaults[k]) for k, v in given.items()}
+        for knob, message in adapter.validate(KnobConfig.from_dict(merged)):
+            problems.append((f"config.{knob_field(knob)}", message))
+    return problems
+
+
+def _check_space(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[Problem]:
+    problems: list[Problem] = []
+    knobs = adapter.knobs()
+    space = spec.tuning.space
+    if space.memory_fraction is not None:
+        knob = knobs["memory_fraction"]
+        low, high = space.memory_fraction.min, space.memory_fraction.max
+        for end, value in (("min", low), ("max", high)):
+            message = knob_problem(adapter.name, knob, value)
+            if message is not None:
+                problems.append((f"tuning.space.memoryFraction.{end}", message))
+        if low >= high:
+            problems.append(
+                (
+                    "tuning.space.memoryFraction",
+                    f"min ({show(low)}) must be less than max ({show(high)}); "
+                    f"allowed: min < max, both in {knob.range_text()}",
+                )
+            )
+    lists: Mapping[str, Sequence[object] | None] = {
+        "block_size": space.block_size,
+        "prefix_caching": space.prefix_caching,
+        "schedule_policy": space.schedule_policy,
+    }
+    for name, values in lists.items():
+        if values is None:
+            continue
+        seen: set[object] = set()
+        for i, item in enumerate(values):
+            path = f"tuning.space.{knob_field(name)}[{i}]"
+            message = knob_problem(adapter.name, knobs[name], item)
+            if message is not None:
+                problems.append((path, message))
+            elif item in seen:
+                problems.append((path, f"duplicate value {show(item)}; list each value once"))
+            seen.add(item)
+    return problems
+
+
+def _norm(flag: str) -> str:
+    # vLLM and SGLang accept underscores for dashes; compare spellings in one form.
+    return flag.replace("_", "-")
+
+
+def _words(flag: str) -> set[str]:
+    return {w for w in re.split(r"[-_/]+", flag.lower()) if w}
+
+
+def _instead(adapter: EngineAdapter, flag: str) -> str:
+    """Which spec field to use instead of an owned ``flag``."""
+    knobs = adapter.knobs()
+    norm = _norm(flag)
+    for knob, spec in knobs.items():
+        spellings = {_norm(s.strip()) for s in spec.flag.split("/") if s.strip()}
+        if norm in spellings:
+            return f"use spec.config.{knob_field(knob)} (and spec.tuning.space.{knob_field(knob)}) instead"
+    words = _words(flag)
+    if words & _TENSOR_PARALLEL_WORDS:
+        return "use spec.gpu.count (the tensor-parallel size) instead"
+    if norm.lstrip("-") in _MODEL_WORDS:
+        return "use spec.model instead"
+    if norm.lstrip("-") in _OPERATOR_WORDS:
+        return "the operator sets it (the Service and probes depend on it)"
+    # Aliases and conflicting flags: the knob whose flag shares the most words, if clearly related.
+    best, overlap = "", 1
+    for knob, spec in knobs.items():
+        common = len(words & _words(spec.flag))
+        if common > overlap:
+            best, overlap = knob, common
+    if best:
+        return f"use spec.config.{knob_field(best)} (and spec.tuning.space.{knob_field(best)}) instead"
+    fields = ", ".join(f"spec.config.{knob_field(k)}" for k in KNOB_NAMES)
+    return f"the operator renders it itself (the tuned knobs are {fields})"
+
+
+def owned_flag_hits(adapter: EngineAdapter, args: Sequence[str]) -> list[tuple[int, str, bool]]:
+    """(index, owned flag, abbreviated) for every item of ``args`` that sets an owned flag, written
+    as ``--flag``, ``--flag=value``, with underscores, or as an argparse-style abbreviation."""
+    flags = adapter.tuned_flags()
+    owned: dict[str, str] = {}
+    for flag in sorted(flags, key=lambda f: (f.count("_"), f)):  # the dash spelling names the flag
+        owned.setdefault(_norm(flag), flag)
+    long_owned = [n for n in owned if n.startswith("--")]
+    hits: list[tuple[int, str, bool]] = []
+    for i, arg in enumerate(args):
+        if not arg.startswith("-") or arg in {"-", "--"}:
+            continue  # a value, not a flag
+        written = arg.split("=", 1)[0]
+        name = _norm(written)
+        if name in owned:
+            hits.append((i, written if written in flags else owned[name], False))
+            continue
+        if name.startswith("--") and len(name) > 3:
+            expanded = sorted(n for n in long_owned if n.startswith(name))
+            if expanded:
+                hits.append((i, owned[expanded[0]], True))
+    return hits
+
+
+def _engine_reason(adapter: EngineAdapter, flag: str, args: Sequence[str], i: int) -> str:
+    """The adapter's own reason for refusing ``flag`` (its parser explains forbidden flags), if any."""
+    tokens = [args[i]]
+    if "=" not in args[i] and i + 1 < len(args) and not args[i + 1].startswith("-"):
+        tokens.append(args[i + 1])
+    argv = adapter.render("model", adapter.default_config()).argv
+    try:
+        adapter.parse([*argv, *tokens])
+    except ValueError as exc:  # ArgsError
+        text = str(exc)
+        head = f"argument {tokens[0].split('=', 1)[0]}: "
+        if text.startswith(head):
+            return text[len(head) :]
+    except Exception:  # the reason is a nicety; never let it break validation
+        return ""
+    return ""
+
+
+def _check_extra_args(adapter: EngineAdapter, args: Sequence[str]) -> list[Problem]:
+    problems: list[Problem] = []
+    for i, flag, abbreviated in owned_flag_hits(adapter, args):
+        how = f"abbreviates {flag}" if abbreviated else f"sets {flag}"
+        reason = "" if abbreviated else _engine_reason(adapter, flag, args, i)
+        why = f" ({reason})" if reason and "expected" not in reason else ""
+        owner = f"a flag the operator owns on {adapter.name}{why}"
+        problems.append((f"extraArgs[{i}]", f"{args[i]!r} {how}, {owner}; {_instead(adapter, flag)}"))
+    return problems
+
+
+def _check_rollout(spec: ServingDeploymentSpec) -> list[Problem]:
+    if spec.tuning.rollout.strategy is RolloutStrategy.CANARY and spec.replicas < 2:
+        return [
+            (
+                "tuning.rollout.strategy",
+                f"canary needs spec.replicas >= 2 (the canary runs beside a baseline replica), got "
+                f"replicas {spec.replicas}; allowed with 1 replica: rolling",
+            )
+        ]
+    return []
+
+
+def _check_metrics(spec: ServingDeploymentSpec) -> list[Problem]:
+    metrics = spec.tuning.metrics
+    if metrics.source is MetricsSource.PROMETHEUS and metrics.url is None:
+        return [
+            (
+                "tuning.metrics.url",
+                "required when source is prometheus; give the Prometheus base URL, e.g. "
+                "http://prometheus.monitoring:9090 (or use source: scrape)",
+            )
+        ]
+    return []
