@@ -83,18 +83,35 @@ class TokenSeq:
         """Identities of the full blocks of ``block_size`` tokens (within the first ``limit`` tokens).
 
         Block ``k`` is identified by the prefix ending at ``(k + 1) * block_size``; that is exactly
-        vLLM's chained block hash (parent hash + this block's tokens).
+        vLLM's chained block hash (parent hash + this block's tokens). Computed once per block size
+        and memoised: a request's sequence is hashed at admission, commit and release, as vLLM keeps
+        a request's block hashes.
         """
+        memo = self._block_memo
+        ids = memo.get(block_size)
+        if ids is None:
+            ids = memo[block_size] = self._compute_block_ids(block_size)
         n = self.length if limit is None else min(limit, self.length)
+        full = n // block_size
+        return ids if full == len(ids) else ids[:full]
+
+    @cached_property
+    def _block_memo(self) -> dict[int, list[PrefixId]]:
+        return {}
+
+    def _compute_block_ids(self, block_size: int) -> list[PrefixId]:
+        # Block ends that fall inside one segment form an arithmetic run: emit each run in one
+        # comprehension instead of walking token positions (this is the twin's hot path).
         out: list[PrefixId] = []
-        seg_i = 0
         start = 0
-        segs = self.segments
-        for end in range(block_size, n + 1, block_size):
-            while start + segs[seg_i].length < end:
-                start += segs[seg_i].length
-                seg_i += 1
-            out.append((segs[seg_i].key, end - start))
+        next_end = block_size
+        for seg in self.segments:
+            seg_end = start + seg.length
+            if next_end <= seg_end:
+                key = seg.key
+                out.extend([(key, end - start) for end in range(next_end, seg_end + 1, block_size)])
+                next_end += ((seg_end - next_end) // block_size + 1) * block_size
+            start = seg_end
         return out
 
     def common_prefix(self, other: TokenSeq) -> int:

@@ -1,0 +1,193 @@
+"""``prefixtune bench twin``: how fast the twin simulates (simulated seconds per wall second).
+
+Each case generates its requests (not timed), then times ``simulate`` (engine boot, the run and the
+summary): ``speedup`` is simulated seconds per wall second, ``speedup_cpu`` per CPU second of this
+process (steadier on a shared machine). The ``chatbot`` case is the speed target: Llama-3.1-8B BF16
+on one H100, vLLM default flags, the chatbot workload at 20 req/s, >= 500x.
+
+    prefixtune bench twin [--json] [--cases chatbot,rag-sglang] [--duration S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefixtune.twin.request import Request
+from prefixtune.twin.run import simulate
+
+M8 = "meta-llama/Llama-3.1-8B-Instruct"
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    engine: str
+    model: str
+    gpu: str
+    argv: tuple[str, ...]
+    workload: str
+    make: Callable[[float, int], list[Request]]  # (duration_s, seed) -> requests
+    doc: str
+
+
+def _preset(name: str, rate: float) -> Callable[[float, int], list[Request]]:
+    def make(duration: float, seed: int) -> list[Request]:
+        from prefixtune.twin.workloads import generate
+
+        return generate(name, rate=rate, duration_s=duration, seed=seed)
+
+    return make
+
+
+def _trace(file: str, time_scale: float) -> Callable[[float, int], list[Request]]:
+    def make(duration: float, seed: int) -> list[Request]:
+        from prefixtune.twin.workloads import from_trace
+
+        reqs = from_trace(TRACES / file, time_scale=time_scale, session_sample=0.25, seed=seed)
+        return [r for r in reqs if r.arrival_s < duration]
+
+    return make
+
+
+def _anchor(duration: float, seed: int) -> list[Request]:
+    from prefixtune.twin.prompt import Segment, TokenSeq, chain_key
+
+    out = []
+    for i in range(int(duration * 4)):  # trtllm-bench style: everything queued at once
+        key = chain_key(seed, "anchor", i)
+        out.append(
+            Request(i, 0.0, TokenSeq((Segment(key, 1000), Segment(chain_key(key, "o"), 1000))), 1000, 1000)
+        )
+    return out
+
+
+CASES: dict[str, Case] = {
+    c.name: c
+    for c in (
+        Case(
+            "chatbot",
+            "vllm",
+            M8,
+            "H100",
+            (),
+            "chatbot @20 req/s",
+            _preset("chatbot", 20.0),
+            "the speed target",
+        ),
+        Case(
+            "rag-sglang", "sglang", M8, "H100", (), "rag @6 req/s", _preset("rag", 6.0), "radix cache, page 1"
+        ),
+        Case(
+            "agent-trtllm",
+            "trtllm",
+            M8,
+            "H100",
+            (),
+            "agent @10 req/s",
+            _preset("agent", 10.0),
+            "block reuse with partial reuse",
+        ),
+        Case(
+            "mooncake-conv",
+            "vllm",
+            M8,
+            "H200",
+            (),
+            "Mooncake conversation trace, 1/4 of sessions",
+            _trace("mooncake_conversation_trace.jsonl", 1.0),
+            "trace replay (skipped when shared/traces is absent)",
+        ),
+        Case(
+            "anchor-trtllm",
+            "trtllm",
+            "nvidia/Llama-3.1-8B-Instruct-FP8",
+            "H100",
+            (),
+            "1000/1000 tokens, all at t=0 (duration*4 requests)",
+            _anchor,
+            "a saturated decode batch",
+        ),
+    )
+}
+
+
+def run_case(case: Case, duration: float, seed: int) -> dict[str, Any]:
+    if case.name.startswith("mooncake") and not TRACES.is_dir():
+        return {"name": case.name, "skipped": f"no traces at {TRACES}"}
+    t0 = time.perf_counter()
+    reqs = case.make(duration, seed)
+    gen_s = time.perf_counter() - t0
+    c0 = time.process_time()
+    s = simulate(case.engine, list(case.argv), case.gpu, reqs, model=case.model, seed=seed)
+    cpu = time.process_time() - c0
+    return {
+        "name": case.name,
+        "engine": case.engine,
+        "model": case.model,
+        "gpu": case.gpu,
+        "workload": case.workload,
+        "status": s.status,
+        "requests": len(reqs),
+        "sim_seconds": round(s.sim_seconds, 3),
+        "wall_seconds": round(s.wall_seconds, 3),
+        "speedup": round(s.sim_seconds / s.wall_seconds, 1) if s.wall_seconds > 0 else None,
+        # CPU time of this process: the figure to compare on a shared, busy machine
+        "cpu_seconds": round(cpu, 3),
+        "speedup_cpu": round(s.sim_seconds / cpu, 1) if cpu > 0 else None,
+        "generate_seconds": round(gen_s, 3),
+        "hit_rate": round(s.hit_rate, 4),
+        "output_tokens_per_s": round(s.output_tokens_per_s, 1),
+        "ttft_p50_s": round(s.ttft_p50_s, 4),
+        "mean_running": round(s.mean_running, 1),
+        "preemptions": s.preemptions,
+    }
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="prefixtune bench twin", description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--cases", help=f"comma-separated subset of: {', '.join(CASES)}")
+    p.add_argument("--duration", type=float, default=300.0, help="seconds of arrivals per case (default 300)")
+    p.add_argument("--seed", type=int, default=0)
+    ns = p.parse_args(list(argv))
+    names = [n.strip() for n in ns.cases.split(",")] if ns.cases else list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        print(f"bench twin: unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}", file=sys.stderr)
+        return 2
+    if not ns.duration > 0:
+        print(f"bench twin: --duration must be > 0; got {ns.duration}", file=sys.stderr)
+        return 2
+    results = [run_case(CASES[n], ns.duration, ns.seed) for n in names]
+    report = {
+        "setup": {
+            "duration_s": ns.duration,
+            "seed": ns.seed,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "target": "chatbot speedup >= 500",
+        },
+        "cases": results,
+    }
+    if ns.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for r in results:
+            if "skipped" in r:
+                print(f"{r['name']:16s} skipped: {r['skipped']}")
+            else:
+                print(
+                    f"{r['name']:16s} {r['status']:11s} {r['requests']:6d} req  "
+                    f"sim {r['sim_seconds']:8.1f}s  wall {r['wall_seconds']:6.2f}s  "
+                    f"speedup {r['speedup']:7.1f}x (cpu {r['speedup_cpu']:7.1f}x)  hit {r['hit_rate']:.2f}"
+                )
+    return 0

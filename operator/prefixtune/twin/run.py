@@ -1,0 +1,175 @@
+"""Batch simulation: boot a twin engine, replay requests, return a ``Summary``.
+
+``simulate(engine, argv_or_parsed, gpu, requests, seed=..., ...)`` is the pure core of ``twin run``
+and of the benchmarks (deterministic for a seed: only ``wall_seconds`` varies).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prefixtune.engines.base import ArgsError, ParsedCommand
+from prefixtune.twin.engine import CacheFactory, TwinEngine
+from prefixtune.twin.memory import StartupOOM
+from prefixtune.twin.observer import FanOut
+from prefixtune.twin.request import Request
+from prefixtune.twin.summary import Summary, SummaryCollector, failed_summary, summarize
+
+
+def parse_command(
+    engine: str,
+    argv: Sequence[str] | ParsedCommand,
+    *,
+    model: str | None = None,
+    tp: int | None = None,
+    files: Mapping[str, str] | None = None,
+) -> ParsedCommand:
+    """A ParsedCommand from a full command line, from engine flags added to the default command for
+    ``model`` (flags given later win), or as given. Raises ArgsError."""
+    if isinstance(argv, ParsedCommand):
+        return argv
+    from prefixtune.engines import get_adapter
+
+    adapter = get_adapter(engine)
+    args = [str(a) for a in argv]
+    default_cmd = None
+    if model is not None:
+        default_cmd = adapter.render(model, adapter.default_config(), tensor_parallel=tp or 1)
+    if default_cmd is not None and args[: len(default_cmd.command)] == list(default_cmd.command):
+        full = args  # a whole command line
+    elif default_cmd is not None:
+        full = list(default_cmd.argv) + args
+        files = {**default_cmd.files, **(files or {})}
+    else:
+        full = args
+    if not full:
+        raise ArgsError("no engine command: give --model (and optional engine flags) or a full command")
+    parsed = adapter.parse(full, files)
+    if tp is not None and parsed.tensor_parallel != tp:
+        raise ArgsError(
+            f"--tp {tp} disagrees with the engine flags (tensor parallel {parsed.tensor_parallel}); give one"
+        )
+    return parsed
+
+
+def setup_of(
+    parsed: ParsedCommand, gpu: str, seed: int, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    setup: dict[str, Any] = {
+        "engine": str(parsed.engine.value),
+        "model": parsed.model,
+        "gpu": gpu,
+        "tp": int(parsed.tensor_parallel),
+        "config": parsed.config.to_dict(),
+        "options": {str(k): _plain(v) for k, v in parsed.options.items()},
+        "seed": int(seed),
+    }
+    if extra:
+        setup.update(extra)
+    return setup
+
+
+def _plain(v: object) -> object:
+    if isinstance(v, bool | int | float | str) or v is None:
+        return v
+    return str(v)
+
+
+def simulate(
+    engine: str,
+    argv: Sequence[str] | ParsedCommand,
+    gpu: str,
+    requests: Sequence[Request],
+    *,
+    seed: int = 0,
+    slo_ttft_s: float | None = None,
+    slo_itl_s: float | None = None,
+    warmup_s: float = 0.0,
+    horizon_s: float | None = None,
+    model: str | None = None,
+    tp: int | None = None,
+    files: Mapping[str, str] | None = None,
+    cache_factory: CacheFactory | None = None,
+    setup: Mapping[str, Any] | None = None,
+) -> Summary:
+    """Run ``requests`` through a twin of ``engine`` booted from ``argv`` on ``gpu``.
+
+    Without ``horizon_s`` the run lasts until every request is done; with it, until ``horizon_s``
+    (requests still running then are not counted as finished). Metrics cover ``[warmup_s, end]``.
+    """
+    t0 = time.perf_counter()
+    parsed = parse_command(engine, argv, model=model, tp=tp, files=files)
+    info = setup_of(parsed, gpu, seed, setup)
+    info["warmup_s"] = float(warmup_s)
+    info["horizon_s"] = None if horizon_s is None else float(horizon_s)
+    if warmup_s < 0:
+        raise ValueError(f"warmup_s must be >= 0; got {warmup_s}")
+    if horizon_s is not None and horizon_s <= warmup_s:
+        raise ValueError(f"horizon_s ({horizon_s}) must be after warmup_s ({warmup_s})")
+    collector = SummaryCollector(warmup_s)
+    try:
+        eng = TwinEngine(parsed, gpu, seed, FanOut([collector]), cache_factory=cache_factory)
+    except StartupOOM as exc:
+        return failed_summary("oom_startup", str(exc), info, time.perf_counter() - t0)
+    info["memory"] = eng.memory.to_dict()
+    info["limits"] = {
+        "max_running": int(eng.max_running),
+        "max_batched_tokens": int(eng.limits.max_batched_tokens),
+        "chunked_prefill": bool(eng.limits.chunked_prefill),
+        "schedule_policy": eng.policy,
+    }
+    eng.submit_all(sorted(requests, key=lambda r: (r.arrival_s, r.req_id)))
+    if warmup_s > 0:
+        eng.advance(warmup_s)
+    start = eng.now if warmup_s > 0 else 0.0
+    c0 = _snapshot(eng)
+    end_target = math.inf if horizon_s is None else float(horizon_s)
+    eng.advance(end_target)
+    end = eng.now
+    if horizon_s is not None and eng.status == "ok":
+        end = max(end, float(horizon_s))
+    c1 = _snapshot(eng)
+    d = {k: c1[k] - c0[k] for k in c0}
+    arrived = sum(1 for r in requests if start <= r.arrival_s <= end)
+    return summarize(
+        collector,
+        status=eng.status,
+        arrived=arrived,
+        rejected=int(eng.counters.rejected),
+        start_s=start,
+        end_s=end,
+        wall_seconds=time.perf_counter() - t0,
+        hit_tokens=int(d["hit_tokens"]),
+        query_tokens=int(d["query_tokens"]),
+        saved_prefill_tokens=int(d["saved_prefill_tokens"]),
+        prompt_tokens=int(d["prompt_tokens"]),
+        busy_s=float(d["busy_s"]),
+        running_integral=float(d["running_integral"]),
+        kv_usage_integral=float(d["kv_usage_integral"]),
+        max_running=int(eng.counters.max_running),
+        preemptions=int(d["preemptions"]),
+        kv_pool_tokens=int(eng.memory.pool_tokens),
+        slo_ttft_s=slo_ttft_s,
+        slo_itl_s=slo_itl_s,
+        setup=info,
+        error=eng.oom_reason,
+    )
+
+
+def _snapshot(eng: TwinEngine) -> dict[str, float]:
+    c = eng.counters
+    st = eng.cache.stats
+    return {
+        "hit_tokens": float(st.hit_tokens),
+        "query_tokens": float(st.query_tokens),
+        "saved_prefill_tokens": float(c.saved_prefill_tokens),
+        "prompt_tokens": float(c.prompt_tokens),
+        "busy_s": c.busy_s,
+        "running_integral": c.running_integral,
+        "kv_usage_integral": c.kv_usage_integral,
+        "preemptions": float(c.preemptions),
+        "rejected": float(c.rejected),
+    }
