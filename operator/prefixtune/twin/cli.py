@@ -1,0 +1,147 @@
+"""``prefixtune twin run | serve | cache``.
+
+``twin run`` simulates one engine on one workload and prints a summary (JSON with ``--json``)::
+
+    prefixtune twin run --engine vllm --model meta-llama/Llama-3.1-8B-Instruct --gpu H100 \\
+        --workload chatbot --rate 20 --duration 120 --json -- --gpu-memory-utilization 0.95
+
+Engine arguments after ``--`` are the engine's real flags, read by its adapter: either flags added to
+the engine's default command for ``--model`` (later flags win), or a whole command line
+(``-- vllm serve MODEL ...``). Without them, the adapter's default command. ``serve`` and ``cache``
+live in ``twin/serve.py`` and ``twin/replay.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from prefixtune.engines.base import ArgsError, EngineName
+
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "run": ("prefixtune.twin.cli", "run_main", "simulate an engine on a workload; print a summary"),
+    "serve": ("prefixtune.twin.serve", "serve_main", "serve an engine's HTTP API and /metrics from the twin"),
+    "cache": ("prefixtune.twin.replay", "cache_main", "replay a workload through a cache model only"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: prefixtune twin <command> [options]", "", "commands:"]
+    for name, (_, _, text) in SUBCOMMANDS.items():
+        lines.append(f"  {name.ljust(6)} {text}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = list(argv)
+    if not args or args[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0
+    name = args[0]
+    if name not in SUBCOMMANDS:
+        print(
+            f"prefixtune twin: unknown command {name!r}; choose from {', '.join(SUBCOMMANDS)}",
+            file=sys.stderr,
+        )
+        return 2
+    module, func, _ = SUBCOMMANDS[name]
+    fn: Callable[[list[str]], int] = getattr(importlib.import_module(module), func)
+    return int(fn(args[1:]) or 0)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="prefixtune twin run",
+        description="Simulate one engine on one workload with the digital twin.",
+        epilog="Engine flags go after '--' (e.g. -- --gpu-memory-utilization 0.95 --block-size 32).",
+    )
+    p.add_argument("--engine", required=True, choices=[e.value for e in EngineName])
+    p.add_argument("--model", help="model (HF name or short name); optional when a full command follows --")
+    p.add_argument("--gpu", required=True, help="GPU type: H100-80GB, H200, A100-80GB (aliases accepted)")
+    p.add_argument("--tp", type=int, help="tensor parallel size (1..2)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", help="a workload preset name (rag, chatbot, agent, qa, gsp)")
+    src.add_argument("--workload-file", help="a workload file (YAML/JSON)")
+    src.add_argument("--trace", help="a Mooncake JSONL trace to replay")
+    p.add_argument("--rate", type=float, help="mean request rate (req/s); for --trace a rate multiplier")
+    p.add_argument("--duration", type=float, help="seconds of arrivals (for --trace: a cut-off)")
+    p.add_argument("--session-sample", type=float, default=1.0, help="--trace: fraction of sessions kept")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo-ttft", type=float, help="TTFT SLO in seconds (for goodput)")
+    p.add_argument("--slo-itl", type=float, help="inter-token latency SLO in seconds (for goodput)")
+    p.add_argument("--warmup", type=float, default=0.0, help="seconds excluded from the metrics")
+    p.add_argument("--horizon", type=float, help="stop the simulation at this time (default: all done)")
+    p.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="PATH=LOCAL",
+        help="a file the engine reads (PATH as in its flags), taken from LOCAL (TRT-LLM options YAML)",
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return p
+
+
+def run_main(argv: Sequence[str]) -> int:
+    args_list = list(argv)
+    engine_args: list[str] = []
+    if "--" in args_list:
+        cut = args_list.index("--")
+        args_list, engine_args = args_list[:cut], args_list[cut + 1 :]
+    parser = _parser()
+    ns = parser.parse_args(args_list)
+    from prefixtune.twin.run import simulate
+    from prefixtune.twin.workloads import WorkloadError, from_trace, generate
+
+    try:
+        files = {}
+        for item in ns.file:
+            path, sep, local = item.partition("=")
+            if not sep or not path or not local:
+                raise ValueError(f"--file must be PATH=LOCAL; got {item!r}")
+            with open(local, encoding="utf-8") as fh:
+                files[path] = fh.read()
+        if ns.rate is not None and not ns.rate > 0:
+            raise ValueError(f"--rate must be > 0; got {ns.rate}")
+        if ns.duration is not None and not ns.duration > 0:
+            raise ValueError(f"--duration must be > 0 seconds; got {ns.duration}")
+        if ns.trace:
+            requests = from_trace(
+                ns.trace, time_scale=ns.rate or 1.0, session_sample=ns.session_sample, seed=ns.seed
+            )
+            if ns.duration is not None:
+                requests = [r for r in requests if r.arrival_s < ns.duration]
+            workload = {"trace": ns.trace, "time_scale": ns.rate or 1.0, "session_sample": ns.session_sample}
+        else:
+            source = ns.workload or ns.workload_file
+            requests = generate(source, rate=ns.rate, duration_s=ns.duration, seed=ns.seed)
+            workload = {"workload": source, "rate": ns.rate, "duration_s": ns.duration}
+        summary = simulate(
+            ns.engine,
+            engine_args,
+            ns.gpu,
+            requests,
+            seed=ns.seed,
+            slo_ttft_s=ns.slo_ttft,
+            slo_itl_s=ns.slo_itl,
+            warmup_s=ns.warmup,
+            horizon_s=ns.horizon,
+            model=ns.model,
+            tp=ns.tp,
+            files=files,
+            setup={"workload": workload},
+        )
+    except (ArgsError, WorkloadError, ValueError, OSError) as exc:
+        print(f"prefixtune twin run: {exc}", file=sys.stderr)
+        return 2
+    data = summary.to_dict()
+    if ns.json:
+        print(json.dumps(data, indent=2, sort_keys=False))
+    else:
+        for key, value in data.items():
+            if key != "setup":
+                print(f"{key:32s} {value}")
+    return 0  # an OOM is a result (see "status"), not a usage error

@@ -1,0 +1,732 @@
+"""``prefixtune twin serve``: a live twin engine behind the engine's own HTTP API.
+
+::
+
+    prefixtune twin serve --engine vllm --model meta-llama/Llama-3.1-8B-Instruct --gpu H100 \\
+        --port 8000 --speedup 10 -- --gpu-memory-utilization 0.9 --block-size 16
+
+Simulated time runs at ``speedup`` x wall time since start. A background task advances the engine
+every few milliseconds, and every request advances it to "now" before it is queued, so requests
+arrive at the right simulated time. A completion is answered when its simulated request finishes.
+
+Endpoints (as the engines serve them):
+
+- ``POST /v1/completions``: ``{"model", "prompt": [ids] | [[ids], ...] | "text", "max_tokens",
+  "stream"?, "return_token_ids"?}``. Token arrays are the prompt identity (``TokenSeq.from_tokens``).
+  The twin generates exactly ``max_tokens`` tokens (default 16, as vLLM). ``usage`` has
+  ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
+  ``prompt_tokens_details.cached_tokens`` (the engine's prefix-cache hit for this request).
+  Text prompts are not tokenized: every 4 UTF-8 bytes count as one token (an approximation).
+- Extension for multi-turn load generators, ``"prefixtune": {"output_token_ids": [ids]}``: the tokens
+  the twin "generates" (their count replaces ``max_tokens``). The next turn's prompt, which contains
+  them, then hits the blocks this request cached. Without it the output ids are derived from the
+  prompt deterministically and returned when ``"return_token_ids": true`` (``choices[i].token_ids``,
+  as vLLM does), so a client can build the next turn from them.
+- ``GET /v1/models``, ``GET /health`` (200 while up, 503 after a runtime OOM; the process then exits
+  non-zero after ``--exit-delay`` seconds, as a crashed engine would), ``GET <metrics path>`` (vLLM,
+  SGLang ``/metrics``; TensorRT-LLM ``/prometheus/metrics``, its ``/metrics`` being JSON iteration
+  stats). With ``--dcgm-port``, a DCGM-exporter-like ``DCGM_FI_DEV_GPU_UTIL`` on its own port.
+
+A start-up OOM prints the engine's kind of message and exits 1 before binding any port.
+
+In-process (tests, the sandbox): ``async with serving(engine, model, gpu, engine_args, ...) as url``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import signal
+import sys
+import time
+from array import array
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from prefixtune.engines import get_adapter
+from prefixtune.engines.base import ArgsError, EngineName, ParsedCommand
+from prefixtune.twin.cache.base import Match
+from prefixtune.twin.engine import TwinEngine
+from prefixtune.twin.exporter import CONTENT_TYPE, DcgmExporter, EngineExporter
+from prefixtune.twin.memory import StartupOOM
+from prefixtune.twin.observer import FanOut, NullObserver
+from prefixtune.twin.prompt import ROOT_KEY, Segment, TokenSeq
+from prefixtune.twin.request import Request
+from prefixtune.twin.run import parse_command
+
+DEFAULT_MAX_TOKENS = 16  # vLLM's default for /v1/completions
+VOCAB = 128_256  # Llama 3 vocabulary
+TICK_S = 0.005  # wall seconds between background advances
+
+OWNED_BY = {EngineName.VLLM: "vllm", EngineName.SGLANG: "sglang", EngineName.TRTLLM: "tensorrt_llm"}
+OOM_STARTUP_PREFIX = {
+    EngineName.VLLM: "ValueError",
+    EngineName.SGLANG: "RuntimeError",
+    EngineName.TRTLLM: "RuntimeError",
+}
+
+
+class RequestError(ValueError):
+    """A bad completion request (HTTP 400); ``param`` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+
+@dataclass
+class _Pending:
+    """A request in flight: what the handler waits for."""
+
+    req: Request
+    output_ids: list[int]
+    done: asyncio.Future[dict[str, float]]
+    chunks: asyncio.Queue[int] = field(default_factory=asyncio.Queue)  # token counts; 0 = the end
+    cached: int | None = None  # prompt tokens the engine found cached at its first admission
+
+
+class _ServeObserver(NullObserver):
+    """Resolves the handlers' futures as the simulated requests progress."""
+
+    def __init__(self, server: TwinServer) -> None:
+        self.server = server
+
+    def admitted(self, req: Request, match: Match, now: float) -> None:
+        p = self.server.pending.get(req.req_id)
+        if p is not None and p.cached is None:
+            p.cached = int(match.hit_tokens)
+
+    def first_token(self, req: Request, ttft_s: float, now: float) -> None:
+        p = self.server.pending.get(req.req_id)
+        if p is not None:
+            p.chunks.put_nowait(1)
+
+    def finished(
+        self, req: Request, now: float, e2e_s: float, queue_s: float, prefill_s: float, decode_s: float
+    ) -> None:
+        p = self.server.pending.pop(req.req_id, None)
+        if p is not None and not p.done.done():
+            p.done.set_result(
+                {"e2e_s": e2e_s, "queue_s": queue_s, "prefill_s": prefill_s, "decode_s": decode_s}
+            )
+            if req.output_len > 1:  # the engine reports decode tokens per batch, not per request
+                p.chunks.put_nowait(req.output_len - 1)
+            p.chunks.put_nowait(0)
+
+    def oom(self, now: float, reason: str) -> None:
+        self.server.on_oom(reason)
+
+
+class TwinServer:
+    """A twin engine served over HTTP (see the module doc). ``start()`` boots the engine (raising
+    ``StartupOOM``/``ArgsError``) and binds; ``url`` is the base URL; ``stop()`` shuts down.
+    ``exited`` is set when the engine died (runtime OOM) and its exit delay passed."""
+
+    def __init__(
+        self,
+        engine: str | EngineName,
+        parsed: ParsedCommand,
+        gpu: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        speedup: float = 1.0,
+        seed: int = 0,
+        exit_delay_s: float = 1.0,
+        dcgm_port: int | None = None,
+        dcgm_path: str = "/metrics",
+        pod: str = "",
+        namespace: str = "",
+    ) -> None:
+        if not speedup > 0:
+            raise ValueError(f"--speedup must be > 0; got {speedup}")
+        self.engine_name = EngineName(engine)
+        self.adapter = get_adapter(self.engine_name)
+        self.parsed = parsed
+        self.gpu = gpu
+        self.host = host
+        self.port = port
+        self.speedup = float(speedup)
+        self.seed = seed
+        self.exit_delay_s = exit_delay_s
+        self.dcgm_port = dcgm_port
+        self.dcgm_path = dcgm_path
+        self.pending: dict[int, _Pending] = {}
+        self.exporter = EngineExporter(self.engine_name, parsed.model, parsed=parsed)
+        self.dcgm = DcgmExporter(
+            gpu_model=gpu,
+            gpus=max(1, int(parsed.tensor_parallel)),
+            pod=pod,
+            namespace=namespace,
+            window_s=max(1.0, self.speedup),
+        )
+        # Boots the engine: raises StartupOOM before anything is bound.
+        self.engine = TwinEngine(parsed, gpu, seed, FanOut([self.exporter, self.dcgm, _ServeObserver(self)]))
+        self.exporter.bind(
+            self.engine.gauges,
+            lambda: self.engine.cache.stats,
+            self.engine.model.kv_bytes_per_token(self.engine.limits.kv_cache_dtype),
+        )
+        self.dcgm.clock = lambda: self.engine.now
+        self.oom_reason = ""
+        self.exited = asyncio.Event()
+        self.exit_code = 0
+        self.url = ""
+        self.dcgm_url = ""
+        self._t0 = 0.0
+        self._next_id = 0
+        self._runners: list[web.AppRunner] = []
+        self._ticker: asyncio.Task[None] | None = None
+        self._exit_task: asyncio.Task[None] | None = None
+
+    # --- time ------------------------------------------------------------------------------------
+    def sim_now(self) -> float:
+        return (time.monotonic() - self._t0) * self.speedup
+
+    def catch_up(self) -> None:
+        """Advance the engine to the current simulated time."""
+        target = self.sim_now()
+        if target > self.engine.now:
+            self.engine.advance(target)
+        if self.engine.status == "ok" and self.pending and self.engine.idle():
+            # The engine dropped requests it could never admit (as the engines reject them).
+            for rid in list(self.pending):
+                p = self.pending.pop(rid)
+                if not p.done.done():
+                    p.done.set_exception(
+                        RequestError("the engine rejected the request: it cannot fit the KV pool", status=400)
+                    )
+                    p.chunks.put_nowait(0)
+
+    async def _tick(self) -> None:
+        while True:
+            self.catch_up()
+            await asyncio.sleep(TICK_S)
+
+    def on_oom(self, reason: str) -> None:
+        self.oom_reason = reason
+        for p in self.pending.values():
+            if not p.done.done():
+                p.done.set_exception(RequestError(f"engine crashed: {reason}", status=500))
+            p.chunks.put_nowait(0)
+        self.pending.clear()
+        print(f"torch.OutOfMemoryError: {reason}", file=sys.stderr, flush=True)
+        if self._exit_task is None:
+            self._exit_task = asyncio.get_running_loop().create_task(self._die())
+
+    async def _die(self) -> None:
+        await asyncio.sleep(self.exit_delay_s)
+        self.exit_code = 1
+        self.exited.set()
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> str:
+        app = web.Application(client_max_size=64 * 1024**2)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get(self.adapter.health_path, self._health)
+        app.router.add_get(self.adapter.metrics_path, self._metrics)
+        if self.engine_name is EngineName.TRTLLM:
+            app.router.add_get("/metrics", self._trt_iteration_stats)
+        self._t0 = time.monotonic()
+        self.url = await self._bind(app, self.port)
+        if self.dcgm_port is not None:
+            dapp = web.Application()
+            dapp.router.add_get(self.dcgm_path, self._dcgm_metrics)
+            self.dcgm_url = await self._bind(dapp, self.dcgm_port)
+        self._ticker = asyncio.get_running_loop().create_task(self._tick())
+        return self.url
+
+    async def _bind(self, app: web.Application, port: int) -> str:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, port)
+        await site.start()
+        self._runners.append(runner)
+        addr = runner.addresses[0]
+        host = f"[{addr[0]}]" if ":" in str(addr[0]) else str(addr[0])
+        return f"http://{host}:{addr[1]}"
+
+    async def stop(self) -> None:
+        for task in (self._ticker, self._exit_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()
+
+    # --- handlers --------------------------------------------------------------------------------
+    def _served_names(self) -> list[str]:
+        names = self.parsed.options.get("served_model_name")
+        if isinstance(names, str) and names:
+            return [names]
+        if isinstance(names, list | tuple) and names:
+            return [str(n) for n in names]
+        return [self.parsed.model]
+
+    async def _health(self, request: web.Request) -> web.Response:
+        self.catch_up()
+        if self.engine.status != "ok":
+            return web.Response(status=503, text=f"engine dead: {self.oom_reason}")
+        return web.Response(status=200)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.catch_up()
+        return web.Response(body=self.exporter.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _dcgm_metrics(self, request: web.Request) -> web.Response:
+        self.catch_up()
+        return web.Response(body=self.dcgm.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _trt_iteration_stats(self, request: web.Request) -> web.Response:
+        self.catch_up()
+        g = self.engine.gauges()
+        stats = {
+            "iter": int(g.now * 1000),
+            "numActiveRequests": g.running,
+            "numQueuedRequests": g.waiting,
+            "kvCacheStats": {
+                "maxNumBlocks": g.pool_blocks,
+                "freeNumBlocks": g.free_blocks,
+                "usedNumBlocks": g.pool_blocks - g.free_blocks,
+                "tokensPerBlock": g.block_size,
+            },
+        }
+        return web.json_response([stats])
+
+    async def _models(self, request: web.Request) -> web.Response:
+        created = int(time.time())
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": OWNED_BY[self.engine_name],
+                "root": self.parsed.model,
+                "parent": None,
+                "max_model_len": int(self.engine.memory.max_request_tokens),
+            }
+            for name in self._served_names()
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(RequestError("the request body is not valid JSON"))
+        try:
+            if self.engine.status != "ok":
+                raise RequestError(f"engine crashed: {self.oom_reason}", status=500)
+            prompts, max_tokens, outputs, stream, want_ids = self._parse(body)
+            self.catch_up()
+            arrival = self.sim_now()
+            entries = [self._submit(p, max_tokens, o, arrival) for p, o in zip(prompts, outputs, strict=True)]
+            if stream:
+                return await self._stream(request, body, entries, want_ids)
+            results = await asyncio.gather(*(e.done for e in entries), return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+        except RequestError as err:
+            return _error(err)
+        return web.json_response(self._response(body, entries, want_ids))
+
+    def _parse(self, body: Any) -> tuple[list[list[int]], int, list[list[int] | None], bool, bool]:
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model not in self._served_names():
+            raise RequestError(f"The model `{model}` does not exist.", "model", status=404)
+        prompt = body.get("prompt")
+        prompts: list[list[int]]
+        if isinstance(prompt, str):
+            prompts = [_text_tokens(prompt)]
+        elif isinstance(prompt, list) and prompt and _token_list(prompt):
+            prompts = [prompt]
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(p, list) and _token_list(p) for p in prompt)
+        ):
+            prompts = prompt
+        else:
+            raise RequestError(
+                "prompt must be a non-empty list of token ids, a list of such lists, or a string", "prompt"
+            )
+        max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+        if max_tokens is None:
+            max_tokens = DEFAULT_MAX_TOKENS
+        if not _is_int(max_tokens) or int(max_tokens) < 1:
+            raise RequestError(f"max_tokens must be an integer >= 1; got {max_tokens!r}", "max_tokens")
+        if body.get("n", 1) != 1:
+            raise RequestError("only n=1 is supported by the twin", "n")
+        ext = body.get("prefixtune") or {}
+        if not isinstance(ext, dict):
+            raise RequestError("prefixtune must be an object", "prefixtune")
+        out_ids = ext.get("output_token_ids")
+        outputs: list[list[int] | None] = [None] * len(prompts)
+        if out_ids is not None:
+            if (
+                isinstance(out_ids, list)
+                and out_ids
+                and all(_is_int(t) for t in out_ids)
+                and len(prompts) == 1
+            ):
+                outputs = [[int(t) for t in out_ids]]
+            elif (
+                isinstance(out_ids, list)
+                and len(out_ids) == len(prompts)
+                and all(isinstance(o, list) and o and all(_is_int(t) for t in o) for o in out_ids)
+            ):
+                outputs = [[int(t) for t in o] for o in out_ids]
+            else:
+                raise RequestError(
+                    "prefixtune.output_token_ids must be a non-empty list of token ids (one list per prompt)",
+                    "prefixtune.output_token_ids",
+                )
+        for p in prompts:
+            lo, hi = min(p), max(p)
+            if lo < 0 or hi >= VOCAB:
+                bad = lo if lo < 0 else hi
+                raise RequestError(f"Token id {bad} is out of vocabulary (0..{VOCAB - 1})", "prompt")
+        limit = int(self.engine.memory.max_request_tokens)
+        for p, o in zip(prompts, outputs, strict=True):
+            n_out = len(o) if o is not None else int(max_tokens)
+            if len(p) + n_out > limit:
+                raise RequestError(
+                    f"This model's maximum context length is {limit} tokens. However, you requested "
+                    f"{len(p) + n_out} tokens ({len(p)} in the messages, {n_out} in the completion).",
+                    "prompt",
+                )
+        return (
+            prompts,
+            int(max_tokens),
+            outputs,
+            bool(body.get("stream", False)),
+            bool(body.get("return_token_ids")),
+        )
+
+    def _submit(
+        self, prompt: list[int], max_tokens: int, output: list[int] | None, arrival: float
+    ) -> _Pending:
+        """Queue one prompt arriving at simulated time ``arrival``. The engine runs it from that time
+        at the next advance (the ticker's, within 5 ms wall): forcing a step here would push the
+        simulation ahead of the wall clock by one step per request."""
+        if output is None:
+            output = derived_output(prompt, max_tokens)
+        full = tokens_to_seq(prompt + output)
+        rid = self._next_id
+        self._next_id += 1
+        req = Request(
+            req_id=rid,
+            arrival_s=arrival,
+            seq=full,
+            prompt_len=len(prompt),
+            output_len=len(output),
+            kind="http",
+        )
+        entry = _Pending(req=req, output_ids=output, done=asyncio.get_running_loop().create_future())
+        self.pending[rid] = entry
+        self.engine.submit(req)
+        return entry
+
+    def _response(self, body: dict[str, Any], entries: Sequence[_Pending], want_ids: bool) -> dict[str, Any]:
+        choices = []
+        prompt_tokens = completion_tokens = cached = 0
+        for i, e in enumerate(entries):
+            choice: dict[str, Any] = {
+                "index": i,
+                "text": " x" * e.req.output_len,
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+            }
+            if want_ids:
+                choice["token_ids"] = e.output_ids
+                choice["prompt_token_ids"] = None
+            choices.append(choice)
+            prompt_tokens += e.req.prompt_len
+            completion_tokens += e.req.output_len
+            cached += e.cached or 0
+        return {
+            "id": f"cmpl-twin-{entries[0].req.req_id}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": str(body.get("model") or self._served_names()[0]),
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            },
+        }
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], entries: Sequence[_Pending], want_ids: bool
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        model = str(body.get("model") or self._served_names()[0])
+        cid = f"cmpl-twin-{entries[0].req.req_id}"
+        for i, e in enumerate(entries):
+            sent = 0
+            while True:
+                count = await e.chunks.get()
+                if count == 0:
+                    break
+                chunk: dict[str, Any] = {
+                    "id": cid,
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [{"index": i, "text": " x" * count, "logprobs": None, "finish_reason": None}],
+                }
+                if want_ids:
+                    chunk["choices"][0]["token_ids"] = e.output_ids[sent : sent + count]
+                sent += count
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if e.done.done() and e.done.exception() is not None:
+                err = e.done.exception()
+                await resp.write(f"data: {json.dumps({'error': {'message': str(err)}})}\n\n".encode())
+                await resp.write(b"data: [DONE]\n\n")
+                return resp
+        final = self._response(body, entries, want_ids=False)
+        final["choices"] = [
+            {"index": i, "text": "", "logprobs": None, "finish_reason": "length"} for i in range(len(entries))
+        ]
+        await resp.write(f"data: {json.dumps(final)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+_SEGMENTS: dict[int, Segment] = {}  # key -> its one-token Segment, shared by requests with that prefix
+_SEGMENTS_CAP = 1_000_000
+
+
+def tokens_to_seq(tokens: Sequence[int]) -> TokenSeq:
+    """``TokenSeq.from_tokens`` with a process-local chain hash: one segment per token keyed by
+    ``hash((parent_key, token))``, so equal token prefixes get equal identities, exactly as
+    ``from_tokens``. Python's hash of an int tuple is deterministic and far cheaper than
+    ``chain_key``'s blake2b; the keys never leave this process (its KV cache), so stability across
+    processes is not needed. Segments of prefixes seen before (shared system prompts, contexts,
+    history) are reused: building a Segment costs more than hashing."""
+    segs: list[Segment] = []
+    append = segs.append
+    known = _SEGMENTS
+    if len(known) > _SEGMENTS_CAP:
+        known.clear()
+    key = ROOT_KEY
+    for tok in tokens:
+        key = hash((key, tok)) & 0x7FFF_FFFF_FFFF_FFFF
+        seg = known.get(key)
+        if seg is None:
+            seg = known[key] = Segment(key, 1)
+        append(seg)
+    return TokenSeq(tuple(segs))
+
+
+def derived_output(prompt: Sequence[int], n: int) -> list[int]:
+    """The token ids the twin "generates" after ``prompt`` when the client gives none: a deterministic
+    function of the prompt, so the same prompt always gets the same answer (as greedy decoding)."""
+    digest = hashlib.blake2b(array("q", prompt).tobytes(), digest_size=8).digest()
+    base = int.from_bytes(digest, "little") >> 1
+    return [(base * 2654435761 + (i + 1) * 40503) % VOCAB for i in range(n)]
+
+
+def _token_list(values: list[Any]) -> bool:
+    """A non-empty list of ints (not bools): checked with C-speed builtins, prompts are long."""
+    return bool(values) and set(map(type, values)) == {int}
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _text_tokens(text: str) -> list[int]:
+    """A stand-in tokenizer for text prompts: every 4 UTF-8 bytes are one token (ids from the bytes)."""
+    raw = text.encode()
+    if not raw:
+        raise RequestError("prompt must not be empty", "prompt")
+    return [int.from_bytes(raw[i : i + 4], "little") % VOCAB for i in range(0, len(raw), 4)]
+
+
+def _error(err: RequestError) -> web.Response:
+    kind = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}.get(err.status, "Error")
+    return web.json_response(
+        {"object": "error", "message": str(err), "type": kind, "param": err.param, "code": err.status},
+        status=err.status,
+    )
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    engine: str,
+    model: str | None,
+    gpu: str,
+    engine_args: Sequence[str] = (),
+    *,
+    tp: int | None = None,
+    files: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    speedup: float = 1.0,
+    seed: int = 0,
+    exit_delay_s: float = 1.0,
+    dcgm_port: int | None = None,
+) -> AsyncIterator[str]:
+    """Serve a twin in this event loop; yields the base URL (``port=0``: a free port)."""
+    server = make_server(
+        engine,
+        model,
+        gpu,
+        engine_args,
+        tp=tp,
+        files=files,
+        host=host,
+        port=port,
+        speedup=speedup,
+        seed=seed,
+        exit_delay_s=exit_delay_s,
+        dcgm_port=dcgm_port,
+    )
+    url = await server.start()
+    try:
+        yield url
+    finally:
+        await server.stop()
+
+
+def make_server(
+    engine: str,
+    model: str | None,
+    gpu: str,
+    engine_args: Sequence[str] = (),
+    *,
+    tp: int | None = None,
+    files: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> TwinServer:
+    """Parse the engine command and boot the twin (raises ArgsError, StartupOOM, ValueError)."""
+    parsed = parse_command(engine, list(engine_args), model=model, tp=tp, files=files)
+    return TwinServer(engine, parsed, gpu, **kwargs)
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="prefixtune twin serve",
+        description="Serve a digital twin of an LLM engine over the engine's HTTP API and metrics.",
+        epilog="Engine flags go after '--' (e.g. -- --gpu-memory-utilization 0.95), or a whole command.",
+    )
+    p.add_argument("--engine", required=True, choices=[e.value for e in EngineName])
+    p.add_argument("--model", help="model (HF or short name); optional when a full command follows --")
+    p.add_argument("--gpu", required=True, help="GPU type: H100-80GB, H200, A100-80GB (aliases accepted)")
+    p.add_argument("--tp", type=int, help="tensor parallel size")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default: the engine command's port)")
+    p.add_argument("--speedup", type=float, default=1.0, help="simulated seconds per wall second (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--exit-delay", type=float, default=1.0, help="seconds between a runtime OOM and exit")
+    p.add_argument("--dcgm-port", type=int, help="also serve a DCGM-like GPU-utilization exporter here")
+    p.add_argument("--dcgm-path", default="/metrics", help="path of the DCGM exporter (default /metrics)")
+    p.add_argument("--pod", default="", help="pod label for the DCGM exporter (Kubernetes mapping)")
+    p.add_argument("--namespace", default="", help="namespace label for the DCGM exporter")
+    p.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="PATH=LOCAL",
+        help="a file the engine command refers to (TensorRT-LLM options YAML): container path=local file",
+    )
+    return p
+
+
+def serve_main(argv: Sequence[str]) -> int:
+    args = list(argv)
+    engine_args: list[str] = []
+    if "--" in args:
+        cut = args.index("--")
+        args, engine_args = args[:cut], args[cut + 1 :]
+    opts = _parser().parse_args(args)
+    files: dict[str, str] = {}
+    for item in opts.file:
+        path, sep, local = item.partition("=")
+        if not sep:
+            print(f"twin serve: --file must be PATH=LOCAL; got {item!r}", file=sys.stderr)
+            return 2
+        try:
+            with open(local, encoding="utf-8") as fh:
+                files[path] = fh.read()
+        except OSError as err:
+            print(f"twin serve: --file {item}: cannot read {local}: {err.strerror}", file=sys.stderr)
+            return 2
+    try:
+        parsed = parse_command(opts.engine, engine_args, model=opts.model, tp=opts.tp, files=files or None)
+    except ArgsError as err:
+        print(f"twin serve: engine arguments: {err}", file=sys.stderr)
+        return 2
+    port = opts.port if opts.port is not None else int(parsed.port)
+    return asyncio.run(_serve(opts, parsed, port))
+
+
+async def _serve(opts: argparse.Namespace, parsed: ParsedCommand, port: int) -> int:
+    engine = EngineName(opts.engine)
+    try:
+        server = TwinServer(
+            engine,
+            parsed,
+            opts.gpu,
+            host=opts.host,
+            port=port,
+            speedup=opts.speedup,
+            seed=opts.seed,
+            exit_delay_s=opts.exit_delay,
+            dcgm_port=opts.dcgm_port,
+            dcgm_path=opts.dcgm_path,
+            pod=opts.pod,
+            namespace=opts.namespace,
+        )
+    except StartupOOM as err:
+        print(f"{OOM_STARTUP_PREFIX[engine]}: out of memory at start-up: {err}", file=sys.stderr)
+        return 1
+    except (ValueError, KeyError) as err:
+        print(f"twin serve: {err}", file=sys.stderr)
+        return 2
+    try:
+        url = await server.start()
+    except OSError as err:
+        print(f"twin serve: cannot bind {opts.host}:{port}: {err.strerror or err}", file=sys.stderr)
+        return 1
+    print(
+        f"twin serve: {engine.value} {parsed.model} on {opts.gpu} at {url} (speedup {opts.speedup}x, "
+        f"KV pool {server.engine.memory.pool_tokens} tokens)",
+        file=sys.stderr,
+        flush=True,
+    )
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(server.exited.wait())]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+        await server.stop()
+    return server.exit_code
