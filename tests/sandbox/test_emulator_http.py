@@ -1,0 +1,497 @@
+"""RealisticEmulator behaviours, each over real HTTP with an aiohttp client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from prefixtune.sandbox.emulator import RealisticEmulator, kubeconfig, serve_emulator, write_kubeconfig
+
+CMS = "/api/v1/namespaces/default/configmaps"
+DEPLOYS = "/apis/apps/v1/namespaces/default/deployments"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+WIDGETS = "/apis/example.dev/v1/namespaces/default/widgets"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+STRATEGIC = {"Content-Type": "application/strategic-merge-patch+json"}
+JSONPATCH = {"Content-Type": "application/json-patch+json"}
+
+
+def widget_crd(status: bool = True, served: tuple[str, ...] = ("v1",)) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.dev"},
+        "spec": {
+            "group": "example.dev",
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"]},
+            "versions": [
+                {
+                    "name": v,
+                    "served": True,
+                    "storage": i == 0,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                    **({"subresources": {"status": {}}} if status else {}),
+                }
+                for i, v in enumerate(served)
+            ],
+        },
+    }
+
+
+@pytest.fixture
+async def em() -> AsyncIterator[RealisticEmulator]:
+    async with serve_emulator() as (emulator, _url):
+        yield emulator
+
+
+async def call(em: RealisticEmulator, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+    async with em.request(method, path, **kwargs) as response:
+        return response.status, await response.json(content_type=None)
+
+
+async def make_cm(em: RealisticEmulator, name: str | None = "cm", **extra: Any) -> dict[str, Any]:
+    meta = {"name": name, **extra} if name else extra
+    status, body = await call(em, "POST", CMS, json={"metadata": meta, "data": {"k": "v"}})
+    assert status == 201, body
+    return dict(body)
+
+
+async def watch(em: RealisticEmulator, path: str, query: str) -> tuple[str, list[dict[str, Any]]]:
+    async with em.get(f"{path}?watch=true&{query}") as response:
+        assert response.status == 200
+        text = await response.text()
+        return response.headers["Content-Type"], [
+            json.loads(line) for line in text.splitlines() if line.strip()
+        ]
+
+
+async def test_create_assigns_server_metadata(em: RealisticEmulator) -> None:
+    body = await make_cm(em, "a")
+    meta = body["metadata"]
+    assert meta["namespace"] == "default"  # from the URL
+    assert len(meta["uid"]) == 36 and meta["generation"] == 1
+    assert meta["creationTimestamp"].endswith("Z")
+    assert body["kind"] == "ConfigMap" and body["apiVersion"] == "v1"
+    second = await make_cm(em, "b")
+    assert (
+        int(second["metadata"]["resourceVersion"]) == int(meta["resourceVersion"]) + 1
+    )  # one global counter
+    assert second["metadata"]["uid"] != meta["uid"]
+    generated = [await make_cm(em, None, generateName="cfg-") for _ in range(3)]
+    names = {g["metadata"]["name"] for g in generated}
+    assert len(names) == 3 and all(n.startswith("cfg-") and len(n) == 9 for n in names)
+    assert em.objects["v1/configmaps", "default", "a"] >= {
+        "metadata": {"uid": meta["uid"]},
+        "data": {"k": "v"},
+    }
+
+
+async def test_create_errors_are_canonical_statuses(em: RealisticEmulator) -> None:
+    await make_cm(em, "dup")
+    status, body = await call(em, "POST", CMS, json={"metadata": {"name": "dup"}})
+    assert (status, body["reason"], body["code"]) == (409, "AlreadyExists", 409)
+    assert body["details"] == {"name": "dup", "group": "", "kind": "configmaps"}
+    status, body = await call(em, "POST", CMS, json={"metadata": {}})
+    assert (status, body["reason"]) == (422, "Invalid") and "generateName" in body["message"]
+    status, body = await call(em, "POST", CMS, json={"metadata": {"name": "Bad_Name"}})
+    assert (status, body["reason"]) == (422, "Invalid") and "RFC 1123" in body["message"]
+    status, body = await call(
+        em, "POST", "/apis/nope.dev/v1/namespaces/default/things", json={"metadata": {"name": "x"}}
+    )
+    assert (status, body["reason"]) == (404, "NotFound")
+    status, body = await call(em, "GET", f"{CMS}/missing")
+    assert (status, body["reason"], body["message"]) == (404, "NotFound", 'configmaps "missing" not found')
+    status, body = await call(em, "POST", CMS, json={"metadata": {"name": "x", "namespace": "other"}})
+    assert (status, body["reason"]) == (400, "BadRequest")
+    status, body = await call(em, "POST", CMS, json={"kind": "Secret", "metadata": {"name": "x"}})
+    assert (status, body["reason"]) == (400, "BadRequest")
+    status, body = await call(
+        em, "POST", CMS, data=b"\x0a\x02k8s", headers={"Content-Type": "application/vnd.kubernetes.protobuf"}
+    )
+    assert (status, body["reason"]) == (415, "UnsupportedMediaType")
+
+
+async def test_every_write_bumps_rv_and_stale_rv_conflicts(em: RealisticEmulator) -> None:
+    created = await make_cm(em)
+    rv1 = created["metadata"]["resourceVersion"]
+    status, patched = await call(em, "PATCH", f"{CMS}/cm", json={"data": {"k": "w"}}, headers=MERGE)
+    assert status == 200 and int(patched["metadata"]["resourceVersion"]) > int(rv1)
+    stale = {"metadata": {"resourceVersion": rv1}, "data": {"k": "z"}}
+    status, body = await call(em, "PATCH", f"{CMS}/cm", json=stale, headers=MERGE)
+    assert (status, body["reason"]) == (409, "Conflict") and "has been modified" in body["message"]
+    status, body = await call(em, "PUT", f"{CMS}/cm", json={**created, "data": {"k": "put"}})
+    assert (status, body["reason"]) == (409, "Conflict")  # created carries the old resourceVersion
+    fresh = {**patched, "data": {"k": "put"}}
+    status, body = await call(em, "PUT", f"{CMS}/cm", json=fresh)
+    assert status == 200 and body["data"] == {"k": "put"}
+    assert body["metadata"]["uid"] == created["metadata"]["uid"]
+    # A no-op write changes nothing, as on the real server.
+    status, same = await call(em, "PATCH", f"{CMS}/cm", json={"data": {"k": "put"}}, headers=MERGE)
+    assert same["metadata"]["resourceVersion"] == body["metadata"]["resourceVersion"]
+    status, body = await call(em, "PUT", f"{CMS}/other", json={"metadata": {"name": "other"}})
+    assert (status, body["reason"]) == (404, "NotFound")
+    status, body = await call(em, "PUT", f"{CMS}/cm", json={"metadata": {"name": "renamed"}})
+    assert (status, body["reason"]) == (400, "BadRequest")
+
+
+async def test_json_patch_test_failure_is_422(em: RealisticEmulator) -> None:
+    created = await make_cm(em)
+    rv = created["metadata"]["resourceVersion"]
+    ok = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["x"]},
+    ]
+    status, body = await call(em, "PATCH", f"{CMS}/cm", json=ok, headers=JSONPATCH)
+    assert status == 200 and body["metadata"]["finalizers"] == ["x"]
+    status, body = await call(em, "PATCH", f"{CMS}/cm", json=ok, headers=JSONPATCH)  # rv is stale now
+    assert (status, body["reason"]) == (422, "Invalid")
+    status, body = await call(em, "PATCH", f"{CMS}/cm", json={"op": "add"}, headers=JSONPATCH)
+    assert (status, body["reason"]) == (400, "BadRequest")
+    status, body = await call(
+        em, "PATCH", f"{CMS}/cm", json={}, headers={"Content-Type": "application/apply-patch+yaml"}
+    )
+    assert status == 415
+
+
+async def test_strategic_merge_keeps_image_and_sidecar_and_bumps_generation(em: RealisticEmulator) -> None:
+    deployment = {
+        "metadata": {"name": "app"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "x"}},
+            "template": {
+                "metadata": {"labels": {"app": "x"}},
+                "spec": {
+                    "containers": [
+                        {"name": "engine", "image": "vllm:1", "args": ["--a"]},
+                        {"name": "sidecar", "image": "proxy:1"},
+                    ]
+                },
+            },
+        },
+        "status": {"replicas": 99},
+    }
+    status, created = await call(em, "POST", DEPLOYS, json=deployment)
+    assert status == 201 and "status" not in created  # status subresource: dropped on create
+    patch = {"spec": {"template": {"spec": {"containers": [{"name": "engine", "args": ["--b"]}]}}}}
+    status, body = await call(em, "PATCH", f"{DEPLOYS}/app", json=patch, headers=STRATEGIC)
+    assert status == 200
+    containers = body["spec"]["template"]["spec"]["containers"]
+    assert containers == [
+        {"name": "engine", "image": "vllm:1", "args": ["--b"]},
+        {"name": "sidecar", "image": "proxy:1"},
+    ]
+    assert body["metadata"]["generation"] == 2
+    # A merge patch replaces the list, exactly as the real server does.
+    status, body = await call(em, "PATCH", f"{DEPLOYS}/app", json=patch, headers=MERGE)
+    assert body["spec"]["template"]["spec"]["containers"] == [{"name": "engine", "args": ["--b"]}]
+    assert body["metadata"]["generation"] == 3
+    # Metadata-only changes do not bump the generation.
+    status, body = await call(
+        em, "PATCH", f"{DEPLOYS}/app", json={"metadata": {"labels": {"l": "1"}}}, headers=MERGE
+    )
+    assert body["metadata"]["generation"] == 3
+
+
+async def test_status_subresource_is_isolated(em: RealisticEmulator) -> None:
+    status, _ = await call(em, "POST", CRDS, json=widget_crd())
+    assert status == 201
+    status, created = await call(
+        em, "POST", WIDGETS, json={"metadata": {"name": "w"}, "spec": {"size": 1}, "status": {"x": 1}}
+    )
+    assert status == 201 and "status" not in created
+    status, body = await call(
+        em,
+        "PATCH",
+        f"{WIDGETS}/w/status",
+        json={"spec": {"size": 5}, "status": {"phase": "Up"}},
+        headers=MERGE,
+    )
+    assert status == 200 and body["status"] == {"phase": "Up"} and body["spec"] == {"size": 1}
+    assert body["metadata"]["generation"] == 1  # status writes never bump the generation
+    status, body = await call(
+        em, "PATCH", f"{WIDGETS}/w", json={"spec": {"size": 2}, "status": {"phase": "Down"}}, headers=MERGE
+    )
+    assert (
+        body["status"] == {"phase": "Up"}
+        and body["spec"] == {"size": 2}
+        and body["metadata"]["generation"] == 2
+    )
+    status, body = await call(em, "PUT", f"{WIDGETS}/w/status", json={**body, "status": {"phase": "Put"}})
+    assert status == 200 and body["status"] == {"phase": "Put"}
+    status, body = await call(em, "GET", f"{WIDGETS}/w/status")
+    assert status == 200 and body["status"] == {"phase": "Put"}
+    # Strategic merge patch is not allowed on custom resources (the real server answers 415).
+    status, body = await call(em, "PATCH", f"{WIDGETS}/w", json={"spec": {"size": 3}}, headers=STRATEGIC)
+    assert (status, body["reason"]) == (415, "UnsupportedMediaType")
+    status, body = await call(em, "PATCH", f"{CMS}/x/scale", json={}, headers=MERGE)
+    assert status == 404
+
+
+async def test_finalizers_delay_deletion(em: RealisticEmulator) -> None:
+    await make_cm(em, "f", finalizers=["example.dev/guard"])
+    status, body = await call(em, "DELETE", f"{CMS}/f")
+    assert status == 200 and body["metadata"]["deletionTimestamp"]
+    status, body = await call(em, "GET", f"{CMS}/f")
+    assert status == 200
+    status, body = await call(
+        em, "PATCH", f"{CMS}/f", json={"metadata": {"finalizers": ["a", "example.dev/guard"]}}, headers=MERGE
+    )
+    assert (status, body["reason"]) == (422, "Invalid") and "no new finalizers" in body["message"]
+    status, body = await call(em, "PATCH", f"{CMS}/f", json={"metadata": {"finalizers": None}}, headers=MERGE)
+    assert status == 200
+    status, body = await call(em, "GET", f"{CMS}/f")
+    assert status == 404
+    assert em.objects["v1/configmaps", "default", "f"].deleted
+
+
+async def test_delete_preconditions_and_status_success(em: RealisticEmulator) -> None:
+    created = await make_cm(em)
+    status, body = await call(em, "DELETE", f"{CMS}/cm", json={"preconditions": {"uid": "nope"}})
+    assert (status, body["reason"]) == (409, "Conflict")
+    status, body = await call(em, "DELETE", f"{CMS}/cm", json={"propagationPolicy": "Sideways"})
+    assert status == 400 and "Orphan, Background, Foreground" in body["message"]
+    status, body = await call(
+        em, "DELETE", f"{CMS}/cm", json={"preconditions": {"uid": created["metadata"]["uid"]}}
+    )
+    assert status == 200 and body["kind"] == "Status" and body["status"] == "Success"
+    status, body = await call(em, "DELETE", f"{CMS}/cm")
+    assert (status, body["reason"]) == (404, "NotFound")
+
+
+async def test_dry_run_changes_nothing(em: RealisticEmulator) -> None:
+    status, body = await call(em, "POST", f"{CMS}?dryRun=All", json={"metadata": {"name": "dry"}})
+    assert status == 201 and body["metadata"]["name"] == "dry"
+    status, _ = await call(em, "GET", f"{CMS}/dry")
+    assert status == 404
+    created = await make_cm(em)
+    status, body = await call(em, "PATCH", f"{CMS}/cm?dryRun=All", json={"data": {"k": "dry"}}, headers=MERGE)
+    assert body["data"] == {"k": "dry"}
+    status, body = await call(em, "GET", f"{CMS}/cm")
+    assert body == created
+
+
+async def test_list_selectors_kind_and_rv(em: RealisticEmulator) -> None:
+    await make_cm(em, "a", labels={"app": "vllm", "tier": "gpu"})
+    await make_cm(em, "b", labels={"app": "sglang"})
+    await call(
+        em,
+        "POST",
+        "/api/v1/namespaces/other/configmaps",
+        json={"metadata": {"name": "c", "labels": {"app": "vllm"}}},
+    )
+
+    async def names(query: str, path: str = CMS) -> list[str]:
+        status, body = await call(em, "GET", f"{path}?{query}")
+        assert status == 200, body
+        return [item["metadata"]["name"] for item in body["items"]]
+
+    status, body = await call(em, "GET", CMS)
+    assert body["kind"] == "ConfigMapList" and body["apiVersion"] == "v1"
+    assert body["metadata"]["resourceVersion"] == str(em.resource_version)
+    assert await names("labelSelector=app%3Dvllm") == ["a"]
+    assert await names("labelSelector=app%3Dvllm", "/api/v1/configmaps") == ["a", "c"]  # all namespaces
+    assert await names("labelSelector=app%21%3Dvllm") == ["b"]
+    assert await names("labelSelector=tier") == ["a"]
+    assert await names("labelSelector=%21tier") == ["b"]
+    assert await names("labelSelector=app+in+%28sglang%2Cx%29") == ["b"]
+    assert await names("labelSelector=app+notin+%28sglang%29") == ["a"]
+    assert await names("fieldSelector=metadata.name%3Db") == ["b"]
+    assert await names("fieldSelector=metadata.namespace%3Dother", "/api/v1/configmaps") == ["c"]
+    status, body = await call(em, "GET", f"{CMS}?labelSelector=app+in+%28x")
+    assert (status, body["reason"]) == (400, "BadRequest") and "labelSelector" in body["message"]
+
+
+async def test_watch_timeout_rv_and_content_type(em: RealisticEmulator) -> None:
+    first = await make_cm(em, "a")
+    second = await make_cm(em, "b")
+    started = time.monotonic()
+    ctype, events = await watch(em, CMS, "timeoutSeconds=0.3")
+    assert 0.25 <= time.monotonic() - started < 2.0
+    assert ctype == "application/json"
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "a"), ("ADDED", "b")]
+    # From a resourceVersion: only what happened after it, nothing older.
+    await call(em, "PATCH", f"{CMS}/a", json={"data": {"k": "2"}}, headers=MERGE)
+    _, events = await watch(
+        em, CMS, f"timeoutSeconds=0.2&resourceVersion={second['metadata']['resourceVersion']}"
+    )
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("MODIFIED", "a")]
+    _, events = await watch(
+        em, CMS, f"timeoutSeconds=0.2&resourceVersion={first['metadata']['resourceVersion']}"
+    )
+    assert [e["object"]["metadata"]["name"] for e in events] == ["b", "a"]
+
+
+async def test_watch_initial_events_bookmark_and_live_events(em: RealisticEmulator) -> None:
+    await make_cm(em, "a", labels={"app": "x"})
+
+    async def writer() -> None:
+        await asyncio.sleep(0.2)
+        await make_cm(em, "b", labels={"app": "x"})
+        await make_cm(em, "unlabelled")
+        await call(em, "PATCH", f"{CMS}/a", json={"metadata": {"labels": {"app": "y"}}}, headers=MERGE)
+        await call(
+            em, "PATCH", f"{CMS}/unlabelled", json={"metadata": {"labels": {"app": "x"}}}, headers=MERGE
+        )
+        await call(em, "DELETE", f"{CMS}/b")
+
+    task = asyncio.create_task(writer())
+    query = (
+        "timeoutSeconds=1&sendInitialEvents=true&allowWatchBookmarks=true"
+        "&resourceVersionMatch=NotOlderThan&labelSelector=app%3Dx"
+    )
+    _, events = await watch(em, CMS, query)
+    await task
+    seen = [(e["type"], e["object"]["metadata"].get("name")) for e in events]
+    assert seen == [
+        ("ADDED", "a"),
+        ("BOOKMARK", None),
+        ("ADDED", "b"),
+        ("DELETED", "a"),  # left the selector
+        ("ADDED", "unlabelled"),  # entered the selector
+        ("DELETED", "b"),
+    ]
+    assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+
+
+async def test_watch_too_old_rv_gives_410_error_event() -> None:
+    async with serve_emulator(emulator=RealisticEmulator(watch_log_size=2)) as (em, _):
+        for name in "abcd":
+            await make_cm(em, name)
+        _, events = await watch(em, CMS, "timeoutSeconds=1&resourceVersion=1")
+        assert len(events) == 1 and events[0]["type"] == "ERROR"
+        assert events[0]["object"]["code"] == 410 and events[0]["object"]["reason"] == "Expired"
+
+
+async def test_crd_registration_and_removal(em: RealisticEmulator) -> None:
+    status, body = await call(em, "GET", "/apis/example.dev/v1")
+    assert status == 404
+    status, crd = await call(em, "POST", CRDS, json=widget_crd(served=("v1", "v1beta1")))
+    assert status == 201
+    conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
+    assert conditions == {"NamesAccepted": "True", "Established": "True"}
+    assert crd["status"]["acceptedNames"]["kind"] == "Widget"
+    status, group = await call(em, "GET", "/apis/example.dev")
+    assert group["preferredVersion"]["version"] == "v1" and [v["version"] for v in group["versions"]] == [
+        "v1",
+        "v1beta1",
+    ]
+    status, listing = await call(em, "GET", "/apis/example.dev/v1")
+    entries = {r["name"]: r for r in listing["resources"]}
+    assert entries["widgets"]["kind"] == "Widget" and entries["widgets"]["namespaced"] is True
+    assert entries["widgets"]["shortNames"] == ["wd"]
+    assert (
+        entries["widgets/status"]["verbs"] == ["get", "patch", "update"]
+        and "shortNames" not in entries["widgets/status"]
+    )
+    status, _ = await call(em, "POST", WIDGETS, json={"metadata": {"name": "w"}, "spec": {}})
+    assert status == 201
+    bad = widget_crd()
+    bad["metadata"]["name"] = "wrong.example.dev"
+    status, body = await call(em, "POST", CRDS, json=bad)
+    assert (status, body["reason"]) == (422, "Invalid")
+    # Replacing the CRD with one version fewer removes the other from discovery.
+    status, body = await call(
+        em, "PUT", f"{CRDS}/widgets.example.dev", json={**widget_crd(), "metadata": crd["metadata"]}
+    )
+    assert status == 200
+    status, group = await call(em, "GET", "/apis/example.dev")
+    assert [v["version"] for v in group["versions"]] == ["v1"]
+    status, _ = await call(em, "DELETE", f"{CRDS}/widgets.example.dev")
+    assert status == 200
+    status, _ = await call(em, "GET", f"{WIDGETS}/w")
+    assert status == 404
+    assert em.objects["example.dev/v1/widgets", "default", "w"].deleted
+
+
+async def test_discovery_fixes(em: RealisticEmulator) -> None:
+    status, body = await call(em, "GET", "/api/v1")
+    assert body["groupVersion"] == "v1"
+    assert {r["name"] for r in body["resources"]} >= {"configmaps", "pods", "pods/status", "events"}
+    status, body = await call(em, "GET", "/apis/apps/v1")
+    entries = {r["name"]: r for r in body["resources"]}
+    assert (
+        entries["deployments/scale"]["kind"] == "Scale"
+        and entries["deployments/status"]["kind"] == "Deployment"
+    )
+    status, body = await call(em, "GET", "/version/")
+    assert status == 200 and body["major"] == "1"
+    status, body = await call(em, "GET", "/apis/autoscaling")
+    assert body["preferredVersion"]["version"] == "v2"
+
+
+async def test_owner_reference_garbage_collection_is_transitive(em: RealisticEmulator) -> None:
+    owner = await make_cm(em, "owner")
+
+    def ref(obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return {"apiVersion": "v1", "kind": "ConfigMap", "name": meta["name"], "uid": meta["uid"]}
+
+    child = await make_cm(em, "child", ownerReferences=[ref(owner)])
+    await make_cm(em, "grandchild", ownerReferences=[ref(child)])
+    other = await make_cm(em, "other")
+    await make_cm(em, "shared", ownerReferences=[ref(owner), ref(other)])
+    await make_cm(em, "orphaned", ownerReferences=[ref(other)])
+    await call(em, "DELETE", f"{CMS}/owner")
+    await em.settle()
+    _, listing = await call(em, "GET", CMS)
+    remaining = {item["metadata"]["name"]: item for item in listing["items"]}
+    assert set(remaining) == {"other", "shared", "orphaned"}
+    assert [r["name"] for r in remaining["shared"]["metadata"]["ownerReferences"]] == ["other"]
+    await call(em, "DELETE", f"{CMS}/other", json={"propagationPolicy": "Orphan"})
+    await em.settle()
+    _, listing = await call(em, "GET", CMS)
+    assert {item["metadata"]["name"] for item in listing["items"]} == {"shared", "orphaned"}
+    assert all("ownerReferences" not in item["metadata"] for item in listing["items"])
+
+
+async def test_events_with_generate_name_are_stored(em: RealisticEmulator) -> None:
+    for path in ("/api/v1/namespaces/default/events", "/apis/events.k8s.io/v1/namespaces/default/events"):
+        for _ in range(2):
+            status, body = await call(
+                em, "POST", path, json={"metadata": {"generateName": "kopf-event-"}, "reason": "R"}
+            )
+            assert status == 201, body
+    stored = [key for key in em.objects if key[0].plural == "events" and not em.objects[key].deleted]
+    assert len(stored) == 4
+
+
+async def test_kubeconfig_points_at_the_url(tmp_path: Path) -> None:
+    async with serve_emulator() as (_em, url):
+        path = write_kubeconfig(tmp_path / "kubeconfig", url, "ns1")
+        doc = yaml.safe_load(path.read_text())
+        assert doc["clusters"][0]["cluster"]["server"] == url
+        assert doc["contexts"][0]["context"]["namespace"] == "ns1"
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/version") as response:
+            assert response.status == 200
+    with pytest.raises(ValueError, match="url"):
+        kubeconfig("localhost:80")
+    with pytest.raises(ValueError, match="port"):
+        serve_emulator(port=70000)
+
+
+async def test_namespaces_are_served_as_objects(em: RealisticEmulator) -> None:
+    status, body = await call(em, "GET", "/api/v1/namespaces")
+    assert status == 200 and body["kind"] == "NamespaceList"
+    assert [item["metadata"]["name"] for item in body["items"]] == ["default", "kube-public", "kube-system"]
+    status, body = await call(em, "POST", "/api/v1/namespaces", json={"metadata": {"name": "team"}})
+    assert status == 201 and body["status"] == {"phase": "Active"} and "namespace" not in body["metadata"]
+    status, body = await call(em, "GET", "/api/v1/namespaces/team")
+    assert status == 200 and body["kind"] == "Namespace"
+    _, events = await watch(em, "/api/v1/namespaces", "timeoutSeconds=0.2&labelSelector=x")
+    assert events == []
+    status, body = await call(em, "DELETE", "/api/v1/namespaces/team")
+    assert status == 200
+    status, body = await call(em, "GET", "/api/v1/namespaces/team")
+    assert (status, body["reason"]) == (404, "NotFound")
