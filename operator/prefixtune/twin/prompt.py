@@ -37,6 +37,7 @@ def chain_key(parent: int, *parts: int | str) -> int:
 
 
 ROOT_KEY = 0
+_OFFSET_LIMIT = 1 << 32  # block_keys packs a token offset into 32 bits
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,40 @@ class TokenSeq:
             if next_end <= seg_end:
                 key = seg.key
                 out.extend([(key, end - start) for end in range(next_end, seg_end + 1, block_size)])
+                next_end += ((seg_end - next_end) // block_size + 1) * block_size
+            start = seg_end
+        return out
+
+    def block_keys(self, block_size: int, limit: int | None = None) -> list[int]:
+        """``block_ids`` as plain ints: block ``(key, offset)`` is ``key << 32 | offset``.
+
+        The same identities (one-to-one while a segment is shorter than 2**32 tokens), cheaper to
+        build (a segment's blocks are one ``range``) and to hash than tuples: vLLM's cache model
+        keys its hash map with them.
+        """
+        memo = self._block_key_memo
+        keys = memo.get(block_size)
+        if keys is None:
+            keys = memo[block_size] = self._compute_block_keys(block_size)
+        n = self.length if limit is None else min(limit, self.length)
+        full = n // block_size
+        return keys if full == len(keys) else keys[:full]
+
+    @cached_property
+    def _block_key_memo(self) -> dict[int, list[int]]:
+        return {}
+
+    def _compute_block_keys(self, block_size: int) -> list[int]:
+        out: list[int] = []
+        start = 0
+        next_end = block_size
+        for seg in self.segments:
+            seg_end = start + seg.length
+            if next_end <= seg_end:
+                if seg.length >= _OFFSET_LIMIT:
+                    raise ValueError(f"segment length {seg.length} must be < 2**32 for block keys")
+                base = (seg.key << 32) - start
+                out.extend(range(base + next_end, base + seg_end + 1, block_size))
                 next_end += ((seg_end - next_end) // block_size + 1) * block_size
             start = seg_end
         return out

@@ -3,7 +3,7 @@
 Semantics (reference/engines.md §3.1):
 
 - Only full blocks are hashed; a block's hash names the whole prefix ending at it, which is exactly
-  ``TokenSeq.block_ids(block_size)``.
+  ``TokenSeq.block_keys(block_size)`` (``block_ids`` as ints).
 - A hit is the longest run of consecutive cached blocks from the start, within the first
   ``prompt - 1`` tokens (the last token is always computed).
 - The free queue: allocation pops the FRONT (evicting a hash the block still holds); freed cached
@@ -21,10 +21,18 @@ the front). Prefix caching off: nothing is hashed, nothing hits, every freed blo
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import islice, takewhile
+from operator import is_not
 
 from prefixtune.twin.cache.base import CacheStats, Match
-from prefixtune.twin.prompt import PrefixId, TokenSeq
+from prefixtune.twin.prompt import TokenSeq
+
+BlockKey = int  # TokenSeq.block_keys: a block's chained hash as one int
+
+_is_block = partial(is_not, None)  # a hash-map lookup found a block (block 0 is falsy)
 
 
 @dataclass(slots=True)
@@ -32,7 +40,7 @@ class _Running:
     seq: TokenSeq
     prompt_len: int
     blocks: list[int]  # block ids in sequence order
-    ids: list[PrefixId] | None  # block hashes of the whole seq (computed once; None when caching is off)
+    ids: list[BlockKey] | None  # block hashes of the whole seq (computed once; None when caching is off)
     hashed: int  # leading blocks that hold their hash
 
 
@@ -51,32 +59,27 @@ class VllmCache:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         n = self.num_blocks
-        self._hash: list[PrefixId | None] = [None] * n
+        self._hash: list[BlockKey | None] = [None] * n
         self._ref: list[int] = [0] * n
         # hash -> the block a hit uses (the first cached); further holders of the same hash in _dups
-        self._cached: dict[PrefixId, int] = {}
-        self._dups: dict[PrefixId, list[int]] = {}
+        self._cached: dict[BlockKey, int] = {}
+        self._dups: dict[BlockKey, list[int]] = {}
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU order: front is evicted first
         self._free_plain: list[int] = list(range(n - 1, -1, -1))  # stack: pop() is the queue front
         self._reqs: dict[int, _Running] = {}
 
     # -- queries -------------------------------------------------------------------------------
 
-    def _hit_blocks(self, ids: list[PrefixId], prompt_len: int) -> list[int]:
+    def _hit_blocks(self, ids: list[BlockKey], prompt_len: int) -> list[int]:
         limit = (prompt_len - 1) // self.block_size
-        out: list[int] = []
-        cached = self._cached
-        for i in range(min(limit, len(ids))):
-            b = cached.get(ids[i])
-            if b is None:
-                break
-            out.append(b)
-        return out
+        # the longest run of cached hashes from the start, found without a Python loop
+        found: Iterator[int | None] = map(self._cached.get, islice(ids, limit))
+        return list(takewhile(_is_block, found))  # type: ignore[arg-type]  # stops before the first None
 
     def lookup(self, seq: TokenSeq, prompt_len: int) -> Match:
         if not self.prefix_caching:
             return Match(0)
-        ids = seq.block_ids(self.block_size, limit=prompt_len - 1)
+        ids = seq.block_keys(self.block_size, limit=prompt_len - 1)
         n = len(self._hit_blocks(ids, prompt_len))
         return Match(n * self.block_size, hit_blocks=n)
 
@@ -120,7 +123,7 @@ class VllmCache:
             ref[b] = 1
         return out
 
-    def _uncache(self, block: int, h: PrefixId) -> None:
+    def _uncache(self, block: int, h: BlockKey) -> None:
         dups = self._dups.get(h)
         if self._cached[h] == block:
             if dups:
@@ -139,7 +142,7 @@ class VllmCache:
             raise ValueError(f"request {req_id} is already admitted")
         _check_lengths(seq, prompt_len, num_tokens)
         bs = self.block_size
-        ids = seq.block_ids(bs) if self.prefix_caching else None
+        ids = seq.block_keys(bs) if self.prefix_caching else None
         hit = self._hit_blocks(ids, prompt_len) if ids is not None else []
         need = -(-num_tokens // bs) - len(hit)
         touched_free = sum(1 for b in hit if self._ref[b] == 0)
