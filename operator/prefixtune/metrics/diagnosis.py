@@ -1,0 +1,298 @@
+"""Name the bottleneck from measured Signals, and spot the field-notes patterns. Pure functions.
+
+``diagnose(signals, baseline=None, history=())`` returns the bound (prefill, decode, kv-capacity,
+queueing, unknown, or insufficient-data) with the readings that support it, plus findings:
+
+- ``ttft-down-throughput-flat``: caching cut TTFT against the baseline but throughput did not rise
+  (serving is decode-bound; caching only saves prefill).
+- ``p99-stuck``: TTFT p50 fell against the baseline but p99 did not (misses make the tail: long
+  prefixes evicted, or always-missing requests such as new sessions); without a baseline, a high hit
+  rate with a p99 many times p50 raises ``miss-dominated-tail``.
+- ``short-prefix-hits``: hit rate high but prefill reduction much lower (hits on short prefixes).
+- ``eviction-pressure``: KV usage high with preemptions, or the hit rate falling while KV is full.
+- ``hit-rate-up-throughput-down``: more hits but less throughput than the previous window (look at
+  the batch size and GPU utilization: the cache may be taking memory from the batch).
+- ``caching-earns-nothing``: hit rate below 0.6 in every window seen: consider turning caching off.
+
+Thresholds are in ``Thresholds`` (documented defaults; all heuristics, not engine facts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefixtune.metrics.signals import Signals
+
+PREFILL = "prefill"
+DECODE = "decode"
+KV_CAPACITY = "kv-capacity"
+QUEUEING = "queueing"
+UNKNOWN = "unknown"
+INSUFFICIENT = "insufficient-data"
+BOUNDS = (PREFILL, DECODE, KV_CAPACITY, QUEUEING, UNKNOWN, INSUFFICIENT)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    min_requests: float = 20.0  # fewer finished requests in the window: insufficient data
+    kv_full: float = 0.90  # KV usage at or above this is "full"
+    queue_ratio: float = 0.5  # waiting >= this x running (and >= min_waiting) is queueing
+    min_waiting: float = 1.0
+    prefill_share: float = 0.5  # TTFT share of a request's service time at or above this: prefill-bound
+    high_hit_rate: float = 0.5
+    earns_nothing_hit_rate: float = 0.6  # field notes: "hit rate stably below 60%"
+    reduction_gap: float = 0.2  # prefill reduction this much below the hit rate: short-prefix hits
+    ttft_drop: float = 0.15  # relative fall of TTFT p50 that counts as "down"
+    flat: float = 0.05  # relative change of throughput/p99 within this is "flat"
+    tail_ratio: float = 5.0  # p99 / p50 at or above this with a high hit rate: miss-dominated tail
+    hit_rate_fall: float = 0.05  # absolute fall of the hit rate that counts as "falling"
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    note: str
+    readings: Mapping[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "note": self.note,
+            "readings": {k: float(v) for k, v in self.readings.items()},
+        }
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    bound: str
+    reason: str
+    readings: Mapping[str, float]
+    findings: tuple[Finding, ...] = ()
+    hit_rate: float | None = None
+    prefill_reduction: float | None = None
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        return tuple(f.code for f in self.findings)
+
+    def notes(self) -> list[str]:
+        return [self.reason, *(f.note for f in self.findings)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bound": self.bound,
+            "reason": self.reason,
+            "hit_rate": self.hit_rate,
+            "prefill_reduction": self.prefill_reduction,
+            "readings": {k: float(v) for k, v in self.readings.items()},
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def _present(s: Signals, *names: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for n in names:
+        v = getattr(s, n)
+        if v is not None:
+            out[n] = float(v)
+    return out
+
+
+def _rel(new: float | None, old: float | None) -> float | None:
+    if new is None or old is None or old == 0:
+        return None
+    return (new - old) / old
+
+
+def _throughput(s: Signals) -> float | None:
+    return s.output_tokens_per_s if s.output_tokens_per_s is not None else s.requests_per_s
+
+
+def prefill_time_share(s: Signals) -> float | None:
+    """TTFT p50 / (TTFT p50 + mean output tokens per request x ITL p50): where a request's time goes."""
+    if None in (s.ttft_p50_s, s.itl_p50_s, s.output_tokens_per_s, s.requests_per_s):
+        return None
+    assert s.ttft_p50_s is not None and s.itl_p50_s is not None
+    assert s.output_tokens_per_s is not None and s.requests_per_s is not None
+    if s.requests_per_s <= 0:
+        return None
+    decode = (s.output_tokens_per_s / s.requests_per_s) * s.itl_p50_s
+    total = s.ttft_p50_s + decode
+    return None if total <= 0 else s.ttft_p50_s / total
+
+
+def _bound(s: Signals, t: Thresholds) -> tuple[str, str, dict[str, float]]:
+    kv = s.kv_usage_mean
+    pre = s.preemptions_per_s
+    waiting, running = s.waiting_mean, s.running_mean
+    if (
+        kv is not None
+        and kv >= t.kv_full
+        and ((pre is not None and pre > 0) or (waiting or 0) >= t.min_waiting)
+    ):
+        r = _present(s, "kv_usage_mean", "preemptions_per_s", "waiting_mean", "running_mean")
+        return (
+            KV_CAPACITY,
+            f"KV pool {kv:.0%} used with preemptions or a queue: the batch is limited by KV memory",
+            r,
+        )
+    if waiting is not None and running is not None and waiting >= max(t.min_waiting, t.queue_ratio * running):
+        r = _present(s, "waiting_mean", "running_mean", "kv_usage_mean", "ttft_p50_s")
+        return (
+            QUEUEING,
+            f"{waiting:.1f} requests waiting on average against {running:.1f} running: "
+            "arrivals exceed capacity",
+            r,
+        )
+    share = prefill_time_share(s)
+    if share is not None:
+        r = {
+            "prefill_time_share": share,
+            **_present(s, "ttft_p50_s", "itl_p50_s", "output_tokens_per_s", "requests_per_s", "gpu_util"),
+        }
+        if share >= t.prefill_share:
+            return (
+                PREFILL,
+                f"prefill takes {share:.0%} of a request's service time: "
+                "prefill-bound (caching raises throughput)",
+                r,
+            )
+        return (
+            DECODE,
+            f"decode takes {1 - share:.0%} of a request's service time: "
+            "decode-bound (caching mostly cuts TTFT)",
+            r,
+        )
+    r = _present(s, "kv_usage_mean", "waiting_mean", "running_mean", "ttft_p50_s", "itl_p50_s")
+    return UNKNOWN, "not enough latency and throughput signals to tell prefill from decode", r
+
+
+def diagnose(
+    signals: Signals,
+    *,
+    baseline: Signals | None = None,
+    history: Sequence[Signals] = (),
+    thresholds: Thresholds | None = None,
+) -> Diagnosis:
+    """Diagnose one window. ``baseline``: the same workload with caching off or the previous config;
+    ``history``: earlier windows of this config, oldest first (for trends and "stably")."""
+    t = thresholds or Thresholds()
+    s = signals
+    if s.requests is None or s.requests < t.min_requests:
+        n = "none" if s.requests is None else f"{s.requests:.0f}"
+        return Diagnosis(
+            INSUFFICIENT,
+            f"insufficient data: {n} requests finished in the window (need >= {t.min_requests:.0f})",
+            _present(s, "requests", "window_s"),
+            hit_rate=s.hit_rate,
+            prefill_reduction=s.prefill_reduction,
+        )
+    bound, reason, readings = _bound(s, t)
+    findings: list[Finding] = []
+    hr, red = s.hit_rate, s.prefill_reduction
+
+    if baseline is not None:
+        ttft50 = _rel(s.ttft_p50_s, baseline.ttft_p50_s)
+        ttft99 = _rel(s.ttft_p99_s, baseline.ttft_p99_s)
+        thr = _rel(_throughput(s), _throughput(baseline))
+        if ttft50 is not None and thr is not None and ttft50 <= -t.ttft_drop and thr < t.flat:
+            findings.append(
+                Finding(
+                    "ttft-down-throughput-flat",
+                    f"TTFT p50 {-ttft50:.0%} lower than the baseline but throughput {thr:+.0%}: serving is "
+                    "decode-bound; prefix caching saves prefill only",
+                    {"ttft_p50_change": ttft50, "throughput_change": thr, **_present(s, "hit_rate")},
+                )
+            )
+            if bound == UNKNOWN:
+                bound, reason = DECODE, "TTFT fell with caching while throughput stayed flat: decode-bound"
+        if ttft50 is not None and ttft99 is not None and ttft50 <= -t.ttft_drop and ttft99 > -t.flat:
+            findings.append(
+                Finding(
+                    "p99-stuck",
+                    f"TTFT p50 {-ttft50:.0%} lower but p99 {ttft99:+.0%}: misses make the tail "
+                    "(long prefixes evicted, or always-missing requests such as new sessions)",
+                    {
+                        "ttft_p50_change": ttft50,
+                        "ttft_p99_change": ttft99,
+                        **_present(s, "ttft_p50_s", "ttft_p99_s", "hit_rate"),
+                    },
+                )
+            )
+    elif hr is not None and hr >= t.high_hit_rate and s.ttft_p50_s and s.ttft_p99_s is not None:
+        ratio = s.ttft_p99_s / s.ttft_p50_s
+        if ratio >= t.tail_ratio:
+            findings.append(
+                Finding(
+                    "miss-dominated-tail",
+                    f"hit rate {hr:.0%} yet TTFT p99 is {ratio:.1f}x p50: misses (evicted long prefixes, new "
+                    "sessions) make the tail",
+                    {"p99_over_p50": ratio, **_present(s, "hit_rate", "ttft_p50_s", "ttft_p99_s")},
+                )
+            )
+
+    if hr is not None and red is not None and hr >= t.high_hit_rate and red <= hr - t.reduction_gap:
+        findings.append(
+            Finding(
+                "short-prefix-hits",
+                f"hit rate {hr:.0%} but only {red:.0%} of prompt tokens skipped prefill: hits land on short "
+                "prefixes",
+                {"hit_rate": hr, "prefill_reduction": red},
+            )
+        )
+
+    previous = history[-1] if history else None
+    kv, pre = s.kv_usage_mean, s.preemptions_per_s
+    if kv is not None and kv >= t.kv_full:
+        falling = (
+            previous is not None
+            and previous.hit_rate is not None
+            and hr is not None
+            and previous.hit_rate - hr >= t.hit_rate_fall
+        )
+        if (pre is not None and pre > 0) or falling:
+            r = _present(s, "kv_usage_mean", "preemptions_per_s", "hit_rate")
+            if falling and previous is not None and previous.hit_rate is not None:
+                r["previous_hit_rate"] = previous.hit_rate
+            findings.append(
+                Finding(
+                    "eviction-pressure",
+                    f"KV pool {kv:.0%} used"
+                    + (f", {pre:.2f} preemptions/s" if pre else "")
+                    + (", hit rate falling" if falling else "")
+                    + ": cached prefixes are being evicted",
+                    r,
+                )
+            )
+
+    if previous is not None and hr is not None and previous.hit_rate is not None:
+        thr = _rel(_throughput(s), _throughput(previous))
+        if hr - previous.hit_rate >= t.hit_rate_fall and thr is not None and thr <= -t.flat:
+            r = {"hit_rate_change": hr - previous.hit_rate, "throughput_change": thr}
+            r.update(_present(s, "running_max", "gpu_util"))
+            findings.append(
+                Finding(
+                    "hit-rate-up-throughput-down",
+                    f"hit rate up {hr - previous.hit_rate:+.2f} but throughput {thr:+.0%}: "
+                    "check the maximum batch and GPU utilization "
+                    "(the cache may be taking memory from the batch)",
+                    r,
+                )
+            )
+
+    windows = [w.hit_rate for w in (*history, s) if w.hit_rate is not None]
+    if hr is not None and windows and max(windows) < t.earns_nothing_hit_rate:
+        findings.append(
+            Finding(
+                "caching-earns-nothing",
+                f"hit rate below {t.earns_nothing_hit_rate:.0%} in {len(windows)} window(s) "
+                f"(max {max(windows):.0%}): "
+                "the cache holds memory the batch could use; consider turning prefix caching off"
+                + ("" if len(windows) > 1 else " (one window: confirm over more)"),
+                {"hit_rate": hr, "max_hit_rate": max(windows), "windows": float(len(windows))},
+            )
+        )
+
+    return Diagnosis(bound, reason, readings, tuple(findings), hit_rate=hr, prefill_reduction=red)
