@@ -1,0 +1,712 @@
+"""The sandbox's controllers and twin kubelet: async tasks that talk to the API server over HTTP.
+
+* ``ApiClient``: a small aiohttp client for the emulator (list, get, create, merge-patch, delete,
+  watch). Nothing here touches the emulator's memory: what an operator sees is what was written.
+* ``ControllerManager``: the Deployment, ReplicaSet and Endpoints/EndpointSlice controllers of
+  ``controllers.py``, run level-triggered: every watch event (Deployments, ReplicaSets, Pods,
+  Services) wakes a full resync, and a periodic resync catches anything else.
+* ``Kubelet``: one node, ``sandbox-node``. It schedules unassigned pods onto itself and runs each
+  pod's engine container as a live twin (``prefixtune.twin.serve.TwinServer``) booted from the
+  container's real command line (``pods.launch_plan`` + the engine adapter's ``parse``). Each pod
+  gets its own loopback address (127.S.x.y; Linux routes all of 127.0.0.0/8 to lo) and the twin binds
+  that address on the port its args name, so every pod exposes the real engine port and paths.
+
+Container lifecycle, in sandbox time (seconds divided by ``speedup``):
+
+* ``ContainerCreating`` -> running, not ready, for ``startup_delay_s`` (weights loading), then the
+  twin boots and binds; the pod turns Ready when its readiness probe passes (the container's
+  ``readinessProbe.httpGet`` if any, else the engine's health path), probed every probe period.
+* The container fails as the engine would: a wrong flag (the adapter's ArgsError, exit code 2, at
+  once), an unknown model or GPU (exit 1), a start-up OOM (exit 1, after the start-up delay), a bad
+  port (exit 1). A running twin that hits a runtime OOM answers 503 on /health (the pod goes NotReady)
+  and then exits 1. The error is in ``lastState.terminated.message`` (``state.terminated.message``
+  when the pod fails for good).
+* restartPolicy Always/OnFailure: the first restart is immediate, then CrashLoopBackOff with back-off
+  10 s, 20 s, ... 300 s (kube's), reset after 10 minutes of running; ``restartCount`` counts restarts;
+  the twin restarts from the same args. restartPolicy Never: the pod's phase becomes Failed.
+* Deleting a pod stops its twin at once (no graceful termination period) and frees its address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from prefixtune.engines import ArgsError, get_adapter
+from prefixtune.sandbox import controllers as ctl
+from prefixtune.sandbox import pods as podlib
+
+logger = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+WATCHED = (
+    "/apis/apps/v1/deployments",
+    "/apis/apps/v1/replicasets",
+    "/api/v1/pods",
+    "/api/v1/services",
+    "/api/v1/configmaps",
+)
+
+
+class ApiStatusError(Exception):
+    """The API server answered with an error Status."""
+
+    def __init__(self, status: int, method: str, path: str, body: str) -> None:
+        super().__init__(f"{method} {path}: HTTP {status}: {body[:300]}")
+        self.status = status
+
+
+class ApiClient:
+    """Just enough of a Kubernetes client for the sandbox's controllers (JSON over aiohttp)."""
+
+    def __init__(self, base_url: str, session: aiohttp.ClientSession) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.session = session
+
+    async def _call(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> dict[str, Any]:
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if body is not None else {}
+        async with self.session.request(method, self.base_url + path, data=data, headers=headers) as resp:
+            text = await resp.text()
+            if resp.status >= 400:
+                raise ApiStatusError(resp.status, method, path, text)
+            return json.loads(text) if text else {}
+
+    async def list(self, path: str) -> list[dict[str, Any]]:
+        return list((await self._call("GET", path)).get("items") or [])
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        try:
+            return await self._call("GET", path)
+        except ApiStatusError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return await self._call("POST", path, body)
+
+    async def patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Merge patch; None when the object is gone."""
+        try:
+            return await self._call("PATCH", path, body, MERGE_PATCH)
+        except ApiStatusError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def delete(self, path: str) -> None:
+        try:
+            await self._call("DELETE", path)
+        except ApiStatusError as err:
+            if err.status != 404:
+                raise
+
+    async def apply(self, write: ctl.Write) -> None:
+        if isinstance(write, ctl.Create):
+            try:
+                await self.create(write.path, write.body)
+            except ApiStatusError as err:
+                if err.status != 409:  # someone created it first: the next resync sees it
+                    raise
+        elif isinstance(write, ctl.Patch):
+            await self.patch(write.path, write.body)
+        else:
+            await self.delete(write.path)
+
+    async def watch_forever(self, path: str, on_event: Callable[[], None], timeout_s: int = 60) -> None:
+        """Watch ``path`` (all namespaces), calling ``on_event`` for every event and on each (re)connect."""
+        url = f"{self.base_url}{path}?watch=true&timeoutSeconds={timeout_s}&allowWatchBookmarks=true"
+        while True:
+            try:
+                async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=None)) as resp:
+                    if resp.status >= 400:  # e.g. a custom resource not installed yet
+                        await asyncio.sleep(1.0)
+                        continue
+                    on_event()
+                    async for _line in resp.content:
+                        on_event()
+            except (TimeoutError, aiohttp.ClientError) as err:
+                logger.debug("watch %s interrupted: %s", path, err)
+                await asyncio.sleep(0.2)
+
+
+class Wakeup:
+    """An edge-triggered flag shared by watch tasks and a resync loop."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout_s: float) -> None:
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that
+        # arrives as the event fires, and the sandbox would never stop.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._event.wait()
+        self._event.clear()
+
+
+@dataclass(frozen=True)
+class KubeletConfig:
+    """Timings are in sandbox seconds (divided by ``speedup`` for wall time)."""
+
+    speedup: float = 1.0
+    startup_delay_s: float = 30.0  # weights loading + warm-up before the engine binds its port
+    backoff_initial_s: float = 10.0
+    backoff_max_s: float = 300.0
+    probe_period_s: float = 5.0  # readiness probe period when the container sets none
+    exit_delay_s: float = 1.0  # between a runtime OOM (503 on /health) and the process exit
+    dcgm_port: int | None = 9400  # a DCGM-exporter-like GPU utilization endpoint per pod (None: off)
+    resync_s: float = 1.0  # wall seconds between full resyncs without events
+    default_gpu: str = podlib.DEFAULT_GPU
+    node_name: str = podlib.NODE_NAME
+    seed: int = 0
+    ip_octet: int = 0  # the second octet of pod addresses (127.S.x.y); 0 picks one at random
+
+    def __post_init__(self) -> None:
+        if not self.speedup > 0:
+            raise ValueError(f"speedup: must be > 0, got {self.speedup}")
+        for name in (
+            "startup_delay_s",
+            "backoff_initial_s",
+            "backoff_max_s",
+            "probe_period_s",
+            "exit_delay_s",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.ip_octet <= 254:
+            raise ValueError(f"ip_octet: must be 1..254 (0: random), got {self.ip_octet}")
+
+    def wall(self, sandbox_s: float) -> float:
+        return sandbox_s / self.speedup
+
+
+class AddressPool:
+    """Loopback addresses for pods: 127.S.x.y, y in 1..254, never 127.0.0.1."""
+
+    def __init__(self, octet: int) -> None:
+        self.octet = octet
+        self._free_from = 1
+        self._used: set[int] = set()
+
+    def allocate(self) -> str:
+        n = self._free_from
+        while n in self._used:
+            n += 1
+        if n >= 255 * 254:
+            raise RuntimeError("the sandbox ran out of pod addresses")
+        self._used.add(n)
+        self._free_from = n + 1
+        return self._address(n)
+
+    def release(self, address: str) -> None:
+        parts = address.split(".")
+        n = int(parts[2]) * 254 + int(parts[3]) - 1
+        self._used.discard(n)
+        self._free_from = min(self._free_from, n)
+
+    def _address(self, n: int) -> str:
+        return f"127.{self.octet}.{n // 254}.{n % 254 + 1}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Controllers
+
+
+class ControllerManager:
+    """Runs the Deployment, ReplicaSet and Endpoints controllers until cancelled."""
+
+    def __init__(self, api: ApiClient, config: KubeletConfig) -> None:
+        self.api = api
+        self.config = config
+        self.wakeup = Wakeup()
+        self.syncs = 0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.sync()
+            except (ApiStatusError, aiohttp.ClientError) as err:
+                logger.warning("controller sync failed (retrying): %s", err)
+            self.syncs += 1
+            await self.wakeup.wait(self.config.resync_s)
+
+    async def sync(self) -> None:
+        deployments = await self.api.list("/apis/apps/v1/deployments")
+        replicasets = await self.api.list("/apis/apps/v1/replicasets")
+        for deployment in deployments:
+            try:
+                writes = ctl.reconcile_deployment(deployment, replicasets, time.time(), self.config.speedup)
+            except ValueError as err:
+                logger.warning("deployment %s: %s", deployment.get("metadata", {}).get("name"), err)
+                continue
+            await self._apply(writes)
+        replicasets = await self.api.list("/apis/apps/v1/replicasets")
+        pods = await self.api.list("/api/v1/pods")
+        for rs in replicasets:
+            await self._apply(ctl.reconcile_replicaset(rs, pods))
+        await self._sync_endpoints()
+
+    async def _apply(self, writes: Iterable[ctl.Write]) -> None:
+        for write in writes:
+            await self.api.apply(write)
+
+    async def _sync_endpoints(self) -> None:
+        services = await self.api.list("/api/v1/services")
+        pods = await self.api.list("/api/v1/pods")
+        existing = {_key(e): e for e in await self.api.list("/api/v1/endpoints")}
+        slices = {_key(s): s for s in await self.api.list("/apis/discovery.k8s.io/v1/endpointslices")}
+        wanted: set[tuple[str, str]] = set()
+        for service in services:
+            desired = ctl.endpoints_for(service, pods)
+            if desired is None:
+                continue
+            endpoints, endpoint_slice = desired
+            endpoints["metadata"]["labels"][MANAGED_LABEL] = "sandbox"
+            ns = str(endpoints["metadata"]["namespace"])
+            wanted.add(_key(endpoints))
+            await self._upsert(
+                f"/api/v1/namespaces/{ns}/endpoints", existing.get(_key(endpoints)), endpoints, ("subsets",)
+            )
+            await self._upsert(
+                f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
+                slices.get(_key(endpoint_slice)),
+                endpoint_slice,
+                ("endpoints", "ports"),
+            )
+        for key, endpoints in existing.items():
+            labels = endpoints.get("metadata", {}).get("labels") or {}
+            if key not in wanted and labels.get(MANAGED_LABEL) == "sandbox":
+                await self.api.delete(f"/api/v1/namespaces/{key[0]}/endpoints/{key[1]}")
+
+    async def _upsert(
+        self,
+        collection: str,
+        current: Mapping[str, Any] | None,
+        desired: dict[str, Any],
+        fields: tuple[str, ...],
+    ) -> None:
+        if current is None:
+            await self.api.apply(ctl.Create(collection, desired))
+            return
+        if all(current.get(f) == desired.get(f) for f in fields):
+            return
+        await self.api.patch(f"{collection}/{desired['metadata']['name']}", {f: desired[f] for f in fields})
+
+
+MANAGED_LABEL = "endpoints.kubernetes.io/managed-by"
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+# --------------------------------------------------------------------------------------------------
+# Kubelet
+
+
+@dataclass
+class _Exit:
+    code: int
+    reason: str
+    message: str
+    started_at: str
+    finished_at: str = field(default_factory=podlib.now_iso)
+
+
+class PodWorker:
+    """Runs one pod's engine container for as long as the pod exists (a task the kubelet cancels)."""
+
+    def __init__(self, kubelet: Kubelet, pod: Mapping[str, Any]) -> None:
+        self.kubelet = kubelet
+        self.pod = pod
+        meta = pod.get("metadata") or {}
+        self.namespace = str(meta.get("namespace", "default"))
+        self.name = str(meta.get("name"))
+        self.uid = str(meta.get("uid", ""))
+        self.ip = ""
+        self.server: Any = None  # the running TwinServer, if any
+        self.restarts = 0
+        self.start_time = podlib.now_iso()
+        self._status: dict[str, Any] = {}
+
+    @property
+    def path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods/{self.name}"
+
+    @property
+    def url(self) -> str:
+        return getattr(self.server, "url", "") if self.server is not None else ""
+
+    async def run(self) -> None:
+        cfg = self.kubelet.config
+        self.ip = self.kubelet.addresses.allocate()
+        container = podlib.engine_container(self.pod) if self.pod.get("spec", {}).get("containers") else {}
+        self.container_name = str(container.get("name", "engine"))
+        self.image = str(container.get("image", ""))
+        policy = str(self.pod.get("spec", {}).get("restartPolicy", "Always"))
+        last_exit: dict[str, Any] | None = None
+        backoff = cfg.backoff_initial_s
+        try:
+            await self._report(podlib.ContainerState("creating"))
+            while True:
+                exit_ = await self._run_container(last_exit)
+                last_exit = podlib.terminated(
+                    exit_.code, exit_.reason, exit_.message, exit_.started_at, exit_.finished_at
+                )
+                if policy == "Never" or (policy == "OnFailure" and exit_.code == 0):
+                    state = podlib.ContainerState(
+                        "terminated", restart_count=self.restarts, last_exit=last_exit
+                    )
+                    await self._report(state)
+                    return
+                ran_s = _seconds_between(exit_.started_at, exit_.finished_at) * cfg.speedup
+                if ran_s > 2 * cfg.backoff_max_s:
+                    backoff = cfg.backoff_initial_s
+                if self.restarts > 0:  # the first restart is immediate, as the kubelet does
+                    message = podlib.backoff_message(backoff, self.container_name, self.pod)
+                    await self._report(
+                        podlib.ContainerState(
+                            "backoff", restart_count=self.restarts, message=message, last_exit=last_exit
+                        )
+                    )
+                    await asyncio.sleep(cfg.wall(backoff))
+                    backoff = min(backoff * 2, cfg.backoff_max_s)
+                self.restarts += 1
+        finally:
+            await self._stop_server()
+            self.kubelet.addresses.release(self.ip)
+
+    async def _run_container(self, last_exit: dict[str, Any] | None) -> _Exit:
+        from prefixtune.twin.memory import StartupOOM
+        from prefixtune.twin.serve import OOM_STARTUP_PREFIX, TwinServer
+
+        cfg = self.kubelet.config
+        started = podlib.now_iso()
+        running = podlib.ContainerState(
+            "running", started_at=started, restart_count=self.restarts, last_exit=last_exit
+        )
+        try:
+            configmaps = await self.kubelet.configmaps(self.namespace)
+            plan = podlib.launch_plan(self.pod, configmaps, self.kubelet.node_labels)
+        except podlib.LaunchError as err:
+            return _Exit(err.exit_code, err.reason, err.message, started)
+        self.container_name = plan.container
+        adapter = get_adapter(plan.engine)
+        try:
+            parsed = adapter.parse(list(plan.argv), plan.files)
+        except ArgsError as err:  # argparse prints usage and exits 2
+            prog = " ".join(plan.argv[:2]) if plan.engine.value == "vllm" else plan.argv[0]
+            return _Exit(2, "Error", f"{prog}: error: {err}", started)
+        await self._report(running)
+        await asyncio.sleep(cfg.wall(cfg.startup_delay_s))
+        try:
+            server = TwinServer(
+                plan.engine,
+                parsed,
+                plan.gpu,
+                host=self.ip,
+                port=int(parsed.port),
+                speedup=cfg.speedup,
+                seed=self.kubelet.seed_for(self.uid, self.restarts),
+                exit_delay_s=cfg.wall(cfg.exit_delay_s),  # TwinServer waits wall seconds
+                dcgm_port=cfg.dcgm_port,
+                pod=self.name,
+                namespace=self.namespace,
+            )
+        except StartupOOM as err:
+            return _Exit(1, "Error", f"{OOM_STARTUP_PREFIX[plan.engine]}: {err}", started)
+        except (ValueError, KeyError) as err:
+            return _Exit(1, "Error", f"{type(err).__name__}: {err}", started)
+        try:
+            await server.start()
+        except OSError as err:
+            await server.stop()
+            reason = "address already in use" if err.errno == errno.EADDRINUSE else str(err)
+            return _Exit(1, "Error", f"OSError: cannot bind {self.ip}:{parsed.port}: {reason}", started)
+        self.server = server
+        try:
+            await self._probe_until_exit(server, running, plan.engine.value)
+        finally:
+            await self._stop_server()
+        reason = server.oom_reason or "the engine exited"
+        return _Exit(server.exit_code or 1, "Error", f"torch.OutOfMemoryError: {reason}", started)
+
+    async def _probe_until_exit(self, server: Any, running: podlib.ContainerState, engine: str) -> None:
+        """Probe readiness every period until the twin's process exits (after a runtime OOM)."""
+        cfg = self.kubelet.config
+        path, period = _readiness(self.pod, get_adapter(engine).health_path, cfg.probe_period_s)
+        url = f"{server.url}{path}"
+        ready = False
+        exited = asyncio.ensure_future(server.exited.wait())
+        try:
+            while not exited.done():
+                ok = await self.kubelet.probe(url)
+                if ok != ready:
+                    ready = ok
+                    await self._report(
+                        podlib.ContainerState(
+                            "running",
+                            started_at=running.started_at,
+                            ready=ready,
+                            restart_count=running.restart_count,
+                            last_exit=running.last_exit,
+                        )
+                    )
+                await asyncio.wait(
+                    {exited}, timeout=cfg.wall(period) if ready else min(cfg.wall(period), 0.05)
+                )
+        finally:
+            exited.cancel()
+
+    async def _stop_server(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            await stop_twin(server)
+
+    async def _report(self, state: podlib.ContainerState) -> None:
+        status = podlib.pod_status(
+            container=self.container_name,
+            image=self.image,
+            state=state,
+            pod_ip=self.ip,
+            host_ip="127.0.0.1",
+            start_time=self.start_time,
+            previous=self._status,
+        )
+        self._status = status
+        await self.kubelet.api.patch(f"{self.path}/status", {"status": status})
+
+
+def _readiness(pod: Mapping[str, Any], default_path: str, default_period: float) -> tuple[str, float]:
+    for container in pod.get("spec", {}).get("containers") or ():
+        probe = container.get("readinessProbe") or {}
+        http = probe.get("httpGet")
+        if http:
+            return str(http.get("path", "/")), float(probe.get("periodSeconds", 10))
+    return default_path, default_period
+
+
+def _seconds_between(start: str, end: str) -> float:
+    import datetime
+
+    fmt = "%Y-%m-%dT%H:%M:%SZ"
+    try:
+        return (datetime.datetime.strptime(end, fmt) - datetime.datetime.strptime(start, fmt)).total_seconds()
+    except ValueError:
+        return 0.0
+
+
+class Kubelet:
+    """Runs the pods of the sandbox node as live twins (see the module docstring)."""
+
+    def __init__(self, api: ApiClient, config: KubeletConfig) -> None:
+        self.api = api
+        self.config = config
+        rng = random.Random(config.seed)
+        self.addresses = AddressPool(config.ip_octet or random.SystemRandom().randint(16, 250))
+        self._seed = rng.randrange(2**31)
+        self.wakeup = Wakeup()
+        self.workers: dict[str, tuple[PodWorker, asyncio.Task[None]]] = {}  # pod uid ->
+        self.node_labels = {
+            "kubernetes.io/hostname": config.node_name,
+            "kubernetes.io/os": "linux",
+            "prefixtune.io/gpu-type": config.default_gpu,
+        }
+        self._probe_session: aiohttp.ClientSession | None = None
+
+    def seed_for(self, uid: str, restarts: int) -> int:
+        digest = hashlib.sha256(f"{self._seed}/{uid}/{restarts}".encode()).digest()
+        return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+    async def configmaps(self, namespace: str) -> dict[str, dict[str, str]]:
+        items = await self.api.list(f"/api/v1/namespaces/{namespace}/configmaps")
+        return {str(cm["metadata"]["name"]): dict(cm.get("data") or {}) for cm in items}
+
+    async def probe(self, url: str) -> bool:
+        if self._probe_session is None:
+            self._probe_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        try:
+            async with self._probe_session.get(url) as resp:
+                return 200 <= resp.status < 400
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+    async def register_node(self) -> None:
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": self.config.node_name, "labels": dict(self.node_labels)},
+            "spec": {},
+        }
+        if await self.api.get(f"/api/v1/nodes/{self.config.node_name}") is None:
+            await self.api.create("/api/v1/nodes", node)
+        status = {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "lastHeartbeatTime": podlib.now_iso(),
+                }
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": "127.0.0.1"},
+                {"type": "Hostname", "address": self.config.node_name},
+            ],
+            "capacity": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "110"},
+            "allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "110"},
+            "nodeInfo": {"kubeletVersion": "v1.30.0-prefixtune-sandbox", "operatingSystem": "linux"},
+        }
+        await self.api.patch(f"/api/v1/nodes/{self.config.node_name}/status", {"status": status})
+
+    async def run(self) -> None:
+        await self.register_node()
+        try:
+            while True:
+                try:
+                    await self.sync()
+                except (ApiStatusError, aiohttp.ClientError) as err:
+                    logger.warning("kubelet sync failed (retrying): %s", err)
+                await self.wakeup.wait(self.config.resync_s)
+        finally:
+            await self.stop_all()
+
+    async def sync(self) -> None:
+        pods = await self.api.list("/api/v1/pods")
+        live: set[str] = set()
+        for pod in pods:
+            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+            uid = str(meta.get("uid", ""))
+            node = spec.get("nodeName")
+            if node and node != self.config.node_name:
+                continue
+            if meta.get("deletionTimestamp"):
+                continue  # terminating: its worker stops below
+            if not node:  # play the scheduler: bind it to this node
+                path = f"/api/v1/namespaces/{meta.get('namespace', 'default')}/pods/{meta.get('name')}"
+                if await self.api.patch(path, {"spec": {"nodeName": self.config.node_name}}) is None:
+                    continue
+            live.add(uid)
+            if uid not in self.workers:
+                worker = PodWorker(self, pod)
+                task = asyncio.get_running_loop().create_task(worker.run(), name=f"pod {meta.get('name')}")
+                task.add_done_callback(_log_failure)
+                self.workers[uid] = (worker, task)
+        for uid in [u for u in self.workers if u not in live]:
+            await self._stop(uid)
+
+    async def _stop(self, uid: str) -> None:
+        _, task = self.workers.pop(uid)
+        await stop_task(task)
+
+    async def stop_all(self) -> None:
+        for uid in list(self.workers):
+            await self._stop(uid)
+        if self._probe_session is not None:
+            await self._probe_session.close()
+            self._probe_session = None
+
+    def pod_url(self, namespace: str, name: str) -> str:
+        """The base URL of a running pod's engine ("" when none runs)."""
+        for worker, _ in self.workers.values():
+            if worker.namespace == namespace and worker.name == name:
+                return worker.url
+        return ""
+
+
+async def stop_twin(server: Any) -> None:
+    """Stop a TwinServer as a killed process stops: requests in flight fail at once.
+
+    ``TwinServer.stop`` alone waits (aiohttp's graceful shutdown, up to 60 s) for the handlers of
+    requests still in the simulation; a killed container has no such grace.
+    """
+    from prefixtune.twin.serve import RequestError
+
+    def fail_pending() -> None:
+        for pending in list(server.pending.values()):
+            if not pending.done.done():
+                pending.done.set_exception(RequestError("the engine was stopped", status=503))
+                pending.done.exception()  # retrieved: no "exception never retrieved" warning
+            pending.chunks.put_nowait(0)
+        server.pending.clear()
+
+    async def keep_failing() -> None:  # requests that arrive while the server closes
+        while True:
+            await asyncio.sleep(0.02)
+            fail_pending()
+
+    fail_pending()
+    guard = asyncio.ensure_future(keep_failing())
+    try:
+        await server.stop()
+    finally:
+        guard.cancel()
+
+
+async def stop_task(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait for it to end, without swallowing a cancellation of the caller."""
+    task.cancel()
+    await asyncio.wait({task})
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("%s failed: %r", task.get_name(), task.exception())
+
+
+async def run_watches(api: ApiClient, targets: Iterable[Wakeup], paths: Iterable[str] = WATCHED) -> None:
+    """Watch every path and wake every target on each event, until cancelled."""
+    wakeups = list(targets)
+
+    def wake() -> None:
+        for w in wakeups:
+            w.set()
+
+    tasks = [asyncio.ensure_future(api.watch_forever(p, wake)) for p in paths]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait for all of them to end."""
+    items = list(tasks)
+    for t in items:
+        t.cancel()
+    await asyncio.gather(*items, return_exceptions=True)
+
+
+__all__ = [
+    "ApiClient",
+    "ApiStatusError",
+    "ControllerManager",
+    "Kubelet",
+    "KubeletConfig",
+    "PodWorker",
+    "Wakeup",
+    "cancel_all",
+    "run_watches",
+    "stop_task",
+]

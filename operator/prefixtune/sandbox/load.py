@@ -1,0 +1,357 @@
+"""Load generators of the sandbox: the declared workload, sent through each Service to its ready pods.
+
+A Service gets a load generator when a workload is declared for it, by the annotation
+``prefixtune.io/sandbox-workload`` (a twin preset: rag | chatbot | agent | qa, or a path to a
+workload file) with an optional ``prefixtune.io/sandbox-rate`` (requests per sandbox second; default
+the workload's own rate, else 4), found on, in order:
+
+1. the Service itself;
+2. the Service's owner (an ``ownerReferences`` entry of kind ServingDeployment);
+3. a ServingDeployment of the same name in the Service's namespace.
+
+The requests (``prefixtune.twin.workloads.generate``, deterministic per Service and seed, generated
+in windows of ``window_s`` sandbox seconds, forever) are sent open-loop at their arrival times
+(divided by ``speedup``), each to a ready endpoint picked at random per request, as kube-proxy does
+without session affinity; so a canary pod and the baseline pods see the same traffic mix. The
+endpoints are re-read from the Service's Endpoints object as they change. With no ready endpoint a
+request fails as a refused connection would. Requests use the twin's ``/v1/completions`` with token
+ids and the output-identity extension (``prefixtune.twin.loadgen.completion_body``).
+
+Pure parts: ``declared_workload`` (which workload for which Service) and ``pick_target``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from prefixtune.sandbox import controllers as ctl
+from prefixtune.sandbox.kubelet import ApiClient, ApiStatusError, Wakeup, stop_task
+from prefixtune.twin.loadgen import Record, completion_body
+from prefixtune.twin.request import Request
+
+logger = logging.getLogger(__name__)
+
+WORKLOAD_ANNOTATION = "prefixtune.io/sandbox-workload"
+RATE_ANNOTATION = "prefixtune.io/sandbox-rate"
+DEFAULT_RATE = 4.0
+SDEP_PATH = "/apis/prefixtune.io/v1alpha1"
+
+
+@dataclass(frozen=True)
+class Declared:
+    """The workload declared for one Service."""
+
+    workload: str
+    rate: float | None  # requests per sandbox second; None: the workload's own rate
+    source: str  # where it was declared (for messages)
+
+
+def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return ((obj or {}).get("metadata") or {}).get("annotations") or {}
+
+
+def _declared_on(obj: Mapping[str, Any] | None, source: str) -> Declared | None:
+    notes = _annotations(obj)
+    workload = str(notes.get(WORKLOAD_ANNOTATION, "")).strip()
+    if not workload:
+        return None
+    raw_rate = notes.get(RATE_ANNOTATION)
+    rate: float | None = None
+    if raw_rate not in (None, ""):
+        try:
+            rate = float(str(raw_rate))
+        except ValueError:
+            raise ValueError(
+                f"{source}: annotation {RATE_ANNOTATION} must be a number of requests/s > 0, got {raw_rate!r}"
+            ) from None
+        if not rate > 0:
+            raise ValueError(f"{source}: annotation {RATE_ANNOTATION} must be > 0, got {raw_rate!r}")
+    return Declared(workload, rate, source)
+
+
+def declared_workload(
+    service: Mapping[str, Any], serving_deployments: Sequence[Mapping[str, Any]]
+) -> Declared | None:
+    """The workload declared for ``service`` (see the module docstring for the order); None if none."""
+    meta = service.get("metadata") or {}
+    ns, name = meta.get("namespace", "default"), meta.get("name")
+    found = _declared_on(service, f"Service {ns}/{name}")
+    if found is not None:
+        return found
+    owners = {
+        ref.get("uid") for ref in meta.get("ownerReferences") or () if ref.get("kind") == "ServingDeployment"
+    }
+    for sdep in serving_deployments:
+        smeta = sdep.get("metadata") or {}
+        if smeta.get("uid") in owners:
+            found = _declared_on(sdep, f"ServingDeployment {ns}/{smeta.get('name')}")
+            if found is not None:
+                return found
+    for sdep in serving_deployments:
+        smeta = sdep.get("metadata") or {}
+        if smeta.get("namespace", "default") == ns and smeta.get("name") == name:
+            return _declared_on(sdep, f"ServingDeployment {ns}/{name}")
+    return None
+
+
+def pick_target(targets: Sequence[str], rng: random.Random) -> str | None:
+    """A backend per request, uniformly at random (kube-proxy's default, no session affinity)."""
+    return rng.choice(list(targets)) if targets else None
+
+
+def _seed_for(seed: int, namespace: str, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}/{namespace}/{name}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+@dataclass
+class LoadStats:
+    """What one Service's load generator did (plain Python values)."""
+
+    sent: int = 0
+    ok: int = 0
+    errors: int = 0
+    no_endpoints: int = 0
+    by_target: dict[str, int] = field(default_factory=dict)
+    recent: collections.deque[Record] = field(default_factory=lambda: collections.deque(maxlen=2000))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sent": self.sent,
+            "ok": self.ok,
+            "errors": self.errors,
+            "no_endpoints": self.no_endpoints,
+            "by_target": dict(self.by_target),
+        }
+
+
+class ServiceLoad:
+    """The load generator of one Service (a task; cancel it to stop)."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        session: aiohttp.ClientSession,
+        namespace: str,
+        name: str,
+        declared: Declared,
+        *,
+        speedup: float,
+        seed: int,
+        window_s: float = 600.0,
+        max_in_flight: int = 256,
+    ) -> None:
+        self.api = api
+        self.session = session
+        self.namespace = namespace
+        self.name = name
+        self.declared = declared
+        self.speedup = speedup
+        self.seed = _seed_for(seed, namespace, name)
+        self.window_s = window_s
+        self.max_in_flight = max_in_flight
+        self.targets: list[str] = []
+        self.stats = LoadStats()
+        self.error = ""
+        self._rng = random.Random(self.seed)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def refresh_targets(self) -> None:
+        endpoints = await self.api.get(f"/api/v1/namespaces/{self.namespace}/endpoints/{self.name}")
+        pairs = ctl.endpoint_targets(endpoints or {})
+        self.targets = sorted(f"http://{ip}:{port}" for ip, port in pairs)
+
+    def _window(self, index: int) -> list[Request]:
+        from prefixtune.twin.workloads import generate
+
+        return generate(
+            self.declared.workload,
+            rate=self.declared.rate
+            if self.declared.rate is not None
+            else _default_rate(self.declared.workload),
+            duration_s=self.window_s,
+            seed=(self.seed + index) & 0x7FFFFFFF,
+        )
+
+    async def run(self) -> None:
+        t0 = time.monotonic()
+        try:
+            index = 0
+            while True:
+                try:
+                    requests = await asyncio.to_thread(self._window, index)
+                except ValueError as err:  # a bad workload name or file: say so once, send nothing
+                    self.error = f"{self.declared.source}: {err}"
+                    logger.error("sandbox load: %s", self.error)
+                    return
+                offset = index * self.window_s
+                for req in sorted(requests, key=lambda r: (r.arrival_s, r.req_id)):
+                    if req.arrival_s >= self.window_s:
+                        continue  # turns past the window: the next window has its own sessions
+                    due = (offset + req.arrival_s) / self.speedup
+                    delay = due - (time.monotonic() - t0)
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    self._send(req)
+                index += 1
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _send(self, req: Request) -> None:
+        target = pick_target(self.targets, self._rng)
+        self.stats.sent += 1
+        if target is None:
+            self.stats.no_endpoints += 1
+            self.stats.errors += 1
+            return
+        if len(self._tasks) >= self.max_in_flight:
+            self.stats.errors += 1
+            return
+        self.stats.by_target[target] = self.stats.by_target.get(target, 0) + 1
+        task = asyncio.get_running_loop().create_task(self._post(req, target))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _post(self, req: Request, target: str) -> None:
+        sent = time.monotonic()
+        status, error = 0, ""
+        usage: dict[str, Any] = {}
+        try:
+            async with self.session.post(f"{target}/v1/completions", json=completion_body(req, None)) as resp:
+                status = resp.status
+                data = await resp.json(content_type=None)
+                if isinstance(data, dict):
+                    usage = data.get("usage") or {}
+                    if status != 200:
+                        error = str(data.get("message", ""))
+        except (TimeoutError, aiohttp.ClientError, ValueError) as err:
+            error = f"{type(err).__name__}: {err}"
+        if status == 200:
+            self.stats.ok += 1
+        else:
+            self.stats.errors += 1
+        details = usage.get("prompt_tokens_details") or {}
+        self.stats.recent.append(
+            Record(
+                req_id=req.req_id,
+                session=req.session,
+                kind=req.kind,
+                target=target,
+                scheduled_s=req.arrival_s / self.speedup,
+                sent_s=sent,
+                status=status,
+                latency_s=time.monotonic() - sent,
+                prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                completion_tokens=int(usage.get("completion_tokens", 0)),
+                cached_tokens=int(details.get("cached_tokens") or 0),
+                error=error,
+            )
+        )
+
+
+def _default_rate(workload: str) -> float:
+    from prefixtune.twin.workloads import resolve_workload
+
+    spec = resolve_workload(workload)
+    return float(spec.rate) if spec.rate else DEFAULT_RATE
+
+
+class LoadManager:
+    """Starts, updates and stops one ``ServiceLoad`` per Service with a declared workload."""
+
+    def __init__(self, api: ApiClient, *, speedup: float, seed: int = 0, resync_s: float = 1.0) -> None:
+        self.api = api
+        self.speedup = speedup
+        self.seed = seed
+        self.resync_s = resync_s
+        self.wakeup = Wakeup()
+        self.loads: dict[tuple[str, str], tuple[ServiceLoad, asyncio.Task[None]]] = {}
+        self.problems: dict[tuple[str, str], str] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def run(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=512), timeout=aiohttp.ClientTimeout(total=600)
+        )
+        try:
+            while True:
+                try:
+                    await self.sync()
+                except (ApiStatusError, aiohttp.ClientError) as err:
+                    logger.warning("sandbox load sync failed (retrying): %s", err)
+                await self.wakeup.wait(self.resync_s)
+        finally:
+            for key in list(self.loads):
+                await self._stop(key)
+            await self._session.close()
+
+    async def _serving_deployments(self) -> list[dict[str, Any]]:
+        try:
+            return await self.api.list(f"{SDEP_PATH}/servingdeployments")
+        except ApiStatusError as err:
+            if err.status == 404:  # the CRD is not installed (yet)
+                return []
+            raise
+
+    async def sync(self) -> None:
+        assert self._session is not None
+        services = await self.api.list("/api/v1/services")
+        sdeps = await self._serving_deployments()
+        seen: set[tuple[str, str]] = set()
+        for service in services:
+            meta = service.get("metadata") or {}
+            key = (str(meta.get("namespace", "default")), str(meta.get("name")))
+            try:
+                declared = declared_workload(service, sdeps)
+            except ValueError as err:
+                self.problems[key] = str(err)
+                declared = None
+            if declared is None:
+                continue
+            seen.add(key)
+            current = self.loads.get(key)
+            if current is not None and current[0].declared != declared:
+                await self._stop(key)
+                current = None
+            if current is None:
+                load = ServiceLoad(
+                    self.api, self._session, key[0], key[1], declared, speedup=self.speedup, seed=self.seed
+                )
+                await load.refresh_targets()
+                task = asyncio.get_running_loop().create_task(load.run(), name=f"load {key[0]}/{key[1]}")
+                self.loads[key] = (load, task)
+            else:
+                await current[0].refresh_targets()
+        for key in [k for k in self.loads if k not in seen]:
+            await self._stop(key)
+
+    async def _stop(self, key: tuple[str, str]) -> None:
+        _, task = self.loads.pop(key)
+        await stop_task(task)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        return {f"{ns}/{name}": load.stats.to_dict() for (ns, name), (load, _) in self.loads.items()}
+
+
+__all__ = [
+    "RATE_ANNOTATION",
+    "WORKLOAD_ANNOTATION",
+    "Declared",
+    "LoadManager",
+    "LoadStats",
+    "ServiceLoad",
+    "declared_workload",
+    "pick_target",
+]

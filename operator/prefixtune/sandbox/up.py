@@ -1,0 +1,260 @@
+"""The whole local sandbox in one async context manager: API server, controllers, kubelet, load, Prometheus.
+
+::
+
+    async with sandbox(speedup=20, prometheus="auto") as sb:
+        sb.url          # the emulated API server (http://127.0.0.1:PORT)
+        sb.kubeconfig   # a kubeconfig file for it (kopf, the kubernetes client, kubectl)
+        sb.emulator     # the RealisticEmulator (assert on stored objects in tests)
+        sb.kubelet.pod_url("default", "my-pod-abcde")   # a running pod's engine URL
+        sb.prometheus_url   # a real Prometheus scraping the pods, or None (direct scraping)
+
+Everything runs in the current event loop as tasks; leaving the block stops them all (twins first,
+then Prometheus, then the API server). ``prefixtune sandbox up`` (``cli.py``) runs the same in the
+foreground.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+
+from prefixtune.sandbox.emulator import RealisticEmulator, serve_emulator, write_kubeconfig
+from prefixtune.sandbox.kubelet import (
+    ApiClient,
+    ApiStatusError,
+    ControllerManager,
+    Kubelet,
+    KubeletConfig,
+    Wakeup,
+    cancel_all,
+    run_watches,
+)
+from prefixtune.sandbox.load import SDEP_PATH, LoadManager
+from prefixtune.sandbox.prometheus import PrometheusRunner, prometheus_binary
+
+logger = logging.getLogger(__name__)
+
+PrometheusMode = Literal["auto", "on", "off"]
+PROMETHEUS_MODES: tuple[str, ...] = ("auto", "on", "off")
+
+
+@dataclass
+class Sandbox:
+    """A running sandbox (see the module docstring)."""
+
+    url: str
+    kubeconfig: Path
+    emulator: RealisticEmulator
+    api: ApiClient
+    config: KubeletConfig
+    controllers: ControllerManager
+    kubelet: Kubelet
+    load: LoadManager | None
+    prometheus: PrometheusRunner | None
+    prometheus_note: str
+
+    @property
+    def prometheus_url(self) -> str | None:
+        return self.prometheus.url if self.prometheus is not None else None
+
+    def pod_url(self, namespace: str, name: str) -> str:
+        return self.kubelet.pod_url(namespace, name)
+
+
+class _InFlightRequests(list[Any]):
+    """kmock's request log, holding only the requests still being handled.
+
+    kmock 0.8 records every request and, for each new one, filters the whole log once per reaction
+    (``request in payload._source``): every request costs O(requests so far), and a sandbox that
+    runs controllers, a kubelet and an operator slows down within a minute (60 ms a request after a
+    few hundred). Matching needs only the request at hand, so the log keeps the requests in flight.
+    ``len()`` still counts every request because kmock numbers requests by it. Request-counting
+    assertions need the full log: tests that count requests use their own emulator.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+        self.in_flight: set[int] = set()
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        self.total += 1
+        self.in_flight.add(int(item.id))
+
+    def done(self, request_id: int) -> None:
+        self.in_flight.discard(request_id)
+        self[:] = [r for r in list.__iter__(self) if int(r.id) in self.in_flight]
+
+    def __len__(self) -> int:
+        return self.total
+
+
+class SandboxEmulator(RealisticEmulator):
+    """The emulator with a request log that does not grow (see ``_InFlightRequests``)."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._requests = _InFlightRequests()
+        self._handled = 0
+
+    async def _handle(self, request: Any) -> Any:
+        try:
+            return await super()._handle(request)
+        finally:
+            log = self._requests
+            if isinstance(log, _InFlightRequests):
+                log.done(int(request.id))
+            self._handled += 1
+            if self._handled % 1000 == 0:  # each reaction keeps the requests it served, for assertions
+                for payload in self._payloads:
+                    payload._requests.clear()
+
+
+def resolve_prometheus(mode: str) -> tuple[bool, str]:
+    """Whether to run Prometheus for ``mode`` (auto | on | off), and the sentence that says so."""
+    if mode not in PROMETHEUS_MODES:
+        raise ValueError(f"prometheus: must be one of {', '.join(PROMETHEUS_MODES)}, got {mode!r}")
+    binary = prometheus_binary()
+    if mode == "off":
+        return False, "Prometheus off: metrics come from direct scrapes of the pods (metrics.source: scrape)."
+    if binary is None:
+        if mode == "on":
+            raise FileNotFoundError(
+                "--prometheus on: no 'prometheus' binary on PATH (Debian: apt-get install prometheus); "
+                "use --prometheus auto or off for direct scraping"
+            )
+        return False, (
+            "Prometheus not installed: metrics come from direct scrapes of the pods (metrics.source: scrape)."
+        )
+    return True, f"Prometheus ({binary}) scrapes the pods via file-based service discovery."
+
+
+async def _prometheus_sync(api: ApiClient, runner: PrometheusRunner, wakeup: Wakeup, resync_s: float) -> None:
+    while True:
+        with contextlib.suppress(ApiStatusError, aiohttp.ClientError):
+            runner.sync(await api.list("/api/v1/pods"))
+        await wakeup.wait(resync_s)
+
+
+@contextlib.asynccontextmanager
+async def sandbox(
+    *,
+    port: int = 0,
+    host: str = "127.0.0.1",
+    kubeconfig: str | Path | None = None,
+    namespace: str = "default",
+    speedup: float = 1.0,
+    prometheus: str = "off",
+    scrape_interval_s: float = 1.0,
+    load: bool = True,
+    config: KubeletConfig | None = None,
+    seed: int = 0,
+    crds: list[dict[str, Any]] | None = None,
+) -> AsyncIterator[Sandbox]:
+    """Run the sandbox in this event loop for the duration of the block.
+
+    ``config`` sets the kubelet's timings (its ``speedup`` is replaced by ``speedup``); ``crds`` are
+    CustomResourceDefinitions to install before anything starts (e.g. the ServingDeployment CRD).
+    """
+    if not speedup > 0:
+        raise ValueError(f"speedup: must be > 0, got {speedup}")
+    run_prometheus, note = resolve_prometheus(prometheus)
+    cfg = replace(config or KubeletConfig(), speedup=float(speedup), seed=seed)
+    with contextlib.ExitStack() as files:
+        if kubeconfig is None:
+            tmp = files.enter_context(tempfile.TemporaryDirectory(prefix="prefixtune-sandbox-"))
+            kubeconfig_path = Path(tmp) / "kubeconfig"
+        else:
+            kubeconfig_path = Path(kubeconfig)
+        emulator = SandboxEmulator(seed=seed)
+        async with serve_emulator(port=port, host=host, emulator=emulator) as (emulator, url):
+            write_kubeconfig(kubeconfig_path, url, namespace)
+            session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+            api = ApiClient(url, session)
+            runner: PrometheusRunner | None = None
+            tasks: list[asyncio.Task[Any]] = []
+            try:
+                for crd in crds or ():
+                    await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+                controllers = ControllerManager(api, cfg)
+                kubelet = Kubelet(api, cfg)
+                loads = LoadManager(api, speedup=cfg.speedup, seed=seed) if load else None
+                wakeups = [controllers.wakeup, kubelet.wakeup]
+                if run_prometheus:
+                    runner = PrometheusRunner(
+                        host=host, scrape_interval_s=scrape_interval_s, dcgm_port=cfg.dcgm_port
+                    )
+                    await runner.start()
+                    prom_wakeup = Wakeup()
+                    wakeups.append(prom_wakeup)
+                    tasks.append(
+                        asyncio.create_task(_prometheus_sync(api, runner, prom_wakeup, cfg.resync_s))
+                    )
+                loop = asyncio.get_running_loop()
+                tasks.append(loop.create_task(run_watches(api, wakeups), name="sandbox watches"))
+                tasks.append(loop.create_task(controllers.run(), name="sandbox controllers"))
+                tasks.append(loop.create_task(kubelet.run(), name="sandbox kubelet"))
+                if loads is not None:
+                    load_paths = ("/api/v1/services", "/api/v1/endpoints", f"{SDEP_PATH}/servingdeployments")
+                    tasks.append(
+                        loop.create_task(run_watches(api, [loads.wakeup], load_paths), name="load watches")
+                    )
+                    tasks.append(loop.create_task(loads.run(), name="sandbox load"))
+                yield Sandbox(
+                    url=url,
+                    kubeconfig=kubeconfig_path,
+                    emulator=emulator,
+                    api=api,
+                    config=cfg,
+                    controllers=controllers,
+                    kubelet=kubelet,
+                    load=loads,
+                    prometheus=runner,
+                    prometheus_note=note,
+                )
+            finally:
+                # One at a time, newest first: the load (no requests into dying twins), then the
+                # kubelet's twins, the controllers, the watches.
+                for task in reversed(tasks):
+                    await cancel_all([task])
+                if runner is not None:
+                    await runner.stop()
+                await session.close()
+
+
+def usage_text(sb: Sandbox) -> str:
+    kc = sb.kubeconfig
+    lines = [
+        f"prefixtune sandbox: API server at {sb.url}",
+        f"  kubeconfig: {kc}",
+        f"  speedup: {sb.config.speedup:g}x (sandbox seconds per wall second)",
+        f"  {sb.prometheus_note}",
+    ]
+    if sb.prometheus_url:
+        lines.append(f"  Prometheus: {sb.prometheus_url}")
+    lines += [
+        "",
+        "Use it:",
+        f"  export KUBECONFIG={kc}",
+        f"  kubectl --kubeconfig {kc} apply --validate=false -f crds/",
+        f"  kubectl --kubeconfig {kc} apply --validate=false -f examples/vllm-rag.yaml",
+        f"  kubectl --kubeconfig {kc} get deployments,pods,endpoints -o wide",
+        f"  KUBECONFIG={kc} <the operator>   # kopf's default login reads the kubeconfig",
+        "",
+        "kubectl needs --validate=false (no OpenAPI); scale, diff and server-side apply are not",
+        "emulated. Ctrl-C stops everything.",
+    ]
+    return "\n".join(lines)
+
+
+__all__ = ["PROMETHEUS_MODES", "Sandbox", "SandboxEmulator", "resolve_prometheus", "sandbox", "usage_text"]

@@ -1,0 +1,234 @@
+"""Real clients against the sandbox: the official kubernetes client, kubectl, the CLI, Prometheus."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kubernetes
+import pytest
+import yaml
+from tests.conftest import require_component
+
+from prefixtune.engines import get_adapter
+from prefixtune.sandbox.kubelet import KubeletConfig
+from prefixtune.sandbox.prometheus import prometheus_binary
+from prefixtune.sandbox.up import sandbox
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+FAST = KubeletConfig(startup_delay_s=1.0, probe_period_s=1.0, resync_s=0.2)
+
+
+def _manifest(name: str, memory_fraction: float = 0.9) -> dict[str, Any]:
+    adapter = get_adapter("vllm")
+    argv = list(adapter.render(MODEL, adapter.default_config().with_(memory_fraction=memory_fraction)).argv)
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "engine",
+                            "image": "vllm/vllm-openai:v0.11.0",
+                            "command": argv[:2],
+                            "args": argv[2:],
+                            "ports": [{"containerPort": 8000}],
+                        }
+                    ]
+                },
+            },
+        },
+    }
+
+
+def _client_roundtrip(kubeconfig: Path) -> dict[str, Any]:
+    """Apply, get, patch, delete with the official (sync) client; runs in a thread."""
+    api_client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
+    apps = kubernetes.client.AppsV1Api(api_client)
+    core = kubernetes.client.CoreV1Api(api_client)
+    apps.create_namespaced_deployment("default", _manifest("k8s"))
+
+    def wait(predicate: Any, what: str, timeout_s: float = 30.0) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.05)
+
+    def available() -> Any:
+        dep = apps.read_namespaced_deployment("k8s", "default")
+        st = dep.status
+        return dep if st is not None and st.available_replicas == 1 and st.updated_replicas == 1 else None
+
+    first = wait(available, "the deployment available")
+    pods = core.list_namespaced_pod("default", label_selector="app=k8s").items
+    container = _manifest("k8s", 0.8)["spec"]["template"]["spec"]["containers"][0]
+    apps.patch_namespaced_deployment(
+        "k8s", "default", {"spec": {"template": {"spec": {"containers": [container]}}}}
+    )
+
+    def rolled() -> Any:
+        dep = apps.read_namespaced_deployment("k8s", "default")
+        st = dep.status
+        done = (
+            st.observed_generation == 2 and st.updated_replicas == st.replicas == st.available_replicas == 1
+        )
+        return dep if done else None
+
+    second = wait(rolled, "the patched deployment rolled out")
+    new_pods = core.list_namespaced_pod("default", label_selector="app=k8s").items
+    apps.delete_namespaced_deployment("k8s", "default")
+    wait(
+        lambda: not core.list_namespaced_pod("default", label_selector="app=k8s").items,
+        "pods garbage-collected",
+    )
+    return {
+        "first_generation": first.metadata.generation,
+        "old_pod": pods[0].metadata.name,
+        "new_pods": [p.metadata.name for p in new_pods],
+        "new_args": second.spec.template.spec.containers[0].args,
+        "image": second.spec.template.spec.containers[0].image,
+    }
+
+
+async def test_official_kubernetes_client_apply_get_patch_delete() -> None:
+    async with sandbox(speedup=50.0, config=FAST, load=False) as sb:
+        result = await asyncio.to_thread(_client_roundtrip, sb.kubeconfig)
+        assert result["first_generation"] == 1
+        assert result["old_pod"] not in result["new_pods"] and len(result["new_pods"]) == 1
+        assert "0.8" in result["new_args"] and result["image"] == "vllm/vllm-openai:v0.11.0"
+        await asyncio.sleep(0.3)
+        assert not sb.kubelet.workers  # the deleted pods' twins were stopped
+
+
+def _kubectl() -> str | None:
+    found = os.environ.get("KUBECTL") or shutil.which("kubectl")
+    if found is None and os.environ.get("CI"):
+        fetched = subprocess.run([str(ROOT / "scripts" / "get-kubectl.sh")], capture_output=True, text=True)
+        found = fetched.stdout.strip() or None if fetched.returncode == 0 else None
+    return found
+
+
+async def test_kubectl_apply_rollout_status_get_patch_delete(tmp_path: Path) -> None:
+    kubectl = _kubectl()
+    require_component(kubectl is not None, "kubectl (scripts/get-kubectl.sh fetches one)")
+    assert kubectl is not None
+    manifest = tmp_path / "deploy.yaml"
+    manifest.write_text(yaml.safe_dump(_manifest("kc")))
+    async with sandbox(speedup=50.0, config=FAST, load=False) as sb:
+
+        async def run(*args: str) -> str:
+            proc = await asyncio.create_subprocess_exec(
+                kubectl,
+                f"--kubeconfig={sb.kubeconfig}",
+                *args,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 0, f"kubectl {' '.join(args)}: {err.decode()}"
+            return out.decode()
+
+        assert "created" in await run("apply", "--validate=false", "-f", str(manifest))
+        assert "successfully rolled out" in await run("rollout", "status", "deployment/kc", "--timeout=60s")
+        pods = json.loads(await run("get", "pods", "-l", "app=kc", "-o", "json"))["items"]
+        assert len(pods) == 1 and pods[0]["status"]["phase"] == "Running"
+        patch = {"spec": {"template": {"metadata": {"annotations": {"restarted": "1"}}}}}
+        await run("patch", "deployment", "kc", "--type=merge", "-p", json.dumps(patch))
+        assert "successfully rolled out" in await run("rollout", "status", "deployment/kc", "--timeout=60s")
+        after = json.loads(await run("get", "pods", "-l", "app=kc", "-o", "json"))["items"]
+        assert len(after) == 1 and after[0]["metadata"]["name"] != pods[0]["metadata"]["name"]
+        await run("delete", "deployment", "kc")
+
+
+async def test_cli_sandbox_up_writes_a_kubeconfig_and_stops_on_sigint(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "prefixtune.cli",
+        "sandbox",
+        "up",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--prometheus",
+        "off",
+        "--speedup",
+        "20",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        banner = ""
+        while "Ctrl-C" not in banner:
+            line = await asyncio.wait_for(proc.stdout.readline(), 30)
+            assert line, f"sandbox up exited early: {banner}"
+            banner += line.decode()
+        assert "apply --validate=false -f crds/" in banner and str(kubeconfig) in banner
+        server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{server}/api/v1/namespaces/default/pods") as resp,
+        ):
+            assert resp.status == 200
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def test_cli_rejects_bad_options_with_the_flag_named(capsys: pytest.CaptureFixture[str]) -> None:
+    from prefixtune.sandbox.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["up", "--speedup", "0"])
+    assert exc.value.code == 2
+    assert "--speedup" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["up", "--prometheus", "maybe"])
+    assert "--prometheus" in capsys.readouterr().err
+    assert main(["down"]) == 2
+
+
+async def test_prometheus_discovers_and_scrapes_the_pods() -> None:
+    require_component(prometheus_binary() is not None, "the prometheus binary (Debian package prometheus)")
+    async with sandbox(speedup=50.0, config=FAST, load=False, prometheus="on", scrape_interval_s=0.2) as sb:
+        await sb.api.create("/apis/apps/v1/namespaces/default/deployments", _manifest("prom"))
+        assert sb.prometheus_url is not None
+        deadline = time.monotonic() + 40
+        async with aiohttp.ClientSession() as http:
+            while True:
+                query = 'vllm:num_requests_running{namespace="default",pod=~"prom-.*",container="engine"}'
+                async with http.get(f"{sb.prometheus_url}/api/v1/query", params={"query": query}) as resp:
+                    result = (await resp.json())["data"]["result"]
+                if result:
+                    break
+                assert time.monotonic() < deadline, "Prometheus never scraped the pod"
+                await asyncio.sleep(0.2)
+            pods = await sb.api.list("/api/v1/namespaces/default/pods?labelSelector=app%3Dprom")
+            assert result[0]["metric"]["pod"] == pods[0]["metadata"]["name"]
+            assert result[0]["metric"]["job"] == "sandbox-engines"
