@@ -42,8 +42,14 @@ unit: venv
 
 test: venv sysdeps lint typecheck unit
 
+# Regenerate the committed CRD (a test checks both copies equal the generator's output).
 crd: venv
 	$(BIN)/prefixtune crd > crds/servingdeployments.prefixtune.io.yaml
+	cp crds/servingdeployments.prefixtune.io.yaml charts/prefixtune/crds/
+
+# The main job on the embedded default: sandbox + operator + example resources, until they converge.
+demo: venv sysdeps
+	$(BIN)/prefixtune demo
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -11,8 +11,13 @@ from collections.abc import Callable, Sequence
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "crd": ("prefixtune.api.crd", "main", "print the ServingDeployment CustomResourceDefinition"),
     "args": ("prefixtune.engines.cli", "main", "print an engine's rendered command line as JSON"),
-    "twin": ("prefixtune.twin.cli", "main", "digital twin: run | serve | cache"),
+    "twin": ("prefixtune.twin.cli", "main", "digital twin: run | serve | cache | whatif"),
     "bench": ("prefixtune.benchcli", "main", "run a benchmark from bench/ (twin | tuner | ...)"),
+    "run": ("prefixtune.controller.operator", "main", "run the operator (kopf) against a cluster"),
+    "demo": ("prefixtune.demo", "main", "sandbox + operator + examples: watch it tune (make demo)"),
+    "sandbox": ("prefixtune.sandbox.cli", "main", "run the local sandbox cluster"),
+    "status": ("prefixtune.report.status_view", "main", "show ServingDeployments: phase, trials, best"),
+    "report": ("prefixtune.report.report", "main", "write an HTML report with plots of a ServingDeployment"),
 }
 
 

@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("prefixtune.twin.cli", "run_main", "simulate an engine on a workload; print a summary"),
     "serve": ("prefixtune.twin.serve", "serve_main", "serve an engine's HTTP API and /metrics from the twin"),
     "cache": ("prefixtune.twin.replay", "cache_main", "replay a workload through a cache model only"),
+    "whatif": ("prefixtune.report.whatif", "main", "sweep knobs through the twin; table, plots, JSON"),
 }
 
 

@@ -1,0 +1,221 @@
+"""PNG plots for the report and the what-if sweep (matplotlib, Agg backend: no display, no network).
+
+Each function takes plain data, writes one PNG and returns its path. Figures are built with
+``matplotlib.figure.Figure`` directly (no pyplot global state), so plotting is safe in any process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+DPI = 100
+SIZE = (8.0, 4.5)  # inches: 800 x 450 pixels at DPI
+INFEASIBLE_OUTCOMES = ("infeasible",)
+OUTCOME_STYLE: dict[str, tuple[str, str]] = {  # outcome -> (marker, colour)
+    "ok": ("o", "tab:blue"),
+    "infeasible": ("X", "tab:red"),
+    "aborted": ("v", "tab:orange"),
+    "invalidated": ("s", "tab:gray"),
+    "running": ("D", "tab:green"),
+}
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(str(path), dpi=DPI, format="png")
+    return path
+
+
+def _number(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def score_plot(
+    trials: Sequence[Mapping[str, Any]], path: Path, *, objective: str, slo_score: float | None = None
+) -> Path:
+    """Score per trial (marker by outcome), best-so-far as a step line, the SLO line when given."""
+    fig = Figure(figsize=SIZE)
+    ax = fig.add_subplot(1, 1, 1)
+    best: float | None = None
+    best_x: list[int] = []
+    best_y: list[float] = []
+    seen: set[str] = set()
+    for t in trials:
+        idx = int(t.get("index", 0))
+        outcome = str(t.get("outcome", "ok"))
+        score = _number(t.get("score"))
+        marker, colour = OUTCOME_STYLE.get(outcome, ("o", "black"))
+        label = outcome if outcome not in seen else None
+        seen.add(outcome)
+        if score is None:
+            # Not scored (infeasible, invalidated): marked on the axis so every trial shows.
+            ax.scatter([idx], [0.0], marker=marker, color=colour, s=60, label=label, zorder=3)
+            ax.annotate(outcome, (idx, 0.0), textcoords="offset points", xytext=(0, 8), ha="center",
+                        fontsize=7, color=colour)  # fmt: skip
+        else:
+            ax.scatter([idx], [score], marker=marker, color=colour, s=50, label=label, zorder=3)
+            if outcome == "ok":
+                best = score if best is None else max(best, score)
+        if best is not None:
+            best_x.append(idx)
+            best_y.append(best)
+    if best_x:
+        ax.step(best_x, best_y, where="post", color="tab:green", label="best so far")
+    if slo_score is not None:
+        ax.axhline(slo_score, color="tab:red", linestyle="--", linewidth=1, label="SLO")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(f"score ({objective})")
+    ax.set_title("Score per trial")
+    ax.grid(alpha=0.3)
+    if seen or best_x:
+        ax.legend(loc="best", fontsize=8)
+    return _save(fig, path)
+
+
+def config_plot(trials: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Configurations tried: memory fraction vs block size, coloured by score, infeasible marked."""
+    fig = Figure(figsize=SIZE)
+    ax = fig.add_subplot(1, 1, 1)
+    blocks = sorted({int((t.get("config") or {}).get("blockSize", 0)) for t in trials})
+    ypos = {b: i for i, b in enumerate(blocks)}
+    scored = [t for t in trials if _number(t.get("score")) is not None and t.get("outcome") == "ok"]
+    failed = [t for t in trials if t not in scored]
+    if scored:
+        xs = [float(t["config"]["memoryFraction"]) for t in scored]
+        ys = [ypos[int(t["config"]["blockSize"])] for t in scored]
+        cs = [float(t["score"]) for t in scored]
+        points = ax.scatter(xs, ys, c=cs, cmap="viridis", s=90, edgecolors="black", zorder=3)
+        fig.colorbar(points, ax=ax, label="score")
+        for t, x, y in zip(scored, xs, ys, strict=True):
+            ax.annotate(_trial_label(t), (x, y), textcoords="offset points", xytext=(6, 6), fontsize=7)
+    seen: set[str] = set()
+    for t in failed:
+        outcome = str(t.get("outcome", "?"))
+        marker, colour = OUTCOME_STYLE.get(outcome, ("o", "black"))
+        x = float((t.get("config") or {}).get("memoryFraction", 0.0))
+        y = ypos[int((t.get("config") or {}).get("blockSize", 0))]
+        ax.scatter([x], [y], marker=marker, color=colour, s=110, zorder=4,
+                   label=outcome if outcome not in seen else None)  # fmt: skip
+        seen.add(outcome)
+        ax.annotate(_trial_label(t), (x, y), textcoords="offset points", xytext=(6, -10), fontsize=7)
+    ax.set_yticks(range(len(blocks)), [str(b) for b in blocks])
+    ax.set_xlabel("memory fraction")
+    ax.set_ylabel("block size (tokens)")
+    ax.set_title("Configurations tried (colour: score; label: trial, 'off': prefix caching off)")
+    ax.grid(alpha=0.3)
+    if seen:
+        ax.legend(loc="best", fontsize=8)
+    return _save(fig, path)
+
+
+def _trial_label(trial: Mapping[str, Any]) -> str:
+    off = (trial.get("config") or {}).get("prefixCaching") is False
+    return f"{trial.get('index')}{' off' if off else ''}"
+
+
+def signal_plot(
+    trials: Sequence[Mapping[str, Any]],
+    path: Path,
+    *,
+    series: Sequence[tuple[str, str]],
+    title: str,
+    ylabel: str,
+    scale: float = 1.0,
+    hline: tuple[float, str] | None = None,
+) -> Path:
+    """One or more signals (key, label) per trial; trials without the signal are skipped."""
+    fig = Figure(figsize=SIZE)
+    ax = fig.add_subplot(1, 1, 1)
+    for key, label in series:
+        pts = [
+            (int(t.get("index", 0)), v * scale)
+            for t in trials
+            if (v := _number((t.get("signals") or {}).get(key))) is not None
+        ]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    for t in trials:
+        if str(t.get("outcome")) in INFEASIBLE_OUTCOMES:
+            ax.axvline(int(t.get("index", 0)), color="tab:red", alpha=0.25, linewidth=6)
+    if hline is not None:
+        ax.axhline(hline[0], color="tab:red", linestyle="--", linewidth=1, label=hline[1])
+    ax.set_xlabel("trial (red band: infeasible)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize=8)
+    return _save(fig, path)
+
+
+WHATIF_METRICS: tuple[tuple[str, str, float], ...] = (  # (key, axis label, scale)
+    ("hit_rate", "hit rate", 1.0),
+    ("ttft_p99_s", "TTFT p99 (ms)", 1000.0),
+    ("goodput_tokens_per_s", "goodput (tokens/s)", 1.0),
+)
+
+
+def whatif_plot(
+    results: Sequence[Mapping[str, Any]],
+    knob: str,
+    values: Sequence[Any],
+    others: Sequence[str],
+    path: Path,
+    *,
+    title: str,
+) -> Path:
+    """Hit rate, TTFT p99 and goodput against ``knob``: one line per combination of the ``others``
+    swept knobs; infeasible points (status other than ok) marked with a red X on the x axis."""
+    fig = Figure(figsize=(12.0, 4.5))
+    categorical = any(isinstance(v, bool | str) for v in values)
+    xpos = {_key(v): (float(i) if categorical else float(v)) for i, v in enumerate(values)}
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for r in results:
+        groups.setdefault(tuple(_key(r["config"][o]) for o in others), []).append(r)
+    for col, (key, label, scale) in enumerate(WHATIF_METRICS):
+        ax = fig.add_subplot(1, len(WHATIF_METRICS), col + 1)
+        bad_label = True
+        for _, group_rows in sorted(groups.items(), key=lambda kv: kv[0]):
+            rows = sorted(group_rows, key=lambda r: xpos[_key(r["config"][knob])])
+            ok = [r for r in rows if r["status"] == "ok"]
+            name = ", ".join(f"{o}={rows[0]['config'][o]}" for o in others) or None
+            if ok:
+                ax.plot([xpos[_key(r["config"][knob])] for r in ok], [float(r[key]) * scale for r in ok],
+                        marker="o", label=name)  # fmt: skip
+            bad = [r for r in rows if r["status"] != "ok"]
+            if bad:
+                ax.scatter([xpos[_key(r["config"][knob])] for r in bad], [0.0] * len(bad), marker="X",
+                           s=90, color="tab:red", zorder=4,
+                           label="infeasible (OOM)" if bad_label else None)  # fmt: skip
+                bad_label = False
+        if categorical:
+            ax.set_xticks([xpos[_key(v)] for v in values], [str(v) for v in values])
+        ax.set_xlabel(knob)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        handles, labels = ax.get_legend_handles_labels()
+        if handles and col == 0 and len(labels) <= 12:
+            ax.legend(loc="best", fontsize=7)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _key(value: Any) -> Any:
+    """Hashable key that keeps True and 1 apart."""
+    return (type(value).__name__, value)

@@ -1,0 +1,356 @@
+"""``prefixtune twin whatif``: sweep knobs through the digital twin before touching production.
+
+    prefixtune twin whatif --engine vllm --model meta-llama/Llama-3.1-8B-Instruct --gpu H100-80GB \\
+        --workload chatbot --rate 20 --duration 120 \\
+        --sweep memory_fraction=0.5,0.7,0.9 --sweep block_size=16,64 --out whatif/
+
+Runs the twin once per point of the cartesian product of the sweeps (other knobs at the engine's
+defaults), in parallel processes, and writes ``results.json`` plus one PNG per swept knob (hit rate,
+TTFT p99 and goodput against it; infeasible points, out of memory at start or under load, marked).
+Values are checked against the engine adapter's knob specs before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, TextIO
+
+from prefixtune.engines.base import KNOB_NAMES, ArgsError, EngineAdapter, EngineName, KnobConfig, KnobSpec
+from prefixtune.twin.request import Request
+
+RESULTS_JSON = "results.json"
+DEFAULT_SLO_TTFT_S = 2.0  # the API's default spec.tuning.slo
+DEFAULT_SLO_ITL_S = 0.15
+_TRUE = {"true", "on", "yes", "1"}
+_FALSE = {"false", "off", "no", "0"}
+TABLE_KEYS = ("status", "hit_rate", "ttft_p50_s", "ttft_p99_s", "goodput_tokens_per_s", "output_tokens_per_s")
+
+
+class SweepError(ValueError):
+    """A --sweep that names an unknown knob or a value the engine does not accept."""
+
+
+def _parse_value(spec: KnobSpec, text: str) -> float | int | bool | str:
+    kind = type(spec.default)
+    t = text.strip()
+    if kind is bool:
+        if t.lower() in _TRUE:
+            return True
+        if t.lower() in _FALSE:
+            return False
+        raise SweepError(f"--sweep {spec.name}: {t!r} is not a boolean; use true/false (or on/off)")
+    if kind is int:
+        try:
+            return int(t)
+        except ValueError:
+            raise SweepError(f"--sweep {spec.name}: {t!r} is not an integer") from None
+    if kind is float:
+        try:
+            return float(t)
+        except ValueError:
+            raise SweepError(f"--sweep {spec.name}: {t!r} is not a number") from None
+    return t
+
+
+def parse_sweep(text: str, knobs: Mapping[str, KnobSpec]) -> tuple[str, list[float | int | bool | str]]:
+    """``KNOB=V1,V2,...`` -> (knob, values), each value checked by the engine's knob spec."""
+    name, sep, raw = text.partition("=")
+    name = name.strip()
+    if not sep or not name or not raw.strip():
+        raise SweepError(f"--sweep must be KNOB=V1,V2,... (knobs: {', '.join(KNOB_NAMES)}); got {text!r}")
+    if name not in knobs:
+        raise SweepError(f"--sweep: unknown knob {name!r}; choose from {', '.join(knobs)}")
+    spec = knobs[name]
+    values: list[float | int | bool | str] = []
+    for item in raw.split(","):
+        if not item.strip():
+            raise SweepError(f"--sweep {name}: empty value in {raw!r}")
+        value = _parse_value(spec, item)
+        problem = spec.validate(value)
+        if problem is not None:
+            raise SweepError(f"--sweep {name}: {problem}")
+        if value in values and type(value) is type(values[values.index(value)]):
+            raise SweepError(f"--sweep {name}: value {value!r} given twice")
+        values.append(value)
+    return name, values
+
+
+def grid(
+    adapter: EngineAdapter, sweeps: Sequence[tuple[str, Sequence[float | int | bool | str]]]
+) -> list[KnobConfig]:
+    """The cartesian product of the sweeps over the engine's default config, in sweep order."""
+    names = [n for n, _ in sweeps]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise SweepError(f"--sweep given more than once for {', '.join(dupes)}; list all values in one")
+    base = adapter.default_config()
+    configs = []
+    for combo in itertools.product(*(values for _, values in sweeps)):
+        config = base.with_(**dict(zip(names, combo, strict=True)))
+        problems = adapter.validate(config)
+        if problems:
+            text = "; ".join(f"{k}: {m}" for k, m in problems)
+            raise SweepError(f"--sweep: the combination {config.to_dict()} is not valid: {text}")
+        configs.append(config)
+    return configs
+
+
+# --- running points (in worker processes) ---------------------------------------------------------
+
+_REQUESTS: list[Request] = []
+
+
+def _init_worker(requests: list[Request]) -> None:
+    global _REQUESTS
+    _REQUESTS = requests
+
+
+def run_point(
+    engine: str,
+    model: str,
+    gpu: str,
+    config: Mapping[str, Any],
+    options: Mapping[str, Any],
+    requests: Sequence[Request] | None = None,
+) -> dict[str, Any]:
+    """One twin run of ``config`` (a KnobConfig dict); the summary as plain values."""
+    from prefixtune.engines import get_adapter
+    from prefixtune.twin.run import simulate
+
+    adapter = get_adapter(engine)
+    knobs = KnobConfig.from_dict(config)
+    rendered = adapter.render(model, knobs, tensor_parallel=int(options.get("tp") or 1))
+    summary = simulate(
+        engine,
+        list(rendered.argv),
+        gpu,
+        _REQUESTS if requests is None else requests,
+        seed=int(options.get("seed", 0)),
+        slo_ttft_s=options.get("slo_ttft_s"),
+        slo_itl_s=options.get("slo_itl_s"),
+        warmup_s=float(options.get("warmup_s", 0.0)),
+        files=rendered.files,
+    )
+    data = summary.to_dict()
+    data.pop("setup", None)
+    return {"config": knobs.to_dict(), **data}
+
+
+def progress_bar(done: int, total: int, width: int = 30) -> str:
+    filled = round(width * done / total) if total else width
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def run_sweep(
+    engine: str,
+    model: str,
+    gpu: str,
+    configs: Sequence[KnobConfig],
+    requests: list[Request],
+    options: Mapping[str, Any],
+    *,
+    jobs: int = 1,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every config through the twin (``jobs`` processes; 1: in this process); results in config order."""
+    total = len(configs)
+    results: list[dict[str, Any] | None] = [None] * total
+    if jobs <= 1 or total <= 1:
+        for i, config in enumerate(configs):
+            results[i] = run_point(engine, model, gpu, config.to_dict(), options, requests)
+            if on_progress:
+                on_progress(i + 1, total)
+    else:
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, total), initializer=_init_worker, initargs=(requests,)
+        ) as pool:
+            futures = {
+                pool.submit(run_point, engine, model, gpu, c.to_dict(), options): i
+                for i, c in enumerate(configs)
+            }
+            for done, future in enumerate(as_completed(futures), start=1):
+                results[futures[future]] = future.result()
+                if on_progress:
+                    on_progress(done, total)
+    return [r for r in results if r is not None]
+
+
+# --- output --------------------------------------------------------------------------------------
+
+
+def _fmt(key: str, value: Any) -> str:
+    if isinstance(value, bool | str):
+        return str(value)
+    if key.endswith("_s") and not key.endswith("_per_s"):
+        return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.2f}s"
+    if key == "hit_rate":
+        return f"{100 * value:.1f}%"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def format_table(results: Sequence[Mapping[str, Any]], swept: Sequence[str]) -> str:
+    header = [*swept, *TABLE_KEYS]
+    rows = [header]
+    for r in results:
+        infeasible = r["status"] != "ok"
+        cells = [_fmt(k, r["config"][k]) for k in swept]
+        cells += [_fmt(k, r[k]) if (k == "status" or not infeasible) else "-" for k in TABLE_KEYS]
+        rows.append(cells)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+def write_outputs(
+    results: Sequence[Mapping[str, Any]],
+    sweeps: Sequence[tuple[str, Sequence[Any]]],
+    setup: Mapping[str, Any],
+    out_dir: Path,
+) -> dict[str, Any]:
+    """results.json and one PNG per swept knob (every knob when only one value is swept)."""
+    from prefixtune.report import plots
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = [n for n, _ in sweeps]
+    plotted = [(n, v) for n, v in sweeps if len(v) > 1] or list(sweeps[:1])
+    images = []
+    for knob, values in plotted:
+        others = [n for n in names if n != knob and len(dict(sweeps)[n]) > 1]
+        title = f"{setup['engine']} · {setup['model']} · {setup['gpu']} · {setup['workload']}"
+        path = plots.whatif_plot(results, knob, values, others, out_dir / f"whatif_{knob}.png", title=title)
+        images.append(path.name)
+    doc = {
+        "setup": dict(setup),
+        "sweeps": {n: list(v) for n, v in sweeps},
+        "plots": images,
+        "results": [dict(r) for r in results],
+    }
+    (out_dir / RESULTS_JSON).write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    return doc
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="prefixtune twin whatif",
+        description="Sweep prefix-cache knobs through the digital twin and plot what would happen.",
+    )
+    p.add_argument("--engine", required=True, choices=[e.value for e in EngineName])
+    p.add_argument("--model", required=True, help="model (HF name or short name)")
+    p.add_argument("--gpu", required=True, help="GPU type: H100-80GB, H200, A100-80GB (aliases accepted)")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", help="a workload preset name (rag, chatbot, agent, qa, gsp)")
+    src.add_argument("--workload-file", help="a workload file (YAML/JSON)")
+    src.add_argument("--trace", help="a Mooncake JSONL trace to replay")
+    p.add_argument("--rate", type=float, help="mean request rate (req/s); for --trace a rate multiplier")
+    p.add_argument("--duration", type=float, help="seconds of arrivals (for --trace: a cut-off)")
+    p.add_argument(
+        "--sweep",
+        action="append",
+        required=True,
+        metavar="KNOB=V1,V2,...",
+        help=f"knob values to try (knobs: {', '.join(KNOB_NAMES)}); repeat for a grid",
+    )
+    p.add_argument("--out", required=True, help="output folder (results.json and PNGs)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: CPUs)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=float, default=0.0, help="seconds excluded from the metrics")
+    p.add_argument("--slo-ttft", type=float, default=DEFAULT_SLO_TTFT_S, help="TTFT SLO (s) for goodput")
+    p.add_argument("--slo-itl", type=float, default=DEFAULT_SLO_ITL_S, help="inter-token SLO (s) for goodput")
+    p.add_argument("--json", action="store_true", help="print results.json's content instead of a table")
+    return p
+
+
+def _requests(ns: argparse.Namespace) -> tuple[list[Request], str]:
+    from prefixtune.twin.workloads import from_trace, generate
+
+    if ns.trace:
+        requests = from_trace(ns.trace, time_scale=ns.rate or 1.0, seed=ns.seed)
+        if ns.duration is not None:
+            requests = [r for r in requests if r.arrival_s < ns.duration]
+        return requests, f"trace {Path(ns.trace).name}"
+    source = ns.workload or ns.workload_file
+    return generate(source, rate=ns.rate, duration_s=ns.duration, seed=ns.seed), f"workload {source}"
+
+
+def _check_numbers(ns: argparse.Namespace) -> None:
+    for flag, value in (("--rate", ns.rate), ("--duration", ns.duration)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{flag} must be > 0; got {value}")
+    for flag, value in (("--slo-ttft", ns.slo_ttft), ("--slo-itl", ns.slo_itl)):
+        if not value > 0:
+            raise ValueError(f"{flag} must be > 0 seconds; got {value}")
+    if ns.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1; got {ns.jobs}")
+    if ns.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0 seconds; got {ns.warmup}")
+
+
+def main(argv: Sequence[str], stderr: TextIO | None = None) -> int:
+    err = sys.stderr if stderr is None else stderr
+    ns = _parser().parse_args(list(argv))
+    from prefixtune.engines import get_adapter
+    from prefixtune.twin.catalog import check_tp, get_gpu, get_model
+    from prefixtune.twin.run import parse_command
+    from prefixtune.twin.workloads import WorkloadError
+
+    try:
+        _check_numbers(ns)
+        adapter = get_adapter(ns.engine)
+        knobs = adapter.knobs()
+        sweeps = [parse_sweep(s, knobs) for s in ns.sweep]
+        configs = grid(adapter, sweeps)
+        # Fail on a bad model / GPU / TP here, once, rather than in every worker.
+        parse_command(ns.engine, [], model=ns.model, tp=ns.tp)
+        get_model(ns.model)
+        get_gpu(ns.gpu)
+        check_tp(ns.tp)
+        requests, workload = _requests(ns)
+    except (SweepError, ArgsError, WorkloadError, ValueError, KeyError, OSError) as exc:
+        print(f"prefixtune twin whatif: {exc}", file=err)
+        return 2
+    if not requests:
+        print("prefixtune twin whatif: the workload has no requests (longer --duration?)", file=err)
+        return 2
+    options = {
+        "seed": ns.seed,
+        "tp": ns.tp,
+        "slo_ttft_s": ns.slo_ttft,
+        "slo_itl_s": ns.slo_itl,
+        "warmup_s": ns.warmup,
+    }
+
+    def progress(done: int, total: int) -> None:
+        end = "\n" if done == total else ""
+        print(f"\rwhatif {progress_bar(done, total)}", end=end, file=err, flush=True)
+
+    results = run_sweep(
+        ns.engine, ns.model, ns.gpu, configs, requests, options, jobs=ns.jobs, on_progress=progress
+    )
+    setup = {
+        "engine": ns.engine,
+        "model": ns.model,
+        "gpu": ns.gpu,
+        "workload": workload,
+        "rate": ns.rate,
+        "duration_s": ns.duration,
+        "requests": len(requests),
+        **options,
+    }
+    try:
+        doc = write_outputs(results, sweeps, setup, Path(ns.out))
+    except OSError as exc:
+        print(f"prefixtune twin whatif: cannot write --out {ns.out}: {exc}", file=err)
+        return 1
+    if ns.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_table(results, [n for n, _ in sweeps]))
+        print(f"\nwrote {Path(ns.out) / RESULTS_JSON} and {', '.join(doc['plots'])}")
+    return 0
