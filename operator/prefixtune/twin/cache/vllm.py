@@ -13,14 +13,23 @@ Semantics (reference/engines.md §3.1):
 - Several blocks may hold the same hash (the capped last block of a fully cached prompt is
   recomputed into a fresh block): vLLM keeps them all in its hash map and hits the first one.
 
-The free queue is two O(1) structures: a stack of hashless free blocks (they all sit at the front;
-which one comes first is unobservable) and an insertion-ordered dict of cached free blocks (LRU at
-the front). Prefix caching off: nothing is hashed, nothing hits, every freed block is hashless.
+How it is kept cheap (about 90 blocks move through the pool per request, so per-block work is what
+costs): the free queue is a stack of hashless free blocks (they all sit at the front; which one
+comes first is unobservable) and a ``deque`` of ``(block, hash)`` entries for cached free blocks,
+LRU at the left. A touch does not remove the block's entry: it counts it *stale* instead
+(``_stale[block]``); a block's stale entries are always older than its live one, so allocation pops
+from the left and skips an entry while its block has stale ones left. The entry carries the hash,
+so eviction needs no per-block hash table. A request's blocks are ``hashed`` leading blocks (hit or
+committed) followed by hashless ones, so a release sends the hashless tail to the stack in one
+slice and only reference-counts the hashed part. ``_ref`` counts holders of hashed blocks; a hashless
+block (one holder at most: hashless blocks are never hit) keeps 1, so committing a block writes no
+count, and an evicted block is set back to 1.
+Prefix caching off: nothing is hashed, nothing hits, every freed block is hashless.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -41,7 +50,7 @@ class _Running:
     prompt_len: int
     blocks: list[int]  # block ids in sequence order
     ids: list[BlockKey] | None  # block hashes of the whole seq (computed once; None when caching is off)
-    hashed: int  # leading blocks that hold their hash
+    hashed: int  # leading blocks that hold their hash (blocks[i] holds ids[i]); the rest hold none
 
 
 @dataclass
@@ -59,12 +68,16 @@ class VllmCache:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         n = self.num_blocks
-        self._hash: list[BlockKey | None] = [None] * n
-        self._ref: list[int] = [0] * n
+        # holders of a hashed block; 0 exactly for the cached free ones. Hashless blocks keep 1 (used
+        # or not), so a block is counted right the moment it is committed, with no write then.
+        self._ref: list[int] = [1] * n
         # hash -> the block a hit uses (the first cached); further holders of the same hash in _dups
         self._cached: dict[BlockKey, int] = {}
         self._dups: dict[BlockKey, list[int]] = {}
-        self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU order: front is evicted first
+        # cached free blocks, LRU at the left; an entry is stale while its block has _stale left
+        self._queue: deque[tuple[int, BlockKey]] = deque()
+        self._stale: list[int] = [0] * n
+        self._queued = 0  # live entries in _queue: free blocks that hold a hash
         self._free_plain: list[int] = list(range(n - 1, -1, -1))  # stack: pop() is the queue front
         self._reqs: dict[int, _Running] = {}
 
@@ -84,10 +97,10 @@ class VllmCache:
         return Match(n * self.block_size, hit_blocks=n)
 
     def free_blocks(self) -> int:
-        return len(self._free_plain) + len(self._free_cached)
+        return len(self._free_plain) + self._queued
 
     def usage(self) -> float:
-        return 1.0 - self.free_blocks() / self.num_blocks
+        return 1.0 - (len(self._free_plain) + self._queued) / self.num_blocks
 
     def cached_blocks(self) -> int:
         """Blocks holding a hash (referenced or not): the size of the prefix cache."""
@@ -99,28 +112,34 @@ class VllmCache:
         """Take ``n`` blocks from the front of the free queue (caller checked there are enough)."""
         plain = self._free_plain
         k = min(n, len(plain))
-        out = plain[-k:][::-1] if k else []  # the stack's top is the queue front
         if k:
+            out = plain[-k:]
+            out.reverse()  # the stack's top is the queue front
             del plain[-k:]
-        if n > k:
-            pop = self._free_cached.popitem
-            hashes = self._hash
+        else:
+            out = []
+        m = n - k
+        if m:
+            self._queued -= m
+            self.stats.evicted_blocks += m
+            popleft = self._queue.popleft
+            stale = self._stale
+            ref = self._ref
             cached = self._cached
             dups = self._dups
             append = out.append
-            for _ in range(n - k):
-                b, _ = pop(last=False)
-                h = hashes[b]  # blocks in this queue hold a hash: evict it
-                hashes[b] = None
-                if h in dups:
+            while m:
+                b, h = popleft()
+                if stale[b]:  # touched since this entry was queued: its live entry is further back
+                    stale[b] -= 1
+                    continue
+                if dups and h in dups:
                     self._uncache(b, h)
                 else:
-                    del cached[h]  # type: ignore[arg-type]
+                    del cached[h]  # evict the hash the block still holds
+                ref[b] = 1  # hashless now
                 append(b)
-            self.stats.evicted_blocks += n - k
-        ref = self._ref
-        for b in out:
-            ref[b] = 1
+                m -= 1
         return out
 
     def _uncache(self, block: int, h: BlockKey) -> None:
@@ -137,6 +156,19 @@ class VllmCache:
             if not dups:
                 del self._dups[h]
 
+    def _compact(self) -> None:
+        """Drop stale entries (touches pile them up while nothing is evicted); order is kept."""
+        stale = self._stale
+        live: list[tuple[int, BlockKey]] = []
+        keep = live.append
+        for e in self._queue:
+            b = e[0]
+            if stale[b]:
+                stale[b] -= 1
+            else:
+                keep(e)
+        self._queue = deque(live)
+
     def admit(self, req_id: int, seq: TokenSeq, prompt_len: int, num_tokens: int, now: float) -> Match | None:
         if req_id in self._reqs:
             raise ValueError(f"request {req_id} is already admitted")
@@ -144,73 +176,99 @@ class VllmCache:
         bs = self.block_size
         ids = seq.block_keys(bs) if self.prefix_caching else None
         hit = self._hit_blocks(ids, prompt_len) if ids is not None else []
-        need = -(-num_tokens // bs) - len(hit)
-        touched_free = sum(1 for b in hit if self._ref[b] == 0)
-        if need > self.free_blocks() - touched_free:
-            return None
+        nh = len(hit)
+        need = -(-num_tokens // bs) - nh
         ref = self._ref
-        for b in hit:  # touch: a free cached block leaves the queue
-            if ref[b] == 0:
-                del self._free_cached[b]
-            ref[b] += 1
-        blocks = hit + self._allocate(max(need, 0))
-        self._reqs[req_id] = _Running(seq, prompt_len, blocks, ids, len(hit))
-        hit_tokens = len(hit) * bs
-        self.stats.query_tokens += prompt_len
-        self.stats.hit_tokens += hit_tokens
-        self.stats.hit_blocks += len(hit)
-        self.stats.miss_blocks += -(-prompt_len // bs) - len(hit)
-        return Match(hit_tokens, hit_blocks=len(hit), miss_blocks=-(-prompt_len // bs) - len(hit))
+        free = len(self._free_plain) + self._queued
+        # touched free blocks leave the queue: count them only when the bound says they could matter
+        if need > free - nh and need > free - list(map(ref.__getitem__, hit)).count(0):
+            return None
+        if nh:
+            stale = self._stale
+            touched = 0
+            for b in hit:  # touch: a free cached block leaves the queue (its entry goes stale)
+                if ref[b]:
+                    ref[b] += 1
+                else:
+                    ref[b] = 1
+                    stale[b] += 1
+                    touched += 1
+            if touched:
+                self._queued -= touched
+                if len(self._queue) > 2 * self._queued + self.num_blocks:
+                    self._compact()
+        blocks = hit + self._allocate(need) if need > 0 else hit
+        self._reqs[req_id] = _Running(seq, prompt_len, blocks, ids, nh)
+        hit_tokens = nh * bs
+        miss = -(-prompt_len // bs) - nh
+        st = self.stats
+        st.query_tokens += prompt_len
+        st.hit_tokens += hit_tokens
+        st.hit_blocks += nh
+        st.miss_blocks += miss
+        return Match(hit_tokens, hit_blocks=nh, miss_blocks=miss)
 
     def grow(self, req_id: int, num_tokens: int, now: float) -> bool:
-        r = self._req(req_id)
+        r = self._reqs.get(req_id)
+        if r is None:
+            raise KeyError(f"request {req_id} is not admitted")
         need = -(-num_tokens // self.block_size) - len(r.blocks)
         if need <= 0:
             return True
-        if need > self.free_blocks():
+        if need > len(self._free_plain) + self._queued:
             return False
-        r.blocks.extend(self._allocate(need))
+        r.blocks += self._allocate(need)
         return True
 
     def commit(self, req_id: int, computed_tokens: int, now: float) -> None:
-        r = self._req(req_id)
-        if r.ids is None:
+        r = self._reqs.get(req_id)
+        if r is None:
+            raise KeyError(f"request {req_id} is not admitted")
+        ids = r.ids
+        if ids is None:
             return
-        full = min(computed_tokens // self.block_size, len(r.blocks), len(r.ids))
-        if full <= r.hashed:
+        blocks = r.blocks
+        start = r.hashed
+        full = min(computed_tokens // self.block_size, len(blocks), len(ids))
+        if full <= start:
             return
-        hashes = self._hash
-        cached = self._cached
-        for b, h in zip(r.blocks[r.hashed : full], r.ids[r.hashed : full], strict=True):
-            hashes[b] = h
-            if h in cached:
-                self._dups.setdefault(h, []).append(b)
-            else:
-                cached[h] = b
+        new_blocks = blocks[start:full]
+        new_ids = ids[start:full]
         r.hashed = full
+        # one pass: each hash maps to its block unless some block holds it already (then this one
+        # is a duplicate); their ref is 1 already (hashless blocks keep 1)
+        holders = list(map(self._cached.setdefault, new_ids, new_blocks))
+        if holders != new_blocks:
+            dups = self._dups
+            for b, h, first in zip(new_blocks, new_ids, holders, strict=True):
+                if first != b:
+                    dups.setdefault(h, []).append(b)
 
     def release(self, req_id: int, now: float) -> None:
         r = self._reqs.pop(req_id, None)
         if r is None:
             raise KeyError(f"request {req_id} is not admitted")
+        blocks = r.blocks
+        k = r.hashed
+        if k < len(blocks):  # hashless blocks go to the front; the tail block ends up behind
+            self._free_plain.extend(reversed(blocks[k:]))
+        if not k:
+            return
+        ids = r.ids
+        assert ids is not None  # hashed blocks exist only with prefix caching
+        # tail blocks first: they are evicted first
+        rev_blocks = blocks[k - 1 :: -1]
+        rev_ids = ids[k - 1 :: -1]
         ref = self._ref
-        hashes = self._hash
-        to_plain = self._free_plain.append
-        free_cached = self._free_cached
-        for b in reversed(r.blocks):  # tail blocks first: they are evicted first
-            n = ref[b] - 1
-            ref[b] = n
-            if n == 0:
-                if hashes[b] is None:
-                    to_plain(b)
-                else:
-                    free_cached[b] = None
-
-    def _req(self, req_id: int) -> _Running:
-        r = self._reqs.get(req_id)
-        if r is None:
-            raise KeyError(f"request {req_id} is not admitted")
-        return r
+        for b in rev_blocks:
+            ref[b] -= 1
+        left = list(map(ref.__getitem__, rev_blocks))  # holders left: 0 = free now
+        z = left.count(0)
+        if z == k or not any(left[:z]):  # the freed ones lead (a shared prefix stays held)
+            self._queue.extend(zip(rev_blocks[:z], rev_ids[:z], strict=True))
+        else:
+            self._queue.extend([(b, h) for b, h, n in zip(rev_blocks, rev_ids, left, strict=True) if not n])
+        self._queued += z
 
 
 def _check_lengths(seq: TokenSeq, prompt_len: int, num_tokens: int) -> None:

@@ -1,0 +1,172 @@
+"""vLLM's cache model against a naive reference: one Python list as the free queue.
+
+``VllmCache`` keeps the free queue as a stack of hashless blocks plus a deque with lazily deleted
+(stale) entries, and reference-counts only hashed blocks. The reference below does the textbook
+thing (pop the front, append freed cached blocks in reverse, prepend hashless ones, remove a touched
+block from the middle); both must agree on every match, counter and the final eviction order.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from prefixtune.twin.cache import VllmCache
+from prefixtune.twin.cache.base import CacheStats, Match
+from prefixtune.twin.prompt import Segment, TokenSeq, chain_key
+
+
+class NaiveVllm:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool) -> None:
+        self.bs = block_size
+        self.pc = prefix_caching
+        self.queue: list[int] = list(range(num_blocks))  # front = index 0
+        self.hash: list[int | None] = [None] * num_blocks
+        self.ref = [0] * num_blocks
+        self.holders: dict[int, list[int]] = {}  # hash -> blocks holding it, first = the one hits use
+        self.reqs: dict[int, tuple[list[int], list[int], list[int]]] = {}  # blocks, ids, [hashed]
+        self.stats = CacheStats()
+
+    def _hits(self, seq: TokenSeq, prompt_len: int) -> list[int]:
+        if not self.pc:
+            return []
+        out = []
+        for h in seq.block_keys(self.bs)[: (prompt_len - 1) // self.bs]:
+            if h not in self.holders:
+                break
+            out.append(self.holders[h][0])
+        return out
+
+    def lookup(self, seq: TokenSeq, prompt_len: int) -> Match:
+        n = len(self._hits(seq, prompt_len))
+        return Match(n * self.bs, hit_blocks=n) if self.pc else Match(0)
+
+    def _allocate(self, n: int) -> list[int]:
+        out = []
+        for _ in range(n):
+            b = self.queue.pop(0)
+            h = self.hash[b]
+            if h is not None:
+                self.holders[h].remove(b)
+                if not self.holders[h]:
+                    del self.holders[h]
+                self.hash[b] = None
+                self.stats.evicted_blocks += 1
+            self.ref[b] = 1
+            out.append(b)
+        return out
+
+    def admit(self, rid: int, seq: TokenSeq, prompt_len: int, num_tokens: int) -> Match | None:
+        hit = self._hits(seq, prompt_len)
+        need = -(-num_tokens // self.bs) - len(hit)
+        if need > len(self.queue) - sum(1 for b in hit if self.ref[b] == 0):
+            return None
+        for b in hit:
+            if self.ref[b] == 0:
+                self.queue.remove(b)
+            self.ref[b] += 1
+        blocks = hit + self._allocate(max(need, 0))
+        self.reqs[rid] = (blocks, seq.block_keys(self.bs) if self.pc else [], [len(hit)])
+        miss = -(-prompt_len // self.bs) - len(hit)
+        self.stats.query_tokens += prompt_len
+        self.stats.hit_tokens += len(hit) * self.bs
+        self.stats.hit_blocks += len(hit)
+        self.stats.miss_blocks += miss
+        return Match(len(hit) * self.bs, hit_blocks=len(hit), miss_blocks=miss)
+
+    def grow(self, rid: int, num_tokens: int) -> bool:
+        blocks = self.reqs[rid][0]
+        need = -(-num_tokens // self.bs) - len(blocks)
+        if need > len(self.queue):
+            return False
+        blocks.extend(self._allocate(max(need, 0)))
+        return True
+
+    def commit(self, rid: int, computed: int) -> None:
+        blocks, ids, hashed = self.reqs[rid]
+        full = min(computed // self.bs, len(blocks), len(ids))
+        for i in range(hashed[0], full):
+            self.hash[blocks[i]] = ids[i]
+            self.holders.setdefault(ids[i], []).append(blocks[i])
+        hashed[0] = max(hashed[0], full)
+
+    def release(self, rid: int) -> None:
+        blocks, _, _ = self.reqs.pop(rid)
+        for b in reversed(blocks):
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                if self.hash[b] is None:
+                    self.queue.insert(0, b)
+                else:
+                    self.queue.append(b)
+
+
+def _seq(rng: random.Random, roots: int) -> TokenSeq:
+    segs, key = [], 0
+    for _ in range(rng.randint(1, 4)):
+        key = chain_key(key, rng.randrange(roots))  # few roots: prefixes (and repeats) are shared
+        segs.append(Segment(key, rng.randint(1, 20)))
+    return TokenSeq(tuple(segs))
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_vllm_cache_matches_the_naive_free_queue(seed: int) -> None:
+    rng = random.Random(seed)
+    nb, bs, pc = rng.randint(1, 24), rng.choice([1, 2, 4]), rng.random() < 0.85
+    fast, ref = VllmCache(nb, bs, pc), NaiveVllm(nb, bs, pc)
+    roots = rng.randint(1, 4)
+    live: dict[int, list[int]] = {}  # request -> [seq length, tokens allocated]
+    seqs: dict[int, TokenSeq] = {}
+    for rid in range(400):
+        op = rng.random()
+        if op < 0.35 or not live:
+            s = _seq(rng, roots)
+            p = rng.randint(1, s.length)
+            n = rng.randint(p - p // 2, s.length)
+            assert fast.lookup(s, p) == ref.lookup(s, p)
+            m = fast.admit(rid, s, p, n, 0.0)
+            assert m == ref.admit(rid, s, p, n)
+            if m is not None:
+                live[rid], seqs[rid] = [s.length, n], s
+        else:
+            r = rng.choice(list(live))
+            if op < 0.55:
+                t = rng.randint(1, live[r][0])
+                ok = fast.grow(r, t, 0.0)
+                assert ok == ref.grow(r, t)
+                if ok:
+                    live[r][1] = max(live[r][1], t)
+            elif op < 0.8:
+                c = rng.randint(0, live[r][1])
+                fast.commit(r, c, 0.0)
+                ref.commit(r, c)
+            else:
+                del live[r]
+                fast.release(r, 0.0)
+                ref.release(r)
+        assert fast.free_blocks() == len(ref.queue)
+        assert fast.cached_blocks() == sum(len(h) for h in ref.holders.values())
+        assert fast.stats == ref.stats
+    for r in list(live):
+        fast.release(r, 0.0)
+        ref.release(r)
+    # the whole free queue, front to back, block by block
+    assert fast._allocate(fast.free_blocks()) == ref._allocate(len(ref.queue))
+    assert fast.stats == ref.stats
+
+
+def test_stale_entries_are_compacted_in_order() -> None:
+    """Touching free blocks over and over with no eviction piles up stale entries; compaction
+    bounds the queue and keeps the LRU order."""
+    cache, ref = VllmCache(64, 4), NaiveVllm(64, 4, True)
+    seqs = [TokenSeq((Segment(chain_key(0, i), 9),)) for i in range(4)]  # 2 full blocks each
+    for rid in range(2000):
+        s = seqs[rid % 4]
+        assert cache.admit(rid, s, 9, 9, 0.0) == ref.admit(rid, s, 9, 9)
+        cache.commit(rid, 9, 0.0)
+        ref.commit(rid, 9)
+        cache.release(rid, 0.0)
+        ref.release(rid)
+    assert len(cache._queue) <= 2 * cache.free_blocks() + cache.num_blocks
+    assert cache._allocate(cache.free_blocks()) == ref._allocate(len(ref.queue))
