@@ -1,0 +1,581 @@
+"""``prefixtune bench tuner``: the REAL tuning policy driven against the digital twin in virtual time.
+
+For each scenario (bench/scenarios/*.yaml, format in docs/scenarios.md) and each method:
+
+- ``bo``: the operator's policy with its Bayesian optimizer (what runs in the cluster);
+- ``random``: the same policy with random suggestions;
+- ``grid``: the same policy with vLLM-auto_tune-style suggestions (probe the highest memory
+  fraction that works, stepping down, then sweep the other knobs there);
+- ``default``: the engine's default config (measured only; the other methods start from the
+  scenario's ``config``, the deployed config, which is the engine default unless the scenario says).
+
+Every trial boots a twin from the adapter's rendered flags, warms up, and measures a window with its
+own arrival randomness (seeded per trial: noisy as in production; the methods see the same sequence
+of seeds). Reported per method: the TRUE score of the config the policy ends on (a long twin run)
+over the oracle's (the best of an exhaustive grid over the discretized space, cached on disk), the
+trials needed for the incumbent to reach 95% / 98% of the oracle (the baseline is trial 1; the
+incumbent's true score is read from the oracle grid, interpolated linearly in memory fraction
+between grid points of the same other knobs), infeasible trials, SLO-violating trials, wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from prefixtune.engines import get_adapter
+from prefixtune.engines.base import KnobConfig
+from prefixtune.metrics.signals import Signals
+from prefixtune.tuning.drive import DriveResult, TrialRun, drive
+from prefixtune.tuning.objective import Score, higher_is_better_ratio, score
+from prefixtune.tuning.settings import Slo, SpaceOverride, TuningSettings
+from prefixtune.tuning.space import SearchSpace, build_space, categorical_key
+
+HERE = Path(__file__).resolve().parent
+SCENARIO_DIR = HERE / "scenarios"
+METHODS = ("bo", "random", "grid", "default")
+ORACLE_SEED = 424242
+SCENARIO_KEYS = {
+    "name", "description", "engine", "model", "gpu", "workload", "rate", "bound", "objective", "slo",
+    "config", "space", "warmup_s", "measure_s", "eval_s", "min_requests", "oracle_fractions",
+}  # fmt: skip
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    engine: str
+    model: str
+    gpu: str
+    workload: Any  # preset name or an inline workload mapping
+    rate: float
+    description: str = ""
+    bound: str = ""
+    objective: str = "goodput"
+    slo: Slo = field(default_factory=Slo)
+    config: dict[str, Any] = field(default_factory=dict)
+    space: SpaceOverride = field(default_factory=SpaceOverride)
+    warmup_s: float = 60.0
+    measure_s: float = 120.0
+    eval_s: float = 480.0
+    min_requests: int = 100
+    oracle_fractions: int = 7
+
+    def start_config(self) -> KnobConfig:
+        adapter = get_adapter(self.engine)
+        base = adapter.default_config()
+        cfg = base.with_(**self.config) if self.config else base
+        problems = adapter.validate(cfg)
+        if problems:
+            raise ScenarioError(f"{self.name}: config: " + "; ".join(f"{k}: {m}" for k, m in problems))
+        return adapter.normalize(cfg)
+
+    def search_space(self) -> SearchSpace:
+        adapter = get_adapter(self.engine)
+        return build_space(adapter.knobs(), self.start_config(), adapter.normalize, self.space)
+
+    def digest(self) -> str:
+        text = json.dumps(_jsonable(self.__dict__), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: _jsonable(getattr(value, k)) for k in value.__dataclass_fields__}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def parse_scenario(data: Any, source: str) -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: a scenario is a mapping; got {type(data).__name__}")
+    unknown = set(data) - SCENARIO_KEYS
+    if unknown:
+        raise ScenarioError(
+            f"{source}: unknown field(s) {', '.join(sorted(unknown))}; "
+            f"allowed: {', '.join(sorted(SCENARIO_KEYS))}"
+        )
+    for key in ("name", "engine", "model", "gpu", "workload", "rate"):
+        if key not in data:
+            raise ScenarioError(f"{source}: field {key!r} is required")
+    try:
+        get_adapter(str(data["engine"]))
+    except ValueError as exc:
+        raise ScenarioError(f"{source}: engine: {exc}") from None
+    slo = data.get("slo") or {}
+    space = data.get("space") or {}
+    try:
+        slo_obj = Slo(float(slo.get("ttft_p99_s", 2.0)), float(slo.get("itl_p99_s", 0.15)))
+        fraction = space.get("memory_fraction")
+        space_obj = SpaceOverride(
+            memory_fraction=None if fraction is None else (float(fraction[0]), float(fraction[1])),
+            block_size=None
+            if space.get("block_size") is None
+            else tuple(int(b) for b in space["block_size"]),
+            prefix_caching=None
+            if space.get("prefix_caching") is None
+            else tuple(bool(b) for b in space["prefix_caching"]),
+            schedule_policy=None
+            if space.get("schedule_policy") is None
+            else tuple(str(p) for p in space["schedule_policy"]),
+        )
+        scenario = Scenario(
+            name=str(data["name"]),
+            engine=str(data["engine"]),
+            model=str(data["model"]),
+            gpu=str(data["gpu"]),
+            workload=data["workload"],
+            rate=float(data["rate"]),
+            description=str(data.get("description", "")),
+            bound=str(data.get("bound", "")),
+            objective=str(data.get("objective", "goodput")),
+            slo=slo_obj,
+            config=dict(data.get("config") or {}),
+            space=space_obj,
+            warmup_s=float(data.get("warmup_s", 60.0)),
+            measure_s=float(data.get("measure_s", 120.0)),
+            eval_s=float(data.get("eval_s", 480.0)),
+            min_requests=int(data.get("min_requests", 100)),
+            oracle_fractions=int(data.get("oracle_fractions", 7)),
+        )
+        if scenario.objective not in ("goodput", "throughput", "ttft"):
+            raise ScenarioError(f"objective: {scenario.objective!r}; allowed: goodput, throughput, ttft")
+        scenario.search_space()  # validates the space override against the engine
+    except ScenarioError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
+    except (TypeError, ValueError, KeyError, IndexError) as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
+    return scenario
+
+
+def load_scenario_file(path: Path) -> Scenario:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
+    return parse_scenario(data, str(path))
+
+
+def suite() -> dict[str, Scenario]:
+    out: dict[str, Scenario] = {}
+    for path in sorted(SCENARIO_DIR.glob("*.yaml")):
+        s = load_scenario_file(path)
+        out[s.name] = s
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The twin as the policy's environment
+
+
+def _signals(summary: Any, window_s: float) -> Signals:
+    finished = float(summary.finished)
+    return Signals(
+        window_s=window_s,
+        requests=finished,
+        hit_rate=float(summary.hit_rate),
+        prefill_reduction=float(summary.prefill_tokens_saved_fraction),
+        running_mean=float(summary.mean_running),
+        running_max=float(summary.max_running),
+        kv_usage_mean=float(summary.kv_usage_mean),
+        preemptions_per_s=float(summary.preemptions) / window_s if window_s > 0 else None,
+        gpu_util=float(summary.gpu_busy_fraction),
+        ttft_p50_s=float(summary.ttft_p50_s) if finished else None,
+        ttft_p99_s=float(summary.ttft_p99_s) if finished else None,
+        itl_p50_s=float(summary.itl_p50_s) if finished else None,
+        itl_p99_s=float(summary.itl_p99_s) if finished else None,
+        output_tokens_per_s=float(summary.output_tokens_per_s),
+        input_tokens_per_s=float(summary.input_tokens_per_s),
+        requests_per_s=float(summary.requests_per_s),
+        goodput_tokens_per_s=float(summary.goodput_tokens_per_s),
+    )
+
+
+class TwinEnv:
+    """Runs a config on the twin: warm-up, then a measurement window (one simulate call)."""
+
+    probes_boot = False  # start-up OOM shows up as the trial's result, after the rollout
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.adapter = get_adapter(scenario.engine)
+        self.sim_seconds = 0.0
+
+    def run(self, config: KnobConfig, warmup_s: float, measure_s: float, seed: int) -> TrialRun:
+        from prefixtune.twin.run import simulate
+        from prefixtune.twin.workloads import generate, parse_workload
+
+        sc = self.scenario
+        workload = sc.workload if isinstance(sc.workload, str) else parse_workload(sc.workload)
+        horizon = warmup_s + measure_s
+        requests = generate(workload, rate=sc.rate, duration_s=horizon, seed=seed % (2**31))
+        cmd = self.adapter.render(sc.model, config)
+        summary = simulate(
+            sc.engine, cmd.argv, sc.gpu, requests, seed=seed % (2**31), slo_ttft_s=sc.slo.ttft_p99_s,
+            slo_itl_s=sc.slo.itl_p99_s, warmup_s=warmup_s, horizon_s=horizon, files=cmd.files,
+        )  # fmt: skip
+        self.sim_seconds += horizon
+        if summary.status != "ok":
+            return TrialRun(summary.status)  # type: ignore[arg-type]
+        arrived = sum(1 for r in requests if warmup_s <= r.arrival_s < horizon)
+        return TrialRun("ok", _signals(summary, measure_s), offered_rps=arrived / measure_s)
+
+
+# ------------------------------------------------------------------------------------------------
+# Oracle and true scores (long runs, cached on disk)
+
+
+class TrueScores:
+    def __init__(self, scenario: Scenario, env: TwinEnv, cache_dir: Path) -> None:
+        self.scenario = scenario
+        self.env = env
+        self.path = cache_dir / f"{scenario.name}-{scenario.digest()}.json"
+        self.values: dict[str, float | None] = {}
+        if self.path.exists():
+            self.values = json.loads(self.path.read_text())
+
+    @staticmethod
+    def key(cfg: KnobConfig) -> str:
+        return json.dumps(cfg.to_dict(), sort_keys=True)
+
+    def get(self, cfg: KnobConfig) -> float | None:
+        k = self.key(cfg)
+        if k not in self.values:
+            sc = self.scenario
+            run = self.env.run(cfg, sc.warmup_s, sc.eval_s, ORACLE_SEED)
+            value: float | None = None
+            if run.status == "ok" and run.signals is not None:
+                s = score(run.signals, sc.objective, sc.slo, 1)  # type: ignore[arg-type]
+                value = s.value if isinstance(s, Score) else None
+            self.values[k] = value
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(self.values, indent=0, sort_keys=True))
+        return self.values[k]
+
+    def oracle(self, space: SearchSpace) -> tuple[KnobConfig, float]:
+        best: tuple[KnobConfig, float] | None = None
+        for cfg in space.grid(self.scenario.oracle_fractions):
+            v = self.get(cfg)
+            if v is None:
+                continue
+            if best is None or higher_is_better_ratio(self.scenario.objective, v, best[1]) > 1.0:
+                best = (cfg, v)
+        if best is None:
+            raise RuntimeError(f"{self.scenario.name}: no feasible config in the oracle grid")
+        return best
+
+    def interpolated(self, space: SearchSpace, cfg: KnobConfig) -> float | None:
+        """The true score of ``cfg`` read from the oracle grid: linear in memory fraction between
+        the two nearest grid fractions with the same other knobs (exact on grid points)."""
+        levels = space.fraction_grid(self.scenario.oracle_fractions)
+        f = float(cfg.memory_fraction)
+        key = categorical_key(cfg)
+        exact = self.values.get(self.key(cfg))
+        if exact is not None or self.key(cfg) in self.values:
+            return exact
+        lower = max((lv for lv in levels if lv <= f), default=levels[0])
+        upper = min((lv for lv in levels if lv >= f), default=levels[-1])
+        vl = self.get(space.normalize(cfg.with_(memory_fraction=lower)))
+        vu = self.get(space.normalize(cfg.with_(memory_fraction=upper)))
+        del key
+        if vl is None and vu is None:
+            return None
+        if vl is None or vu is None:
+            return vl if vu is None else vu
+        if upper == lower:
+            return vl
+        w = (f - lower) / (upper - lower)
+        return vl + w * (vu - vl)
+
+
+# ------------------------------------------------------------------------------------------------
+# Running the methods
+
+
+def settings_for(scenario: Scenario, method: str, budget: int, seed: int) -> TuningSettings:
+    return TuningSettings(
+        mode="auto",
+        objective=scenario.objective,  # type: ignore[arg-type]
+        slo=scenario.slo,
+        space=scenario.space,
+        warmup_s=scenario.warmup_s,
+        measure_s=scenario.measure_s,
+        min_requests=scenario.min_requests,
+        max_trials=max(1, budget - 1),  # the baseline is trial 1 of the budget
+        strategy="rolling",
+        min_interval_s=0.0,
+        method="bo" if method == "default" else method,  # type: ignore[arg-type]
+        seed_key=f"bench/{scenario.name}/{seed}",
+    )
+
+
+def run_method(
+    scenario: Scenario, method: str, seed: int, budget: int, truth: TrueScores, oracle: float
+) -> dict[str, Any]:
+    env = TwinEnv(scenario)
+    space = scenario.search_space()
+    t0 = time.perf_counter()
+    if method == "default":
+        settings = replace(settings_for(scenario, method, budget, seed), max_trials=1)
+        adapter = get_adapter(scenario.engine)
+        result = drive(
+            scenario.engine, settings, adapter.normalize(adapter.default_config()), env, seed=seed,
+            suggester=lambda *_: _stop(),
+        )  # fmt: skip
+    else:
+        result = drive(scenario.engine, settings_for(scenario, method, budget, seed), scenario.start_config(),
+                       env, seed=seed)  # fmt: skip
+    wall = time.perf_counter() - t0
+    final = result.final_config
+    final_true = truth.get(final)
+    ratio = 0.0 if final_true is None else _ratio(scenario.objective, final_true, oracle)
+    to95, to98 = _trials_to(scenario, result, truth, space, oracle)
+    infeasible = sum(1 for t in result.trials if t.outcome == "infeasible")
+    violating = 0
+    for t in result.trials:
+        if t.signals is not None:
+            s = score(t.signals, scenario.objective, scenario.slo, 1)  # type: ignore[arg-type]
+            if isinstance(s, Score) and not s.slo_met:
+                violating += 1
+    return {
+        "seed": seed,
+        "ratio": round(ratio, 4),
+        "final_config": final.to_dict(),
+        "final_true_score": final_true,
+        "trials": len(result.trials),
+        "trials_to_95": to95,
+        "trials_to_98": to98,
+        "infeasible_trials": infeasible,
+        "slo_violating_trials": violating,
+        "phase": result.state.phase,
+        "note": result.state.note,
+        "wall_seconds": round(wall, 2),
+        "sim_seconds": round(env.sim_seconds, 1),
+    }
+
+
+def _stop() -> Any:
+    from prefixtune.tuning.optimizer import Suggestion
+
+    return Suggestion(None, "default config: no search", converged=True)
+
+
+def _ratio(objective: str, value: float, oracle: float) -> float:
+    return float(higher_is_better_ratio(objective, value, oracle))
+
+
+def _trials_to(
+    scenario: Scenario, result: DriveResult, truth: TrueScores, space: SearchSpace, oracle: float
+) -> tuple[int | None, int | None]:
+    best_value: float | None = None
+    best_cfg: KnobConfig | None = None
+    hit95: int | None = None
+    hit98: int | None = None
+    for k, t in enumerate(result.trials, start=1):
+        if t.outcome == "ok" and t.value is not None and (best_value is None or t.value > best_value):
+            best_value, best_cfg = t.value, t.config
+        if best_cfg is None:
+            continue
+        true = truth.interpolated(space, best_cfg)
+        if true is None:
+            continue
+        r = _ratio(scenario.objective, true, oracle)
+        if hit95 is None and r >= 0.95:
+            hit95 = k
+        if hit98 is None and r >= 0.98:
+            hit98 = k
+    return hit95, hit98
+
+
+def _median(values: Sequence[float | int | None]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    if len(present) < (len(values) + 1) // 2 or not present:
+        return None  # never reached in most seeds
+    # seeds that never reached it count as +inf: the median is then over the ordered list
+    ordered = sorted(present) + [float("inf")] * (len(values) - len(present))
+    m = statistics.median(ordered)
+    return None if m == float("inf") else float(m)
+
+
+def run_scenario(
+    scenario: Scenario, methods: Sequence[str], seeds: int, budget: int, cache_dir: Path, log: Any
+) -> dict[str, Any]:
+    env = TwinEnv(scenario)
+    truth = TrueScores(scenario, env, cache_dir)
+    space = scenario.search_space()
+    t0 = time.perf_counter()
+    oracle_cfg, oracle = truth.oracle(space)
+    oracle_wall = time.perf_counter() - t0
+    print(f"[{scenario.name}] oracle {oracle:.4g} at {oracle_cfg.to_dict()} ({oracle_wall:.0f}s)", file=log)
+    out: dict[str, Any] = {
+        "engine": scenario.engine,
+        "model": scenario.model,
+        "gpu": scenario.gpu,
+        "workload": scenario.workload if isinstance(scenario.workload, str) else "inline",
+        "rate": scenario.rate,
+        "bound": scenario.bound,
+        "objective": scenario.objective,
+        "space_size": len(space.grid(scenario.oracle_fractions)),
+        "oracle": {
+            "config": oracle_cfg.to_dict(),
+            "score": oracle,
+            "grid_wall_seconds": round(oracle_wall, 1),
+        },
+        "methods": {},
+    }
+    for method in methods:
+        per_seed = [run_method(scenario, method, seed, budget, truth, oracle) for seed in range(seeds)]
+        summary = {
+            "median_ratio": round(float(statistics.median(p["ratio"] for p in per_seed)), 4),
+            "median_trials_to_95": _median([p["trials_to_95"] for p in per_seed]),
+            "median_trials_to_98": _median([p["trials_to_98"] for p in per_seed]),
+            "infeasible_trials": sum(p["infeasible_trials"] for p in per_seed),
+            "slo_violating_trials": sum(p["slo_violating_trials"] for p in per_seed),
+            "wall_seconds": round(sum(p["wall_seconds"] for p in per_seed), 1),
+            "per_seed": per_seed,
+        }
+        out["methods"][method] = summary
+        print(
+            f"[{scenario.name}] {method}: ratio {summary['median_ratio']},"
+            f" to95 {summary['median_trials_to_95']},"
+            f" to98 {summary['median_trials_to_98']}, infeasible {summary['infeasible_trials']},"
+            f" wall {summary['wall_seconds']}s",
+            file=log,
+        )
+    return out
+
+
+def checks(result: dict[str, Any]) -> dict[str, Any]:
+    """The suite's targets: bo >= 0.95 of the oracle everywhere; bo reaches 95% in no more trials
+    than random in at least 6 of 8 scenarios (never-reached counts as worse than any number)."""
+    scen = result["scenarios"]
+    bo_ok = {n: s["methods"]["bo"]["median_ratio"] >= 0.95 for n, s in scen.items() if "bo" in s["methods"]}
+    not_worse = {}
+    for n, s in scen.items():
+        m = s["methods"]
+        if "bo" in m and "random" in m:
+            b, r = m["bo"]["median_trials_to_95"], m["random"]["median_trials_to_95"]
+            not_worse[n] = b is not None and (r is None or b <= r)
+    return {
+        "bo_ratio_ge_0.95": bo_ok,
+        "bo_ratio_ge_0.95_all": all(bo_ok.values()) if bo_ok else None,
+        "bo_trials_to_95_le_random": not_worse,
+        "bo_not_worse_than_random_count": sum(not_worse.values()),
+    }
+
+
+def decision_timing(n_trials: int = 50, repeats: int = 3) -> dict[str, Any]:
+    """Wall time of one BO decision with ``n_trials`` of history (SGLang's full space: the largest)."""
+    from prefixtune.tuning.optimizer import TrialResult, suggest
+
+    adapter = get_adapter("sglang")
+    space = build_space(adapter.knobs(), adapter.default_config(), adapter.normalize)
+    grid = space.grid(9)
+    history = []
+    for i in range(n_trials):
+        cfg = grid[(i * 37) % len(grid)]
+        ok = cfg.memory_fraction < 0.93
+        value = 1000.0 * (1.2 - (cfg.memory_fraction - 0.85) ** 2) * (1.3 if cfg.prefix_caching else 1.0)
+        history.append(TrialResult(cfg, value if ok else None, "" if ok else "oom_runtime"))
+    suggest(space, history, seed=1)  # imports and warm caches out of the measurement
+    times = []
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        suggest(space, history, seed=2 + r)
+        times.append(time.perf_counter() - t0)
+    return {
+        "trials": n_trials,
+        "median_seconds": round(statistics.median(times), 3),
+        "all": [round(t, 3) for t in times],
+    }
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="prefixtune bench tuner", description=__doc__.split("\n")[0])
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--suite", action="store_true", help="every scenario in bench/scenarios/")
+    which.add_argument("--scenario", action="append", help="a scenario of the suite by name (repeatable)")
+    which.add_argument("--scenario-file", type=Path, help="a scenario YAML file")
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--budget", type=int, default=15, help="trials per run, baseline included")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
+    p.add_argument("--cache-dir", type=Path, default=Path(".cache/prefixtune-bench/tuner"))
+    p.add_argument("--json", action="store_true", help="print the JSON result (else a short table)")
+    p.add_argument("--output", type=Path, help="also write the JSON result to this file")
+    args = p.parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        print(f"--methods: unknown {', '.join(bad)}; allowed: {', '.join(METHODS)}", file=sys.stderr)
+        return 2
+    if args.seeds < 1 or args.budget < 2:
+        print("--seeds must be >= 1 and --budget >= 2", file=sys.stderr)
+        return 2
+    try:
+        if args.scenario_file is not None:
+            scenarios = [load_scenario_file(args.scenario_file)]
+        else:
+            all_ = suite()
+            if args.suite:
+                scenarios = list(all_.values())
+            else:
+                missing = [n for n in args.scenario if n not in all_]
+                if missing:
+                    print(
+                        f"--scenario: unknown {', '.join(missing)}; suite: {', '.join(all_)}", file=sys.stderr
+                    )
+                    return 2
+                scenarios = [all_[n] for n in args.scenario]
+    except ScenarioError as exc:
+        print(f"prefixtune bench tuner: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {
+        "setup": {
+            "seeds": args.seeds,
+            "budget": args.budget,
+            "methods": methods,
+            "trial_count_includes_baseline": True,
+            "true_score": "long twin run (eval_s) with a fixed seed; trials_to_X incumbents use the "
+            "oracle grid interpolated in memory fraction",
+            "python": sys.version.split()[0],
+        },
+        "scenarios": {},
+    }
+    for sc in scenarios:
+        result["scenarios"][sc.name] = run_scenario(
+            sc, methods, args.seeds, args.budget, args.cache_dir, sys.stderr
+        )
+    result["setup"]["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    result["setup"]["decision_50_trials"] = decision_timing()
+    result["checks"] = checks(result)
+    text = json.dumps(result, indent=2)
+    if args.output is not None:
+        args.output.write_text(text)
+    if args.json:
+        print(text)
+    else:
+        for name, s in result["scenarios"].items():
+            row = ", ".join(
+                f"{m} {v['median_ratio']:.3f}/{v['median_trials_to_95']}" for m, v in s["methods"].items()
+            )
+            print(f"{name}: {row}  (median ratio / trials to 95%)")
+        print(json.dumps(result["checks"]))
+    return 0

@@ -1,0 +1,188 @@
+"""Scoring a measurement window: Signals -> Score, or InsufficientData (never a made-up number).
+
+Objectives (every score is "higher is better"):
+
+- ``goodput`` (default): output tokens/s of requests that met both SLOs (TTFT p99, ITL p99). Taken
+  from ``Signals.goodput_tokens_per_s`` when the source measured it per request (basis
+  ``goodput_tokens_per_s``); otherwise derived as ``slo_attainment * output_tokens_per_s`` (basis
+  ``slo_attainment*output_tokens_per_s``), which assumes met and missed requests have similar output
+  lengths. The basis is recorded in the Score.
+- ``throughput``: output tokens/s.
+- ``ttft``: minus the TTFT p99 in seconds (so higher is better; -0.5 beats -0.8).
+
+SLO breaches are penalised on top: the value is multiplied (divided for ``ttft``) by
+``min(1, slo/p99)`` for each SLO whose window p99 exceeds it, so a config that serves many tokens
+while blowing the tail never outscores one that keeps the SLO, and the penalty grows with the breach.
+For ``ttft`` only the ITL SLO is applied as a penalty (the TTFT itself is the objective).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefixtune.metrics.signals import Signals
+from prefixtune.tuning.settings import Objective, Slo
+
+LOAD_FACTOR_BOUNDS = (0.5, 2.0)  # load-aware normalisation is a first-order correction: keep it bounded
+
+
+@dataclass(frozen=True)
+class Score:
+    value: float
+    objective: str
+    basis: str  # which signals the value came from
+    raw: float  # the value before the SLO penalty
+    slo_met: bool
+    breaches: tuple[str, ...] = ()  # e.g. ("ttft_p99 2.9s > 2.0s",)
+    requests: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "value": float(self.value),
+            "objective": self.objective,
+            "basis": self.basis,
+            "raw": float(self.raw),
+            "sloMet": bool(self.slo_met),
+            "breaches": list(self.breaches),
+            "requests": float(self.requests),
+        }
+
+
+@dataclass(frozen=True)
+class InsufficientData:
+    reason: str
+    missing: tuple[str, ...] = ()
+    requests: float | None = None
+
+    @property
+    def too_few_requests(self) -> bool:
+        return not self.missing
+
+
+def higher_is_better_ratio(objective: str, a: float, b: float) -> float:
+    """How much better ``a`` is than ``b`` as a ratio (> 1: ``a`` is better), for any objective.
+
+    goodput/throughput scores are >= 0 (a/b); ttft scores are negative seconds (b/a = tb/ta).
+    """
+    if objective == "ttft":
+        if a >= 0 or b >= 0:
+            raise ValueError("ttft scores are negative seconds")
+        return b / a
+    if b <= 0:
+        return float("inf") if a > 0 else 1.0
+    return a / b
+
+
+def score(
+    signals: Signals, objective: Objective, slo: Slo, min_requests: int = 1
+) -> Score | InsufficientData:
+    requests = signals.requests
+    if requests is None:
+        return InsufficientData("no request count in the window", missing=("requests",))
+    if requests < min_requests:
+        return InsufficientData(
+            f"{requests:g} requests finished in the window, minRequests is {min_requests}", requests=requests
+        )
+    needed = ["ttft_p99_s", "itl_p99_s"]
+    if objective == "throughput":
+        needed.append("output_tokens_per_s")
+    missing = tuple(n for n in needed if getattr(signals, n) is None)
+    basis = ""
+    raw = 0.0
+    if objective == "goodput":
+        if signals.goodput_tokens_per_s is not None:
+            basis, raw = "goodput_tokens_per_s", float(signals.goodput_tokens_per_s)
+        elif signals.slo_attainment is not None and signals.output_tokens_per_s is not None:
+            basis = "slo_attainment*output_tokens_per_s"
+            raw = float(signals.slo_attainment) * float(signals.output_tokens_per_s)
+        else:
+            missing += ("goodput_tokens_per_s or slo_attainment+output_tokens_per_s",)
+    if missing:
+        return InsufficientData("required signals missing: " + ", ".join(missing), missing=missing)
+    ttft, itl = float(signals.ttft_p99_s or 0.0), float(signals.itl_p99_s or 0.0)
+    if objective == "throughput":
+        basis, raw = "output_tokens_per_s", float(signals.output_tokens_per_s or 0.0)
+    elif objective == "ttft":
+        basis, raw = "-ttft_p99_s", -ttft
+    breaches: list[str] = []
+    factor = 1.0
+    for name, observed, target in (("ttft_p99", ttft, slo.ttft_p99_s), ("itl_p99", itl, slo.itl_p99_s)):
+        if observed > target:
+            breaches.append(f"{name} {observed:.3g}s > {target:.3g}s")
+            if not (objective == "ttft" and name == "ttft_p99"):
+                factor *= target / observed
+    value = raw / factor if objective == "ttft" else raw * factor
+    return Score(
+        value=float(value),
+        objective=objective,
+        basis=basis,
+        raw=float(raw),
+        slo_met=not breaches,
+        breaches=tuple(breaches),
+        requests=float(requests),
+    )
+
+
+def load_normalized(
+    value: float, objective: str, offered_rps: float | None, reference_rps: float | None
+) -> float:
+    """A rolling-strategy score made comparable across windows with different offered load.
+
+    Below saturation the tokens served scale with the requests offered, so a goodput/throughput
+    value is rescaled to the reference arrival rate: ``value * reference / offered``, bounded to
+    [0.5, 2] (a first-order correction; a window whose load moved more than 2x is not comparable and
+    the drift detector re-tunes instead). TTFT scores are not rescaled. Without both rates the value
+    is returned unchanged. ``offered_rps`` must be the ARRIVAL rate, not the completion rate (which
+    depends on the config under test).
+    """
+    if objective == "ttft" or not offered_rps or not reference_rps:
+        return value
+    factor = min(max(reference_rps / offered_rps, LOAD_FACTOR_BOUNDS[0]), LOAD_FACTOR_BOUNDS[1])
+    return value * factor
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Canary vs baseline over the same window: ``ratio`` > 1 means the canary is better."""
+
+    ratio: float
+    canary: Score
+    baseline: Score
+
+
+def paired(
+    canary: Signals,
+    baseline: Signals,
+    objective: Objective,
+    slo: Slo,
+    min_requests: int,
+    canary_pods: int = 1,
+    baseline_pods: int = 1,
+) -> Paired | InsufficientData:
+    """Score canary and baseline pods measured over the same window and compare per pod.
+
+    Throughput-like scores are divided by the pod count of each side (traffic is split by pod);
+    the TTFT score is per request already. Each side must have at least ``min_requests``.
+    """
+    if canary_pods < 1 or baseline_pods < 1:
+        raise ValueError("canary_pods and baseline_pods must be >= 1")
+    c = score(canary, objective, slo, min_requests)
+    if isinstance(c, InsufficientData):
+        return InsufficientData("canary: " + c.reason, c.missing, c.requests)
+    b = score(baseline, objective, slo, min_requests)
+    if isinstance(b, InsufficientData):
+        return InsufficientData("baseline: " + b.reason, b.missing, b.requests)
+    if objective == "ttft":
+        ratio = higher_is_better_ratio(objective, c.value, b.value)
+    else:
+        ratio = higher_is_better_ratio(objective, c.value / canary_pods, b.value / baseline_pods)
+    return Paired(ratio=float(ratio), canary=c, baseline=b)
+
+
+def severe_breach(signals: Signals, slo: Slo, factor: float) -> str | None:
+    """A partial window so far over the SLO that the trial should be aborted; None when not."""
+    if signals.ttft_p99_s is not None and signals.ttft_p99_s > factor * slo.ttft_p99_s:
+        return f"TTFT p99 {signals.ttft_p99_s:.3g}s > {factor:g}x SLO {slo.ttft_p99_s:.3g}s"
+    if signals.itl_p99_s is not None and signals.itl_p99_s > factor * slo.itl_p99_s:
+        return f"ITL p99 {signals.itl_p99_s:.3g}s > {factor:g}x SLO {slo.itl_p99_s:.3g}s"
+    return None

@@ -1,0 +1,347 @@
+"""Which configuration to try next: skopt rebuilt from the trial history at every decision.
+
+Nothing here keeps state between calls. ``suggest(space, history, seed)`` builds a fresh
+``skopt.Optimizer`` (GP with a white-noise term, EI, Latin-hypercube initial design, fixed seed),
+tells it every finished trial in one batch, asks, and then applies what skopt does not know:
+
+- Infeasible trials (crash, OOM, not ready in time) are told as a penalty value worse than the
+  worst feasible one, AND feed a feasibility model. An OOM at memory fraction f makes every
+  fraction >= f infeasible for the same other knobs (monotone rule; a feasible trial at f proves
+  every fraction <= f feasible) and caps P(feasible) at 0.3 for fractions >= f with other knobs;
+  a start-up OOM that means "too small" works the other way round (see ``Feasibility``);
+  other failures mark that exact config; a logistic classifier over the space (fraction + one-hot
+  knobs) estimates P(feasible) elsewhere. Candidates need P(feasible) >= 0.5, and a known-infeasible
+  config (after normalize) is never suggested. Candidates are ranked by EI x P(feasible).
+- Repeated points: an asked point that normalizes to an already-measured config (or lands within
+  ``SAME_FRACTION`` of one) is replaced by the best unseen candidate by acquisition.
+- Convergence: after the initial design, when the largest EI x P(feasible) over the candidates is
+  below ``convergence_ei`` of the best score, or no unseen feasible candidate is left.
+
+Methods ``random`` and ``grid`` (vLLM auto_tune style: probe the highest memory fraction that
+works, stepping down, then sweep the other knobs there) exist for the benchmark's comparison.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prefixtune.engines.base import KnobConfig
+from prefixtune.tuning.space import SearchSpace, categorical_key
+
+SAME_FRACTION = 0.005  # memory fractions closer than this are the same config for deduplication
+OOM_FAILURES = frozenset({"oom", "oom_startup", "oom_runtime"})
+N_RANDOM_CANDIDATES = 250
+N_GRID_FRACTIONS = 13
+SKOPT_SAMPLE_POINTS = 500
+LHS_ITERATIONS = 50  # maximin LHS: skopt's default 1000 iterations cost ~1 s per decision
+CROSS_KNOB_OOM_CAP = 0.3  # P(feasible) ceiling above an OOM seen with other knobs (< 0.5: not suggested)
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """A finished trial as the optimizer sees it. ``value`` None means infeasible."""
+
+    config: KnobConfig
+    value: float | None
+    failure: str = ""  # for infeasible trials: oom | oom_startup | oom_runtime | crash | timeout
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    config: KnobConfig | None  # None when nothing is left to try
+    reason: str
+    acquisition: float | None = None  # EI x P(feasible), relative to the best score
+    p_feasible: float = 1.0
+    converged: bool = False
+
+
+def seed_from(key: str, generation: int = 0) -> int:
+    """A stable 31-bit seed from the resource identity and tuning generation (no Python hash())."""
+    h = 2166136261
+    for byte in f"{key}#{generation}".encode():
+        h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
+    return h & 0x7FFFFFFF
+
+
+class Feasibility:
+    """What the finished trials say about where configs fail.
+
+    Memory failures are directional. Too LARGE a fraction leaves too little memory outside the KV
+    pool (runtime OOM under load; SGLang's start-up OOM at 0.98): every fraction >= f fails too.
+    Too SMALL a fraction cannot hold the weights or one sequence (start-up OOM): every fraction
+    <= f fails too. A runtime OOM is always "too large"; a start-up OOM's direction comes from the
+    evidence (a feasible trial above f, any knobs: too small; below f: too large) or, without
+    evidence, from where f lies (bottom / top quarter of the range); otherwise only that exact
+    config is marked. The feasible fractions of one knob combination are taken to be an interval.
+    """
+
+    def __init__(self, space: SearchSpace, history: Sequence[TrialResult]) -> None:
+        self.space = space
+        self.oom_floor: dict[tuple[int, bool, str], float] = {}  # too large: fractions >= fail
+        self.small_ceiling: dict[tuple[int, bool, str], float] = {}  # too small: fractions <= fail
+        self.ok_range: dict[tuple[int, bool, str], tuple[float, float]] = {}
+        self.exact: set[KnobConfig] = set()
+        self.any_oom = math.inf  # the lowest "too large" fraction, with any other knobs
+        self.any_small = -math.inf  # the highest "too small" fraction, with any other knobs
+        fdim = space.dimension("memory_fraction")
+        low, high = (fdim.low, fdim.high) if fdim is not None else (0.0, 1.0)
+        assert low is not None and high is not None
+        ok_fractions = [
+            float(space.normalize(t.config).memory_fraction) for t in history if t.value is not None
+        ]
+        xs: list[list[float]] = []
+        ys: list[int] = []
+        for t in history:
+            cfg = space.normalize(t.config)
+            key = categorical_key(cfg)
+            f = float(cfg.memory_fraction)
+            if t.value is None:
+                self.exact.add(cfg)
+                direction = ""
+                if t.failure in ("oom", "oom_runtime"):
+                    direction = "large"
+                elif t.failure == "oom_startup":
+                    above = any(o > f + 1e-9 for o in ok_fractions)
+                    below = any(o < f - 1e-9 for o in ok_fractions)
+                    if above != below:
+                        direction = "small" if above else "large"
+                    elif not above and f <= low + 0.25 * (high - low):
+                        direction = "small"
+                    elif not above and f >= high - 0.25 * (high - low):
+                        direction = "large"
+                if direction == "large":
+                    self.oom_floor[key] = min(f, self.oom_floor.get(key, math.inf))
+                    self.any_oom = min(self.any_oom, f)
+                elif direction == "small":
+                    self.small_ceiling[key] = max(f, self.small_ceiling.get(key, -math.inf))
+                    self.any_small = max(self.any_small, f)
+            else:
+                lo, hi = self.ok_range.get(key, (f, f))
+                self.ok_range[key] = (min(lo, f), max(hi, f))
+            if space.contains(cfg):
+                xs.append(self._features(cfg))
+                ys.append(0 if t.value is None else 1)
+        self._clf: Any = None
+        if len(set(ys)) == 2:
+            from sklearn.linear_model import LogisticRegression
+
+            clf = LogisticRegression(C=10.0)
+            clf.fit(xs, ys)
+            self._clf = clf
+
+    def _features(self, cfg: KnobConfig) -> list[float]:
+        data = cfg.to_dict()
+        out: list[float] = []
+        for d in self.space.dims:
+            if d.continuous:
+                assert d.low is not None and d.high is not None
+                out.append((float(data[d.name]) - d.low) / max(d.high - d.low, 1e-9) * 4.0)
+            else:
+                out.extend(1.0 if data[d.name] == c else 0.0 for c in d.choices)
+        return out
+
+    def known_infeasible(self, cfg: KnobConfig) -> bool:
+        cfg = self.space.normalize(cfg)
+        if cfg in self.exact or _measured(cfg, list(self.exact)):
+            return True
+        f = float(cfg.memory_fraction)
+        floor = self.oom_floor.get(categorical_key(cfg))
+        ceiling = self.small_ceiling.get(categorical_key(cfg))
+        return (floor is not None and f >= floor - 1e-9) or (ceiling is not None and f <= ceiling + 1e-9)
+
+    def _proven(self, cfg: KnobConfig) -> bool:
+        lo, hi = self.ok_range.get(categorical_key(cfg), (math.inf, -math.inf))
+        return lo - 1e-9 <= float(cfg.memory_fraction) <= hi + 1e-9
+
+    def p_feasible(self, cfgs: Sequence[KnobConfig]) -> list[float]:
+        probs = [1.0] * len(cfgs)
+        if self._clf is not None and cfgs:
+            predicted = self._clf.predict_proba([self._features(c) for c in cfgs])[:, 1]
+            probs = [float(p) for p in predicted]
+        out: list[float] = []
+        for cfg, p in zip(cfgs, probs, strict=True):
+            if self.known_infeasible(cfg):
+                out.append(0.0)
+            elif self._proven(cfg):
+                out.append(1.0)  # between two feasible fractions with the same knobs
+            elif float(cfg.memory_fraction) <= self.any_small + 1e-9:
+                out.append(min(p, CROSS_KNOB_OOM_CAP))  # too small to start with other knobs too
+            elif float(cfg.memory_fraction) >= self.any_oom - 1e-9:
+                # Memory, not the other knobs, decides OOM to first order: an OOM at f with other
+                # knobs keeps fractions >= f out of the suggestions until proven otherwise.
+                out.append(min(p, CROSS_KNOB_OOM_CAP))
+            else:
+                out.append(p)
+        return out
+
+
+def _measured(cfg: KnobConfig, seen: Sequence[KnobConfig]) -> bool:
+    key = categorical_key(cfg)
+    return any(
+        categorical_key(s) == key
+        and abs(float(s.memory_fraction) - float(cfg.memory_fraction)) < SAME_FRACTION
+        for s in seen
+    )
+
+
+def _candidates(space: SearchSpace, seed: int, first: Sequence[KnobConfig] = ()) -> list[KnobConfig]:
+    from skopt.space import Space
+
+    out: dict[KnobConfig, None] = dict.fromkeys(first)
+    for cfg in space.grid(N_GRID_FRACTIONS):
+        out.setdefault(cfg, None)
+    for point in Space(space.to_skopt()).rvs(n_samples=N_RANDOM_CANDIDATES, random_state=seed):
+        out.setdefault(space.to_config(point), None)
+    return list(out)
+
+
+def suggest(
+    space: SearchSpace,
+    history: Sequence[TrialResult],
+    seed: int,
+    *,
+    method: str = "bo",
+    n_initial: int = 5,
+    convergence_ei: float = 0.01,
+) -> Suggestion:
+    """The next config to try given every finished trial (deterministic for a given seed)."""
+    if space.empty:
+        return Suggestion(None, "nothing to tune: no knob with more than one allowed value", converged=True)
+    if method == "random":
+        return _suggest_random(space, history, seed)
+    if method == "grid":
+        return _suggest_grid(space, history)
+    if method != "bo":
+        raise ValueError(f"method: {method!r} is not allowed; allowed: bo, random, grid")
+    return _suggest_bo(space, history, seed, n_initial, convergence_ei)
+
+
+def _suggest_bo(
+    space: SearchSpace, history: Sequence[TrialResult], seed: int, n_initial: int, convergence_ei: float
+) -> Suggestion:
+    from skopt import Optimizer
+    from skopt.acquisition import gaussian_ei
+    from skopt.sampler import Lhs
+
+    feas = Feasibility(space, history)
+    told = [t for t in history if space.contains(space.normalize(t.config))]
+    feasible_values = [float(t.value) for t in told if t.value is not None]
+    scale = max((abs(v) for v in feasible_values), default=1.0) or 1.0
+    ys_ok = [-v / scale for v in feasible_values]
+    penalty = max(ys_ok) + max(0.25, 0.5 * (max(ys_ok) - min(ys_ok))) if ys_ok else 1.0
+    xs = [space.to_point(space.normalize(t.config)) for t in told]
+    ys = [(-float(t.value) / scale if t.value is not None else penalty) for t in told]
+
+    opt = Optimizer(
+        space.to_skopt(),
+        base_estimator="GP",
+        acq_func="EI",
+        acq_optimizer="sampling",
+        acq_optimizer_kwargs={"n_points": SKOPT_SAMPLE_POINTS},
+        n_initial_points=n_initial,
+        initial_point_generator=Lhs(criterion="maximin", iterations=LHS_ITERATIONS),
+        random_state=seed,
+    )
+    from threadpoolctl import threadpool_limits
+
+    # Tiny matrices: BLAS threads only contend (and 1 thread keeps the fit bit-for-bit repeatable).
+    with warnings.catch_warnings(), threadpool_limits(limits=1):
+        warnings.simplefilter("ignore")
+        if xs:
+            opt.tell(xs, ys)
+        asked = space.to_config(opt.ask())
+    seen = [space.normalize(t.config) for t in history if t.value is not None]
+    candidates = _candidates(space, seed, first=[asked])
+    probs = feas.p_feasible(candidates)
+    open_ = [(c, p) for c, p in zip(candidates, probs, strict=True) if p >= 0.5 and not _measured(c, seen)]
+    open_ = [(c, p) for c, p in open_ if not feas.known_infeasible(c)]
+    if not open_:
+        return Suggestion(None, "every candidate is measured or known infeasible", converged=True)
+
+    if not opt.models:  # still in the space-filling initial design
+        if any(c == asked for c, _ in open_):
+            p = next(p for c, p in open_ if c == asked)
+            return Suggestion(asked, f"initial design ({len(told) + 1}/{n_initial})", p_feasible=p)
+        chosen, p = _farthest(space, open_, [space.normalize(t.config) for t in history])
+        return Suggestion(chosen, f"initial design ({len(told) + 1}/{n_initial}), substitute", p_feasible=p)
+
+    model = opt.models[-1]
+    y_best = min(ys_ok) if ys_ok else min(ys)
+    import numpy as np
+
+    transformed = opt.space.transform([space.to_point(c) for c, _ in open_])
+    ei = np.asarray(gaussian_ei(transformed, model, y_opt=y_best, xi=0.01), dtype=float)
+    acq = [float(e) * p for e, (_, p) in zip(ei.tolist(), open_, strict=True)]
+    best_i = max(range(len(open_)), key=lambda i: (acq[i], -i))
+    chosen, p = open_[best_i]
+    relative = acq[best_i] / max(abs(y_best), 1e-12)
+    # EI says little before the surrogate has seen enough feasible points: never stop that early.
+    converged = relative < convergence_ei and len(feasible_values) >= n_initial + 1
+    how = "asked point" if chosen == asked else "best unseen candidate by EI x P(feasible)"
+    reason = f"GP/EI over {len(told)} trials: {how}, EI {relative:.3%} of best, P(feasible) {p:.2f}"
+    if converged:
+        reason = f"converged: max expected improvement {relative:.3%} of best < {convergence_ei:.1%}"
+    return Suggestion(chosen, reason, acquisition=float(relative), p_feasible=float(p), converged=converged)
+
+
+def _distance(space: SearchSpace, a: KnobConfig, b: KnobConfig) -> float:
+    da, db = a.to_dict(), b.to_dict()
+    total = 0.0
+    for d in space.dims:
+        if d.continuous:
+            assert d.low is not None and d.high is not None
+            total += ((float(da[d.name]) - float(db[d.name])) / max(d.high - d.low, 1e-9)) ** 2
+        else:
+            total += 0.0 if da[d.name] == db[d.name] else 1.0
+    return math.sqrt(total)
+
+
+def _farthest(
+    space: SearchSpace, open_: Sequence[tuple[KnobConfig, float]], seen: Sequence[KnobConfig]
+) -> tuple[KnobConfig, float]:
+    if not seen:
+        return open_[0]
+    return max(open_, key=lambda cp: min(_distance(space, cp[0], s) for s in seen))
+
+
+def _suggest_random(space: SearchSpace, history: Sequence[TrialResult], seed: int) -> Suggestion:
+    from skopt.space import Space
+
+    seen = [space.normalize(t.config) for t in history]
+    rng = random.Random(seed * 7919 + len(history))
+    sky = Space(space.to_skopt())
+    for _ in range(200):
+        cfg = space.to_config(sky.rvs(n_samples=1, random_state=rng.randrange(2**31))[0])
+        if not _measured(cfg, seen):
+            return Suggestion(cfg, "random sample")
+    return Suggestion(None, "random: no unseen config found", converged=True)
+
+
+def _suggest_grid(space: SearchSpace, history: Sequence[TrialResult]) -> Suggestion:
+    """vLLM auto_tune style: step the memory fraction down from the top until a config works,
+    then sweep the other knobs' combinations at that fraction."""
+    seen = [space.normalize(t.config) for t in history]
+    levels = sorted(space.fraction_grid(9), reverse=True)
+    base = space.base
+    probed = [t for t in history if categorical_key(space.normalize(t.config)) == categorical_key(base)]
+    feasible_level: float | None = None
+    for level in levels:
+        cfg = space.normalize(base.with_(memory_fraction=level))
+        result = next((t for t in probed if _measured(space.normalize(t.config), [cfg])), None)
+        if result is None:
+            return Suggestion(cfg, f"grid: probing memory fraction {level:g} (stepping down from the top)")
+        if result.value is not None:
+            feasible_level = level
+            break
+    if feasible_level is None:
+        return Suggestion(None, "grid: no memory fraction works", converged=True)
+    for combo in space.categorical_combos():
+        cfg = space.normalize(combo.with_(memory_fraction=feasible_level))
+        if not _measured(cfg, seen):
+            return Suggestion(cfg, f"grid: sweep at memory fraction {feasible_level:g}")
+    return Suggestion(None, "grid: sweep finished", converged=True)

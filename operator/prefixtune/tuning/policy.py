@@ -1,0 +1,737 @@
+"""The tuning policy: a pure state machine ``step(state, observation, now) -> (state', actions)``.
+
+No I/O. The controller (or the benchmark) gathers observations, calls ``step``, executes the
+actions and stores the state. Phases:
+
+  Pending -> Baseline (measure the running config) -> Exploring (per trial: RollingOut ->
+  WaitingReady -> WarmingUp -> Measuring -> Scoring) -> Converged (apply the best, keep watching)
+  -> drift -> Baseline of a new epoch (history kept: warm start; the seed changes with the epoch).
+  Observing (mode observe: measure, diagnose, recommend; never roll out), Paused (mode off),
+  Failed (a rollback itself failed: a human must look).
+
+Safety rules enforced here:
+- Rollouts are rate-limited: no two closer than ``min_interval_s`` (the policy waits instead).
+  Rollbacks are never delayed, but they count as rollouts for the next trial's wait.
+- A trial whose partial window breaks the SLO by ``abort_factor`` is aborted and rolled back.
+- A failed rollout (crash, OOM, not ready in time) is infeasible: recorded, rolled back to the best
+  known config, and learned by the optimizer's feasibility model.
+- Missing data never leads to a rollout: the policy holds with a MetricsUnavailable condition.
+- A pod deleted mid-measurement invalidates the window: the trial is re-measured, not scored.
+- Trial ids are assigned once and RecordTrial is emitted once per finished trial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+
+from prefixtune.engines.base import KnobConfig
+from prefixtune.metrics.signals import Signals
+from prefixtune.tuning.actions import (
+    Action,
+    EmitEvent,
+    Recommend,
+    RecordTrial,
+    RollBack,
+    RollOut,
+    SetCondition,
+)
+from prefixtune.tuning.objective import InsufficientData, Score, load_normalized, paired, score, severe_breach
+from prefixtune.tuning.optimizer import Suggestion, TrialResult, seed_from, suggest
+from prefixtune.tuning.settings import SpaceOverride, TuningSettings
+from prefixtune.tuning.space import SearchSpace, build_space
+from prefixtune.tuning.state import Observation, PolicyState, Trial
+
+Suggester = Callable[[SearchSpace, list[TrialResult], int, TuningSettings], Suggestion]
+RECOMMEND_MARGIN = 1.02  # observe mode: recommend a what-if config only when it beats the current by 2%
+LOW_HIT_RATE = 0.05  # field notes: hit rate stably this low -> the cache holds memory for nothing
+
+
+def initial_state(
+    engine: str, settings: TuningSettings, config: KnobConfig, generation: int = 0
+) -> PolicyState:
+    """The state of a new resource: Pending, running ``config`` (its spec.config)."""
+    return PolicyState(
+        engine=engine, settings=settings, spec_config=config, current=config, spec_generation=generation
+    )
+
+
+@lru_cache(maxsize=64)
+def _space(engine: str, override: SpaceOverride, base: KnobConfig) -> SearchSpace:
+    from prefixtune.engines import get_adapter
+
+    adapter = get_adapter(engine)
+    return build_space(adapter.knobs(), base, adapter.normalize, override)
+
+
+def space_of(state: PolicyState) -> SearchSpace:
+    return _space(state.engine, state.settings.space, state.spec_config)
+
+
+def _default_suggester(
+    space: SearchSpace, history: list[TrialResult], seed: int, settings: TuningSettings
+) -> Suggestion:
+    return suggest(
+        space,
+        history,
+        seed,
+        method=settings.method,
+        n_initial=settings.n_initial,
+        convergence_ei=settings.convergence_ei,
+    )
+
+
+def step(
+    state: PolicyState, obs: Observation, now: float, suggester: Suggester | None = None
+) -> tuple[PolicyState, list[Action]]:
+    """One transition. ``state`` is not modified; the new state is returned with the actions."""
+    ctx = _Ctx(state.model_copy(deep=True), now, suggester or _default_suggester)
+    ctx.handle(obs)
+    return ctx.s, ctx.actions
+
+
+class _Ctx:
+    def __init__(self, s: PolicyState, now: float, suggester: Suggester) -> None:
+        self.s = s
+        self.now = now
+        self.suggester = suggester
+        self.actions: list[Action] = []
+
+    # -- small helpers ---------------------------------------------------------------------------
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.actions.append(EmitEvent("Warning" if type_ == "Warning" else "Normal", reason, message))
+
+    def condition(self, type_: str, status: bool, reason: str, message: str) -> None:
+        self.actions.append(SetCondition(type_, "True" if status else "False", reason, message))
+
+    def goto(self, phase: str | None = None, step: str | None = None) -> None:
+        if phase is not None:
+            self.s.phase = phase  # type: ignore[assignment]
+        if step is not None:
+            self.s.step = step  # type: ignore[assignment]
+        self.s.step_since = self.now
+
+    def active(self) -> Trial | None:
+        return None if self.s.active is None else self.s.trial(self.s.active)
+
+    def best_trial(self) -> Trial | None:
+        return None if self.s.best is None else self.s.trial(self.s.best)
+
+    def best_config(self) -> KnobConfig:
+        best = self.best_trial()
+        return best.config if best is not None else self.s.current
+
+    def epoch_trials(self) -> list[Trial]:
+        return [t for t in self.s.trials if t.epoch == self.s.epoch]
+
+    def explored(self) -> int:
+        return sum(1 for t in self.epoch_trials() if t.role == "trial" and t.outcome != "invalidated")
+
+    def rate_limited_until(self) -> float | None:
+        last = self.s.last_rollout_at
+        if last is None:
+            return None
+        ready = last + self.s.settings.min_interval_s
+        return ready if self.now < ready else None
+
+    # -- dispatch --------------------------------------------------------------------------------
+    def handle(self, obs: Observation) -> None:
+        if obs.kind == "spec_changed":
+            self.on_spec_changed(obs)
+            return
+        if obs.kind == "metrics_unavailable":
+            self.on_metrics_unavailable(obs)
+            return
+        phase = self.s.phase
+        if phase in ("Paused", "Failed"):
+            return
+        if phase == "Pending":
+            self.start()
+            if obs.kind != "window":
+                return
+            phase = self.s.phase
+        if phase == "Observing":
+            self.on_observing(obs)
+            return
+        if obs.kind == "tick":
+            self.on_tick()
+        elif obs.kind == "rollout_applied":
+            if self.s.step == "RollingOut":
+                self.goto(step="WaitingReady")
+        elif obs.kind == "rollout_ready":
+            self.on_ready(obs)
+        elif obs.kind == "rollout_failed":
+            self.on_failed(obs.failure or "crash", obs.reason)
+        elif obs.kind == "window":
+            self.on_window(obs)
+        elif obs.kind == "trial_invalidated":
+            self.on_invalidated(obs)
+
+    # -- phases ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        mode = self.s.settings.mode
+        if mode == "off":
+            self.goto("Paused", "Idle")
+            self.condition("Tuning", False, "TuningOff", "tuning.mode is off: the spec config is kept")
+        elif mode == "observe":
+            self.goto("Observing", "Measuring")
+            self.s.measure_from = self.now
+            self.condition("Tuning", False, "Observing", "tuning.mode is observe: measuring and recommending")
+        else:
+            self.begin_baseline(warm=True)
+
+    def begin_baseline(self, warm: bool) -> None:
+        """Measure the running config (after a warm-up when its pods may be cold)."""
+        t = Trial(
+            id=self.s.next_trial_id, epoch=self.s.epoch, role="baseline", config=self.s.current,
+            started_at=self.now, reason="measure the running config",
+        )  # fmt: skip
+        self.s.next_trial_id += 1
+        self.s.trials.append(t)
+        self.s.active = t.id
+        self.s.best = None
+        self.s.extensions = 0
+        self.goto("Baseline")
+        if warm and self.s.settings.warmup_s > 0:
+            self.goto(step="WarmingUp")
+            self.s.warm_until = self.now + self.s.settings.warmup_s
+        else:
+            self.begin_measuring()
+        self.condition("Tuning", True, "Baseline", f"measuring the running config (epoch {self.s.epoch})")
+
+    def begin_measuring(self) -> None:
+        self.goto(step="Measuring")
+        self.s.measure_from = self.now
+        self.s.measure_until = self.now + self.s.settings.measure_s
+
+    def on_tick(self) -> None:
+        st = self.s.step
+        if st in ("RollingOut", "WaitingReady", "RollingBack"):
+            if self.now - self.s.step_since > self.s.settings.ready_timeout_s:
+                self.on_failed("timeout", f"not ready within {self.s.settings.ready_timeout_s:g}s")
+        elif st == "WarmingUp":
+            if self.s.warm_until is not None and self.now >= self.s.warm_until:
+                self.begin_measuring()
+        elif st == "Idle":
+            if self.s.phase == "Exploring":
+                self.decide()
+            elif self.s.phase == "Converged":
+                self.apply_best()
+
+    def on_ready(self, obs: Observation) -> None:
+        st = self.s.step
+        if obs.config is not None and self.s.target is not None and obs.config != self.s.target:
+            return  # a stale report about an earlier rollout
+        if st in ("RollingOut", "WaitingReady"):
+            if self.s.phase == "Converged":
+                self.s.current = self.s.target or self.s.current
+                self.s.target = None
+                self.goto(step="Watching")
+                self.s.measure_from = self.now
+                return
+            trial = self.active()
+            if trial is not None and self.s.settings.strategy == "rolling":
+                self.s.current = trial.config
+            self.s.target = None
+            self.goto(step="WarmingUp")
+            self.s.warm_until = self.now + self.s.settings.warmup_s
+            if self.s.settings.warmup_s <= 0:
+                self.begin_measuring()
+        elif st == "RollingBack":
+            self.s.current = self.s.target or self.s.current
+            self.s.target = None
+            self.goto(step="Idle" if self.s.phase != "Converged" else "Watching")
+            if self.s.phase == "Converged":
+                self.s.measure_from = self.now
+
+    def on_failed(self, failure: str, detail: str) -> None:
+        st = self.s.step
+        if st == "RollingBack":
+            self.goto("Failed", "Idle")
+            self.s.note = f"rollback to {self.s.target} failed ({failure}): manual action needed"
+            self.event("Warning", "RollbackFailed", self.s.note)
+            self.condition("Degraded", True, "RollbackFailed", self.s.note)
+            self.condition("Tuning", False, "Failed", self.s.note)
+            return
+        trial = self.active()
+        if trial is not None and trial.role == "baseline" and st in ("WarmingUp", "Measuring"):
+            # The running (spec) config itself fails: record it and search for one that works.
+            self.finish_trial(
+                trial, "infeasible", reason=f"{failure}: {detail}".rstrip(": "), failure=failure
+            )
+            self.event(
+                "Warning",
+                "BaselineInfeasible",
+                f"the running config {_cfg(trial.config)} failed: {failure} {detail}".rstrip()
+                + "; recorded as infeasible, exploring for a config that works",
+            )
+            self.goto("Exploring", "Idle")
+            self.decide()
+            return
+        if trial is None or trial.role != "trial" or st not in (
+            "RollingOut", "WaitingReady", "WarmingUp", "Measuring"
+        ):  # fmt: skip
+            if self.s.phase == "Converged" and st in ("RollingOut", "WaitingReady", "Watching"):
+                self.rollback(self.s.current, f"applying the best config failed ({failure})")
+            return
+        self.finish_trial(trial, "infeasible", reason=f"{failure}: {detail}".rstrip(": "), failure=failure)
+        self.event(
+            "Warning",
+            "TrialInfeasible",
+            f"trial {trial.id} {_cfg(trial.config)} failed: {failure} {detail}".rstrip()
+            + "; recorded as infeasible, the optimizer will avoid it; rolling back",
+        )
+        self.rollback(self.best_config(), f"trial {trial.id} infeasible ({failure})")
+
+    def rollback(self, to: KnobConfig, reason: str) -> None:
+        self.actions.append(RollBack(to, reason))
+        self.s.target = to
+        self.s.last_rollout_at = self.now
+        self.goto(step="RollingBack")
+
+    def on_invalidated(self, obs: Observation) -> None:
+        trial = self.active()
+        if trial is None or self.s.step not in ("WarmingUp", "Measuring"):
+            return
+        trial.invalidations += 1
+        self.s.extensions = 0
+        self.goto(step="WaitingReady")
+        self.s.measure_from = self.s.measure_until = None
+        self.event(
+            "Normal",
+            "TrialRemeasured",
+            f"trial {trial.id}: {obs.reason or 'pods restarted'} during the measurement; the window is "
+            "discarded and the trial re-measured after the pods are ready and warm",
+        )
+
+    def on_metrics_unavailable(self, obs: Observation) -> None:
+        if not self.s.metrics_held:
+            self.condition("MetricsUnavailable", True, "MetricsUnavailable", obs.reason or "no metrics")
+            self.event(
+                "Warning",
+                "MetricsUnavailable",
+                f"{obs.reason or 'metrics are unavailable'}; holding: no rollout until they return",
+            )
+        self.s.metrics_held = True
+
+    def release_hold(self) -> bool:
+        """Metrics are back: clear the condition; a window that spanned the gap is re-measured."""
+        if not self.s.metrics_held:
+            return False
+        self.s.metrics_held = False
+        self.condition("MetricsUnavailable", False, "MetricsAvailable", "metrics are available again")
+        if self.s.step in ("Measuring", "Watching"):
+            self.s.measure_from = self.now
+            if self.s.step == "Measuring":
+                self.s.measure_until = self.now + self.s.settings.measure_s
+            return True
+        return False
+
+    # -- measurement windows ---------------------------------------------------------------------
+    def on_window(self, obs: Observation) -> None:
+        signals = obs.signals
+        if signals is None or _all_missing(signals):
+            self.on_metrics_unavailable(
+                Observation(kind="metrics_unavailable", reason="window has no signals")
+            )
+            return
+        if self.release_hold():
+            return
+        if self.s.phase == "Converged":
+            if self.s.step == "Watching" and not obs.partial:
+                self.check_drift(obs)
+            return
+        if self.s.step != "Measuring":
+            return
+        trial = self.active()
+        if trial is None:
+            return
+        settings = self.s.settings
+        if obs.partial:
+            breach = severe_breach(signals, settings.slo, settings.abort_factor)
+            enough = (signals.requests or 0) >= max(1.0, settings.min_requests / 4)
+            if breach and enough and trial.role == "trial":
+                self.abort(trial, signals, breach)
+            return
+        if self.s.measure_until is not None and self.now < self.s.measure_until - 1e-9:
+            return  # a full window reported early: keep measuring
+        self.goto(step="Scoring")
+        self.score_trial(trial, obs)
+
+    def score_trial(self, trial: Trial, obs: Observation) -> None:
+        settings = self.s.settings
+        assert obs.signals is not None
+        canary = settings.strategy == "canary" and trial.role == "trial" and obs.baseline_signals is not None
+        result: Score | InsufficientData
+        value: float | None = None
+        if canary:
+            assert obs.baseline_signals is not None
+            pair = paired(
+                obs.signals, obs.baseline_signals, settings.objective, settings.slo, settings.min_requests,
+                obs.canary_pods, obs.baseline_pods,
+            )  # fmt: skip
+            if isinstance(pair, InsufficientData):
+                result = pair
+            else:
+                result = pair.canary
+                stable = self.best_trial()
+                anchor = stable.value if stable is not None and stable.value is not None else None
+                # Paired: the canary's value is the stable config's value times the same-window ratio.
+                value = pair.ratio * anchor if anchor is not None else pair.canary.value
+        else:
+            result = score(obs.signals, settings.objective, settings.slo, settings.min_requests)
+            if isinstance(result, Score):
+                value = load_normalized(
+                    result.value, settings.objective, obs.offered_rps, self.s.reference_rps
+                )
+        if isinstance(result, InsufficientData):
+            self.insufficient(trial, result)
+            return
+        assert value is not None
+        trial.signals = obs.signals
+        trial.score = result.value
+        trial.basis = result.basis
+        self.finish_trial(trial, "ok", value=value, reason=_score_text(result))
+        best = self.best_trial()
+        is_best = best is None or (best.value is not None and value > best.value)
+        if is_best:
+            self.s.best = trial.id
+            self.s.reference = obs.signals
+            if trial.role == "baseline" or self.s.reference_rps is None:
+                self.s.reference_rps = obs.offered_rps
+        best_now = self.best_trial()
+        self.event(
+            "Normal",
+            "BaselineMeasured" if trial.role == "baseline" else "TrialScored",
+            f"trial {trial.id} {_cfg(trial.config)}: {_score_text(result)}; value {value:.4g}"
+            + (f" ({'new best' if is_best else f'best is trial {best_now.id}'})" if best_now else "")
+            + f"; {_evidence(obs.signals)}",
+        )
+        if trial.role == "baseline":
+            self.goto("Exploring", "Idle")
+        else:
+            self.goto(step="Idle")
+        self.decide()
+
+    def insufficient(self, trial: Trial, why: InsufficientData) -> None:
+        settings = self.s.settings
+        if why.missing:
+            # Required signals missing: hold, and measure again once they return.
+            self.on_metrics_unavailable(Observation(kind="metrics_unavailable", reason=why.reason))
+            self.begin_measuring()
+            return
+        if self.s.extensions < settings.max_extensions:
+            self.s.extensions += 1
+            self.goto(step="Measuring")
+            self.s.measure_until = self.now + settings.measure_s
+            self.event("Normal", "WindowExtended", f"trial {trial.id}: {why.reason}; measuring longer")
+            return
+        self.finish_trial(trial, "invalidated", reason=why.reason)
+        self.event(
+            "Warning", "TrialInvalidated", f"trial {trial.id}: {why.reason} after extensions; not scored"
+        )
+        if trial.role == "baseline":
+            # No usable baseline: the workload is too light to tune against; watch and retry later.
+            self.goto("Converged", "Watching")
+            self.s.note = "too little traffic to measure a baseline"
+            self.s.measure_from = self.now
+            self.condition("Tuning", False, "InsufficientTraffic", self.s.note)
+            return
+        self.goto(step="Idle")
+        self.decide()
+
+    def abort(self, trial: Trial, signals: Signals, breach: str) -> None:
+        partial = score(signals, self.s.settings.objective, self.s.settings.slo, 1)
+        trial.signals = signals
+        value = partial.value if isinstance(partial, Score) else None
+        trial.score = value
+        self.finish_trial(trial, "aborted", value=value, reason=f"severe SLO breach: {breach}", failure="")
+        self.event(
+            "Warning",
+            "TrialAborted",
+            f"trial {trial.id} {_cfg(trial.config)} aborted early: {breach} on a partial window of "
+            f"{signals.requests or 0:g} requests; rolling back to {_cfg(self.best_config())}",
+        )
+        self.rollback(self.best_config(), f"trial {trial.id} aborted: {breach}")
+
+    def finish_trial(
+        self, trial: Trial, outcome: str, *, value: float | None = None, reason: str = "", failure: str = ""
+    ) -> None:
+        trial.outcome = outcome  # type: ignore[assignment]
+        trial.value = value
+        trial.reason = reason
+        trial.failure = failure
+        trial.finished_at = self.now
+        self.s.active = None
+        self.s.extensions = 0
+        self.s.measure_from = self.s.measure_until = self.s.warm_until = None
+        self.actions.append(RecordTrial(trial.model_copy(deep=True)))
+
+    # -- decisions -------------------------------------------------------------------------------
+    def history(self) -> list[TrialResult]:
+        """Finished trials for the optimizer: this epoch as measured, earlier epochs rescaled."""
+        out: list[TrialResult] = []
+        base = next((t for t in self.epoch_trials() if t.role == "baseline" and t.value is not None), None)
+        for t in self.s.trials:
+            if t.outcome == "infeasible":
+                out.append(TrialResult(t.config, None, t.failure))
+            elif t.outcome == "aborted":
+                out.append(TrialResult(t.config, t.value, "aborted"))
+            elif t.outcome == "ok" and t.value is not None:
+                if t.epoch == self.s.epoch:
+                    out.append(TrialResult(t.config, t.value))
+                elif base is not None and base.value is not None:
+                    # Warm start: the new baseline re-measured the old best, which rescales old values.
+                    old = self.epoch_best(t.epoch)
+                    if old is not None and old.value:
+                        out.append(TrialResult(t.config, t.value * base.value / old.value))
+        return out
+
+    def epoch_best(self, epoch: int) -> Trial | None:
+        ok = [t for t in self.s.trials if t.epoch == epoch and t.outcome == "ok" and t.value is not None]
+        return max(ok, key=lambda t: (t.value or 0.0, -t.id)) if ok else None
+
+    def decide(self) -> None:
+        """Exploring, nothing in flight: start the next trial, or converge."""
+        settings = self.s.settings
+        if self.s.metrics_held:
+            return
+        if self.explored() >= settings.max_trials:
+            self.converge(f"budget spent: {self.explored()} trials (maxTrials {settings.max_trials})")
+            return
+        if self.rate_limited_until() is not None:
+            return  # wait; the next tick decides again
+        space = space_of(self.s)
+        seed = seed_from(settings.seed_key or self.s.engine, self.s.epoch)
+        suggestion = self.suggester(space, self.history(), seed, settings)
+        if suggestion.config is None or suggestion.converged:
+            self.converge(suggestion.reason)
+            return
+        config = space.normalize(suggestion.config)
+        t = Trial(
+            id=self.s.next_trial_id, epoch=self.s.epoch, role="trial", config=config, started_at=self.now,
+            reason=suggestion.reason,
+        )  # fmt: skip
+        self.s.next_trial_id += 1
+        self.s.trials.append(t)
+        self.s.active = t.id
+        self.s.target = config
+        self.s.last_rollout_at = self.now
+        self.goto(step="RollingOut")
+        self.actions.append(RollOut(config, settings.strategy, suggestion.reason, trial=t.id))
+        best = self.best_trial()
+        self.event(
+            "Normal",
+            "TrialStarted",
+            f"trial {t.id} ({self.explored()}/{settings.max_trials}): {_cfg(config)} "
+            f"via {settings.strategy}; {suggestion.reason}"
+            + (f"; best so far trial {best.id} {_cfg(best.config)} value {best.value:.4g}" if best else ""),
+        )
+
+    def converge(self, reason: str) -> None:
+        self.goto("Converged", "Idle")
+        self.s.note = reason
+        best = self.best_trial()
+        msg = f"{reason}; best {_cfg(self.best_config())}" + (f" value {best.value:.4g}" if best else "")
+        self.event("Normal", "Converged", msg)
+        self.condition("Tuning", False, "Converged", msg)
+        self.apply_best()
+
+    def apply_best(self) -> None:
+        best = self.best_config()
+        if best == self.s.current and self.s.settings.strategy == "rolling":
+            self.goto(step="Watching")
+            self.s.measure_from = self.now
+            return
+        if self.rate_limited_until() is not None or self.s.metrics_held:
+            return  # Converged/Idle: the next tick applies it
+        self.actions.append(RollOut(best, "rolling", f"apply the best config: {self.s.note}"))
+        self.s.target = best
+        self.s.last_rollout_at = self.now
+        self.goto(step="RollingOut")
+
+    def check_drift(self, obs: Observation) -> None:
+        ref = self.s.reference
+        assert obs.signals is not None
+        if ref is None:
+            # No usable baseline yet (too little traffic): start tuning once a window can be scored.
+            settings = self.s.settings
+            if isinstance(score(obs.signals, settings.objective, settings.slo, settings.min_requests), Score):
+                self.event("Normal", "TrafficSufficient", "enough traffic to measure: starting the baseline")
+                self.s.epoch += 1
+                self.begin_baseline(warm=False)
+            return
+        moved = drift(
+            ref, obs.signals, self.s.settings.drift_threshold, self.s.reference_rps, obs.offered_rps
+        )
+        if not moved:
+            return
+        self.event(
+            "Normal",
+            "DriftDetected",
+            "workload moved since the best config was measured: "
+            + "; ".join(moved)
+            + f"; re-tuning (epoch {self.s.epoch + 1}) with the {len(self.s.trials)} earlier trials "
+            "as warm start",
+        )
+        self.s.epoch += 1
+        self.s.reference = None
+        self.s.reference_rps = None
+        self.begin_baseline(warm=False)
+
+    # -- observe mode ----------------------------------------------------------------------------
+    def on_observing(self, obs: Observation) -> None:
+        if obs.kind != "window" or obs.partial or obs.signals is None:
+            return
+        if _all_missing(obs.signals):
+            self.on_metrics_unavailable(
+                Observation(kind="metrics_unavailable", reason="window has no signals")
+            )
+            return
+        self.release_hold()
+        settings = self.s.settings
+        current = score(obs.signals, settings.objective, settings.slo, settings.min_requests)
+        if isinstance(current, InsufficientData):
+            return
+        self.s.reference = obs.signals
+        pick: tuple[KnobConfig, str] | None = None
+        space = space_of(self.s)
+        estimates: list[tuple[float, KnobConfig, Score]] = []
+        for w in obs.what_if:
+            est = score(w.signals, settings.objective, settings.slo, 1)
+            cfg = space.normalize(w.config)
+            if isinstance(est, Score) and cfg != space.normalize(self.s.current):
+                estimates.append((est.value, cfg, est))
+        if estimates:
+            value, cfg, est = max(estimates, key=lambda e: (e[0], -estimates.index(e)))
+            if _better(settings.objective, value, current.value, RECOMMEND_MARGIN):
+                pick = (
+                    cfg,
+                    f"twin what-if: {est.basis} {value:.4g} vs measured {current.value:.4g} for the running "
+                    f"config over {obs.signals.window_s:g}s ({_evidence(obs.signals)})",
+                )
+        if pick is None:
+            hit = obs.signals.hit_rate
+            if self.s.current.prefix_caching and hit is not None and hit < LOW_HIT_RATE:
+                cfg = space.normalize(self.s.current.with_(prefix_caching=False))
+                pick = (
+                    cfg,
+                    f"hit rate {hit:.1%} < {LOW_HIT_RATE:.0%}: the prefix cache holds memory for nothing",
+                )
+        if pick is not None and pick[0] != self.s.recommendation:
+            self.s.recommendation = pick[0]
+            self.actions.append(Recommend(pick[0], pick[1]))
+            self.event("Normal", "Recommendation", f"recommend {_cfg(pick[0])}: {pick[1]} (observe mode)")
+
+    # -- spec changes ----------------------------------------------------------------------------
+    def on_spec_changed(self, obs: Observation) -> None:
+        old = self.s.settings
+        new = obs.settings or old
+        if obs.generation is not None:
+            self.s.spec_generation = obs.generation
+        config_changed = obs.config is not None and obs.config != self.s.spec_config
+        search_changed = (new.objective, new.slo, new.space, new.method) != (
+            old.objective, old.slo, old.space, old.method
+        )  # fmt: skip
+        self.s.settings = new
+        in_flight = self.s.step in ("RollingOut", "WaitingReady", "WarmingUp", "Measuring", "Scoring")
+        trial = self.active()
+        if config_changed:
+            assert obs.config is not None
+            self.s.spec_config = obs.config
+            self.s.current = obs.config  # the controller rolls the user's config out itself
+        if trial is not None:
+            self.finish_trial(trial, "invalidated", reason="spec changed during the trial")
+        if new.mode == "off":
+            if in_flight and trial is not None and trial.role == "trial" and not config_changed:
+                self.rollback(self.best_config(), "tuning turned off during a trial")
+            self.goto("Paused", "Idle" if self.s.step != "RollingBack" else "RollingBack")
+            self.condition("Tuning", False, "TuningOff", "tuning.mode is off")
+            return
+        if new.mode == "observe":
+            if in_flight and trial is not None and trial.role == "trial" and not config_changed:
+                self.rollback(self.best_config(), "observe mode: the trial is rolled back")
+            self.s.phase = "Observing"
+            if self.s.step != "RollingBack":
+                self.goto("Observing", "Measuring")
+            self.condition("Tuning", False, "Observing", "tuning.mode is observe: measuring and recommending")
+            return
+        # auto
+        if old.mode != "auto" or config_changed or search_changed or self.s.phase in ("Pending", "Failed"):
+            if self.s.trials:
+                self.s.epoch += 1
+            self.s.reference = None
+            self.s.reference_rps = None
+            self.s.note = ""
+            self.begin_baseline(warm=config_changed or self.s.phase in ("Pending",))
+            return
+        if in_flight and trial is not None:
+            # Only timing/budget/rollout settings changed: re-run what was in flight.
+            if trial.role == "baseline":
+                self.begin_baseline(warm=False)
+                return
+            self.goto(step="Idle")
+            self.decide()
+
+
+def drift(
+    ref: Signals, now: Signals, threshold: float, ref_rps: float | None = None, now_rps: float | None = None
+) -> list[str]:
+    """What moved beyond ``threshold`` between two windows: hit rate (absolute), mean prompt and
+    output lengths and the arrival rate (relative). Empty when nothing did."""
+    moved: list[str] = []
+    if ref.hit_rate is not None and now.hit_rate is not None and abs(now.hit_rate - ref.hit_rate) > threshold:
+        moved.append(f"hit rate {ref.hit_rate:.1%} -> {now.hit_rate:.1%}")
+    pairs = [
+        ("mean prompt tokens", _per_request(ref, "input"), _per_request(now, "input")),
+        ("mean output tokens", _per_request(ref, "output"), _per_request(now, "output")),
+        ("arrival rate", ref_rps or ref.requests_per_s, now_rps or now.requests_per_s),
+    ]  # fmt: skip
+    for name, a, b in pairs:
+        if a and b and abs(b - a) / a > threshold:
+            moved.append(f"{name} {a:.4g} -> {b:.4g}")
+    return moved
+
+
+def _per_request(s: Signals, which: str) -> float | None:
+    tokens_per_s = s.input_tokens_per_s if which == "input" else s.output_tokens_per_s
+    if tokens_per_s is None or not s.requests_per_s:
+        return None
+    return tokens_per_s / s.requests_per_s
+
+
+def _better(objective: str, a: float, b: float, margin: float) -> bool:
+    if objective == "ttft":
+        return a < 0 and b < 0 and (-b) >= margin * (-a)
+    return a >= margin * b
+
+
+def _all_missing(s: Signals) -> bool:
+    return len(s.missing()) == len(s.to_dict()) - 1
+
+
+def _cfg(c: KnobConfig) -> str:
+    return (
+        f"[memory {c.memory_fraction:.3g}, block {c.block_size}, "
+        f"caching {'on' if c.prefix_caching else 'off'}, policy {c.schedule_policy}]"
+    )
+
+
+def _score_text(s: Score) -> str:
+    text = f"{s.objective} {s.value:.4g} ({s.basis}, {s.requests:g} requests)"
+    if s.breaches:
+        text += "; SLO breached: " + ", ".join(s.breaches)
+    return text
+
+
+def _evidence(s: Signals) -> str:
+    parts = []
+    for label, value, fmt in (
+        ("hit rate", s.hit_rate, "{:.1%}"),
+        ("TTFT p99", s.ttft_p99_s, "{:.3g}s"),
+        ("ITL p99", s.itl_p99_s, "{:.3g}s"),
+        ("output", s.output_tokens_per_s, "{:.4g} tok/s"),
+    ):
+        if value is not None:
+            parts.append(f"{label} {fmt.format(value)}")
+    return ", ".join(parts) or "no signals"

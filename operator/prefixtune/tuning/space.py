@@ -1,0 +1,259 @@
+"""The search space: which knobs are tuned, over which values, and how they map to skopt and back.
+
+Built from the engine adapter's knob specs and the resource's optional space override. Only knobs
+with ``searched=True`` and more than one allowed value enter the space; the others stay at the base
+config's value. Equivalent configurations (a cache-aware policy with caching off) are collapsed
+through the adapter's ``normalize()``: every point maps to a normalized KnobConfig, and the grid
+holds each normalized config once.
+
+Categorical values are passed to skopt as strings (skopt's transformers and numpy do not round-trip
+bools and ints reliably); every value coming back is converted to a plain Python value.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prefixtune.engines.base import (
+    BLOCK_SIZE,
+    KNOB_NAMES,
+    MEMORY_FRACTION,
+    PREFIX_CACHING,
+    SCHEDULE_POLICY,
+    KnobConfig,
+    KnobSpec,
+)
+from prefixtune.tuning.settings import SpaceOverride
+
+# Default search bounds for the memory fraction when the resource gives none: the engines accept
+# (0, 1], but a KV pool below 60% of the engine's base wastes trials, and above 0.98 nothing boots.
+DEFAULT_FRACTION_LOW = 0.60
+DEFAULT_FRACTION_HIGH = 0.98
+Value = float | int | bool | str
+Point = list[Any]  # a skopt point: floats for continuous dimensions, strings for categorical ones
+
+
+class SpaceError(ValueError):
+    """The space override names values the engine does not accept, or leaves nothing valid."""
+
+
+@dataclass(frozen=True)
+class Dimension:
+    name: str
+    low: float | None = None  # continuous
+    high: float | None = None
+    choices: tuple[Value, ...] = ()  # categorical
+
+    @property
+    def continuous(self) -> bool:
+        return not self.choices
+
+    def encode(self, value: Value) -> float | str:
+        if self.continuous:
+            return float(value)
+        return _token(value)
+
+    def decode(self, raw: Any) -> Value:
+        if self.continuous:
+            assert self.low is not None and self.high is not None
+            return min(max(float(raw), self.low), self.high)
+        token = str(raw)
+        for choice in self.choices:
+            if _token(choice) == token:
+                return choice
+        raise SpaceError(f"{self.name}: {raw!r} is not one of {', '.join(map(str, self.choices))}")
+
+
+def _token(value: Value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _plain(value: Any) -> Value:
+    """numpy scalars -> plain Python values."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool | int | float | str):
+        return value
+    raise TypeError(f"not a plain knob value: {value!r}")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    base: KnobConfig  # the values of knobs that are not searched
+    dims: tuple[Dimension, ...]
+    normalize: Callable[[KnobConfig], KnobConfig]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.dims)
+
+    @property
+    def empty(self) -> bool:
+        return not self.dims
+
+    def dimension(self, name: str) -> Dimension | None:
+        return next((d for d in self.dims if d.name == name), None)
+
+    def to_skopt(self) -> list[Any]:
+        from skopt.space import Categorical, Real
+
+        out: list[Any] = []
+        for d in self.dims:
+            if d.continuous:
+                out.append(Real(float(d.low or 0.0), float(d.high or 1.0), name=d.name))
+            else:
+                out.append(Categorical([_token(c) for c in d.choices], name=d.name))
+        return out
+
+    def to_config(self, point: Sequence[Any]) -> KnobConfig:
+        """A skopt point -> the normalized KnobConfig (plain Python values)."""
+        if len(point) != len(self.dims):
+            raise SpaceError(f"point has {len(point)} values, space has {len(self.dims)} dimensions")
+        values = {d.name: d.decode(_plain(raw)) for d, raw in zip(self.dims, point, strict=True)}
+        return self.normalize(self.base.with_(**values))
+
+    def to_point(self, config: KnobConfig) -> Point:
+        """A config -> its skopt point (config values outside the space are clipped / must be valid)."""
+        data = config.to_dict()
+        point: Point = []
+        for d in self.dims:
+            value = data[d.name]
+            if d.continuous:
+                assert d.low is not None and d.high is not None
+                point.append(min(max(float(value), d.low), d.high))
+            else:
+                if value not in d.choices:
+                    raise SpaceError(
+                        f"{d.name}={value!r} is outside the search space; allowed: "
+                        + ", ".join(map(str, d.choices))
+                    )
+                point.append(_token(value))
+        return point
+
+    def contains(self, config: KnobConfig) -> bool:
+        data = config.to_dict()
+        for d in self.dims:
+            value = data[d.name]
+            if d.continuous:
+                assert d.low is not None and d.high is not None
+                if not d.low - 1e-9 <= float(value) <= d.high + 1e-9:
+                    return False
+            elif value not in d.choices:
+                return False
+        fixed = self.base.to_dict()
+        return all(data[n] == fixed[n] for n in KNOB_NAMES if n not in self.names)
+
+    def fraction_grid(self, n: int) -> tuple[float, ...]:
+        d = self.dimension(MEMORY_FRACTION)
+        if d is None:
+            return (float(self.base.memory_fraction),)
+        assert d.low is not None and d.high is not None
+        if n < 2:
+            return (round(d.high, 4),)
+        step = (d.high - d.low) / (n - 1)
+        return tuple(round(d.low + i * step, 4) for i in range(n))
+
+    def categorical_combos(self) -> list[KnobConfig]:
+        """Every distinct normalized combination of the categorical knobs (fraction at base)."""
+        cats = [d for d in self.dims if not d.continuous]
+        seen: dict[KnobConfig, None] = {}
+        for values in itertools.product(*(d.choices for d in cats)):
+            cfg = self.normalize(self.base.with_(**{d.name: v for d, v in zip(cats, values, strict=True)}))
+            seen.setdefault(cfg, None)
+        return list(seen)
+
+    def grid(self, n_fraction: int = 9) -> list[KnobConfig]:
+        """The discretized space: fraction grid x distinct categorical combos, normalized, deduped."""
+        seen: dict[KnobConfig, None] = {}
+        for combo in self.categorical_combos():
+            for f in self.fraction_grid(n_fraction):
+                seen.setdefault(self.normalize(combo.with_(memory_fraction=f)), None)
+        return list(seen)
+
+
+def categorical_key(config: KnobConfig) -> tuple[int, bool, str]:
+    """The knobs other than the memory fraction: configs with the same key differ only in memory."""
+    return (int(config.block_size), bool(config.prefix_caching), str(config.schedule_policy))
+
+
+def build_space(
+    knobs: Mapping[str, KnobSpec],
+    base: KnobConfig,
+    normalize: Callable[[KnobConfig], KnobConfig],
+    override: SpaceOverride | None = None,
+) -> SearchSpace:
+    """The search space for one engine: adapter knob specs narrowed by the resource's override."""
+    override = override or SpaceOverride()
+    dims: list[Dimension] = []
+    for name in KNOB_NAMES:
+        spec = knobs.get(name)
+        if spec is None or not spec.searched:
+            if getattr(override, name) is not None and spec is not None:
+                raise SpaceError(
+                    f"space.{name}: this knob is not tuned on this engine (it stays at {spec.default!r})"
+                )
+            continue
+        if spec.continuous:
+            bounds = override.memory_fraction if name == MEMORY_FRACTION else None
+            dim = _fraction_dim(spec, bounds)
+            if dim is not None:
+                dims.append(dim)
+            elif bounds is not None:  # min == max: the fraction is fixed by the override
+                base = base.with_(**{name: float(bounds[0])})
+            continue
+        allowed: tuple[Value, ...] = spec.choices
+        wanted = getattr(override, name)
+        if wanted is not None:
+            if not wanted:
+                raise SpaceError(f"space.{name}: must list at least one value; allowed: {_list(allowed)}")
+            for value in wanted:
+                problem = spec.validate(value)
+                if problem is not None:
+                    raise SpaceError(f"space.{name}: {value!r} {problem}")
+            allowed = tuple(dict.fromkeys(wanted))
+        if len(allowed) > 1:
+            dims.append(Dimension(name=name, choices=allowed))
+        elif allowed[0] != getattr(base, name):
+            base = base.with_(**{name: allowed[0]})
+    return SearchSpace(base=normalize(base), dims=tuple(dims), normalize=normalize)
+
+
+def _fraction_dim(spec: KnobSpec, bounds: tuple[float, float] | None) -> Dimension | None:
+    assert spec.low is not None and spec.high is not None
+    if bounds is None:
+        low, high = max(spec.low, DEFAULT_FRACTION_LOW), min(spec.high, DEFAULT_FRACTION_HIGH)
+    else:
+        low, high = float(bounds[0]), float(bounds[1])
+        for which, value in (("min", low), ("max", high)):
+            problem = spec.validate(value)
+            if problem is not None:
+                raise SpaceError(f"space.{spec.name}.{which}: {problem}")
+        if low > high:
+            raise SpaceError(f"space.{spec.name}: min {low} must not exceed max {high}")
+    if high - low < 1e-6:
+        return None
+    return Dimension(name=spec.name, low=low, high=high)
+
+
+def _list(values: Sequence[Value]) -> str:
+    return ", ".join(map(str, values))
+
+
+__all__ = [
+    "BLOCK_SIZE",
+    "MEMORY_FRACTION",
+    "PREFIX_CACHING",
+    "SCHEDULE_POLICY",
+    "Dimension",
+    "SearchSpace",
+    "SpaceError",
+    "build_space",
+    "categorical_key",
+]

@@ -1,0 +1,144 @@
+"""The policy's state and observations: plain data that round-trips through JSON.
+
+The controller stores ``PolicyState.to_json()`` in the resource's status (``status.policy``; the
+trials also go to ``status.trials``) and feeds it back on the next event, so an operator restart
+resumes mid-trial. Times are seconds on the caller's clock (wall time in the operator, virtual time
+in the benchmark).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from prefixtune.engines.base import KnobConfig
+from prefixtune.metrics.signals import Signals
+from prefixtune.tuning.settings import TuningSettings
+
+Phase = Literal["Pending", "Baseline", "Exploring", "Converged", "Observing", "Paused", "Failed"]
+# Where the current trial (or the converged apply) is. Idle: deciding, or waiting for the rollout
+# rate limit. RollingBack: a rollback is in flight. Watching: converged and measuring for drift.
+Step = Literal[
+    "Idle", "RollingOut", "WaitingReady", "WarmingUp", "Measuring", "Scoring", "RollingBack", "Watching"
+]
+Outcome = Literal["running", "ok", "infeasible", "aborted", "invalidated"]
+ObservationKind = Literal[
+    "tick",
+    "rollout_applied",
+    "rollout_ready",
+    "rollout_failed",
+    "window",
+    "spec_changed",
+    "metrics_unavailable",
+    "trial_invalidated",
+]
+
+_CAMEL = {"memory_fraction": "memoryFraction", "block_size": "blockSize", "prefix_caching": "prefixCaching",
+          "schedule_policy": "schedulePolicy"}  # fmt: skip
+
+
+def config_to_api(config: KnobConfig) -> dict[str, Any]:
+    return {_CAMEL[k]: v for k, v in config.to_dict().items()}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
+
+
+class Trial(_Model):
+    id: int  # monotonically assigned, never reused
+    epoch: int  # the tuning generation it belongs to (drift and spec changes start a new one)
+    role: Literal["baseline", "trial"]
+    config: KnobConfig
+    outcome: Outcome = "running"
+    reason: str = ""
+    failure: str = ""  # infeasible: oom | oom_startup | oom_runtime | crash | timeout
+    started_at: float
+    finished_at: float | None = None
+    signals: Signals | None = None
+    score: float | None = None  # the window's own score (objective units, SLO penalty applied)
+    value: float | None = None  # what the optimizer is told: load-normalised / paired score
+    basis: str = ""
+    invalidations: int = 0  # pod restarts that forced a re-measurement
+
+    def to_status(self) -> dict[str, Any]:
+        """The trial as the resource's ``status.trials[]`` shows it (camelCase)."""
+        return {
+            "index": self.id,
+            "epoch": self.epoch,
+            "role": self.role,
+            "config": config_to_api(self.config),
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "failure": self.failure or None,
+            "startedAt": self.started_at,
+            "finishedAt": self.finished_at,
+            "signals": None if self.signals is None else self.signals.to_dict(),
+            "score": self.score,
+            "value": self.value,
+            "basis": self.basis or None,
+        }
+
+
+class WhatIf(_Model):
+    """A what-if estimate (from the twin) of a config under the observed workload."""
+
+    config: KnobConfig
+    signals: Signals
+
+
+class Observation(_Model):
+    kind: ObservationKind
+    config: KnobConfig | None = None  # rollout_*: the config the pods report; spec_changed: spec.config
+    failure: str = ""  # rollout_failed: crash | oom | oom_startup | oom_runtime | timeout
+    signals: Signals | None = None  # window: the pods under test (canary) or all pods (rolling)
+    baseline_signals: Signals | None = None  # window, canary strategy: the stable pods, same window
+    canary_pods: int = 1
+    baseline_pods: int = 1
+    partial: bool = False  # window: only part of the measurement period (early-abort check)
+    offered_rps: float | None = None  # window: ARRIVAL rate over the window (load-aware normalisation)
+    settings: TuningSettings | None = None  # spec_changed
+    generation: int | None = None  # spec_changed: metadata.generation
+    what_if: list[WhatIf] = Field(default_factory=list)  # window in observe mode
+    reason: str = ""
+
+
+class PolicyState(_Model):
+    engine: str
+    settings: TuningSettings
+    phase: Phase = "Pending"
+    step: Step = "Idle"
+    step_since: float = 0.0
+    spec_generation: int = 0
+    epoch: int = 0  # tuning generation: +1 on drift re-tune and on spec changes that re-open the search
+    spec_config: KnobConfig  # what the resource's spec.config says
+    current: KnobConfig  # what the stable pods run
+    target: KnobConfig | None = None  # what a rollout in flight is bringing up
+    trials: list[Trial] = Field(default_factory=list)
+    next_trial_id: int = 0
+    active: int | None = None  # id of the trial in flight
+    warm_until: float | None = None
+    measure_from: float | None = None
+    measure_until: float | None = None
+    extensions: int = 0
+    last_rollout_at: float | None = None
+    metrics_held: bool = False
+    best: int | None = None  # id of the best ok trial of the current epoch
+    reference: Signals | None = None  # the signals the best was measured under (drift reference)
+    reference_rps: float | None = None
+    recommendation: KnobConfig | None = None  # last recommendation made (observe mode)
+    note: str = ""  # why the phase is what it is (converged reason, failure)
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str) -> PolicyState:
+        return cls.model_validate_json(text)
+
+    def trial(self, trial_id: int) -> Trial:
+        for t in self.trials:
+            if t.id == trial_id:
+                return t
+        raise KeyError(f"no trial {trial_id}")

@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import pytest
+
+from prefixtune.metrics.signals import Signals
+from prefixtune.tuning.objective import (
+    InsufficientData,
+    Paired,
+    Score,
+    load_normalized,
+    paired,
+    score,
+    severe_breach,
+)
+from prefixtune.tuning.settings import Slo
+
+SLO = Slo(ttft_p99_s=2.0, itl_p99_s=0.1)
+
+
+def sig(**kw: float | None) -> Signals:
+    base: dict[str, float | None] = {
+        "requests": 500.0,
+        "ttft_p99_s": 1.0,
+        "itl_p99_s": 0.05,
+        "output_tokens_per_s": 1000.0,
+        "goodput_tokens_per_s": 900.0,
+        "slo_attainment": 0.8,
+    }
+    base.update(kw)
+    return Signals(window_s=600.0, **base)  # type: ignore[arg-type]
+
+
+def test_goodput_uses_measured_goodput() -> None:
+    s = score(sig(), "goodput", SLO, 300)
+    assert isinstance(s, Score)
+    assert s.value == 900.0 and s.basis == "goodput_tokens_per_s" and s.slo_met
+
+
+def test_goodput_derived_from_attainment_when_not_measured() -> None:
+    s = score(sig(goodput_tokens_per_s=None), "goodput", SLO, 300)
+    assert isinstance(s, Score)
+    assert s.value == pytest.approx(800.0) and s.basis == "slo_attainment*output_tokens_per_s"
+
+
+def test_too_few_requests_is_insufficient_not_a_number() -> None:
+    s = score(sig(requests=299.0), "goodput", SLO, 300)
+    assert isinstance(s, InsufficientData) and s.too_few_requests and "minRequests is 300" in s.reason
+
+
+@pytest.mark.parametrize(
+    ("objective", "missing"),
+    [
+        ("goodput", {"goodput_tokens_per_s": None, "slo_attainment": None}),
+        ("throughput", {"output_tokens_per_s": None}),
+        ("ttft", {"ttft_p99_s": None}),
+        ("goodput", {"requests": None}),
+    ],
+)
+def test_missing_required_signals(objective: str, missing: dict[str, None]) -> None:
+    s = score(sig(**missing), objective, SLO, 1)  # type: ignore[arg-type]
+    assert isinstance(s, InsufficientData) and s.missing and not s.too_few_requests
+
+
+def test_slo_breach_is_penalised() -> None:
+    ok = score(sig(), "throughput", SLO, 1)
+    bad = score(sig(itl_p99_s=0.2), "throughput", SLO, 1)
+    assert isinstance(ok, Score) and isinstance(bad, Score)
+    assert bad.value == pytest.approx(ok.value * 0.5)
+    assert not bad.slo_met and bad.breaches and bad.raw == ok.raw
+
+
+def test_ttft_is_negative_seconds_higher_is_better() -> None:
+    fast = score(sig(ttft_p99_s=0.5), "ttft", SLO, 1)
+    slow = score(sig(ttft_p99_s=1.5), "ttft", SLO, 1)
+    assert isinstance(fast, Score) and isinstance(slow, Score)
+    assert fast.value == -0.5 and fast.value > slow.value
+    breach = score(sig(ttft_p99_s=0.5, itl_p99_s=0.2), "ttft", SLO, 1)
+    assert isinstance(breach, Score) and breach.value == pytest.approx(-1.0)
+
+
+def test_load_normalisation_is_bounded_and_skips_ttft() -> None:
+    assert load_normalized(100.0, "goodput", offered_rps=2.0, reference_rps=1.0) == 50.0
+    assert load_normalized(100.0, "goodput", offered_rps=10.0, reference_rps=1.0) == 50.0  # bounded
+    assert load_normalized(100.0, "throughput", offered_rps=None, reference_rps=1.0) == 100.0
+    assert load_normalized(-1.0, "ttft", offered_rps=2.0, reference_rps=1.0) == -1.0
+
+
+def test_paired_canary_vs_baseline() -> None:
+    p = paired(sig(goodput_tokens_per_s=300.0), sig(goodput_tokens_per_s=500.0), "goodput", SLO, 1, 1, 2)
+    assert isinstance(p, Paired) and p.ratio == pytest.approx(300.0 / 250.0)
+    t = paired(sig(ttft_p99_s=0.5), sig(ttft_p99_s=1.0), "ttft", SLO, 1)
+    assert isinstance(t, Paired) and t.ratio == pytest.approx(2.0)
+    few = paired(sig(requests=5.0), sig(), "goodput", SLO, 100)
+    assert isinstance(few, InsufficientData) and few.reason.startswith("canary:")
+
+
+def test_severe_breach() -> None:
+    assert severe_breach(sig(ttft_p99_s=6.5), SLO, 3.0) is not None
+    assert severe_breach(sig(ttft_p99_s=5.0), SLO, 3.0) is None
+    assert severe_breach(sig(itl_p99_s=0.31), SLO, 3.0) is not None

@@ -1,0 +1,433 @@
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from prefixtune.engines import get_adapter
+from prefixtune.engines.base import KnobConfig
+from prefixtune.metrics.signals import Signals
+from prefixtune.tuning.actions import (
+    Action,
+    EmitEvent,
+    Recommend,
+    RecordTrial,
+    RollBack,
+    RollOut,
+    SetCondition,
+)
+from prefixtune.tuning.drive import TrialRun, drive
+from prefixtune.tuning.optimizer import Suggestion, TrialResult
+from prefixtune.tuning.policy import drift, initial_state, step
+from prefixtune.tuning.settings import Slo, TuningSettings
+from prefixtune.tuning.space import SearchSpace
+from prefixtune.tuning.state import Observation, PolicyState, WhatIf
+
+
+def window(
+    goodput: float = 1000.0,
+    *,
+    requests: float = 500.0,
+    ttft: float = 0.5,
+    itl: float = 0.05,
+    hit: float = 0.6,
+    window_s: float = 600.0,
+    rps: float = 1.0,
+    prompt: float = 2000.0,
+    output: float = 200.0,
+) -> Signals:
+    return Signals(
+        window_s=window_s,
+        requests=requests,
+        hit_rate=hit,
+        ttft_p50_s=ttft / 3,
+        ttft_p99_s=ttft,
+        itl_p50_s=itl / 2,
+        itl_p99_s=itl,
+        output_tokens_per_s=goodput * 1.05,
+        input_tokens_per_s=rps * prompt,
+        requests_per_s=rps,
+        goodput_tokens_per_s=goodput,
+        slo_attainment=0.95,
+    )
+
+
+class SyntheticEnv:
+    """Goodput peaks at memory 0.85 with caching on, block 16 (or the smallest), policy lpm;
+    memory >= ``oom_at`` runs out of memory under load. Noise is multiplicative, seeded."""
+
+    def __init__(self, oom_at: float = 0.93, noise: float = 0.02) -> None:
+        self.oom_at = oom_at
+        self.noise = noise
+        self.calls = 0
+
+    def true_value(self, c: KnobConfig) -> float:
+        v = 1000.0 * (1.0 - 4.0 * (c.memory_fraction - 0.85) ** 2)
+        v *= 1.3 if c.prefix_caching else 1.0
+        v *= 1.08 if c.schedule_policy == "lpm" and c.prefix_caching else 1.0
+        v /= 1.0 + c.block_size / 512.0
+        return v
+
+    def run(self, config: KnobConfig, warmup_s: float, measure_s: float, seed: int) -> TrialRun:
+        self.calls += 1
+        if config.memory_fraction >= self.oom_at:
+            return TrialRun("oom_runtime")
+        rng = random.Random(seed)
+        v = self.true_value(config) * (1.0 + rng.gauss(0.0, self.noise))
+        return TrialRun("ok", window(v, window_s=measure_s or 600.0), offered_rps=1.0)
+
+
+ENGINE = "vllm"
+DEFAULT = get_adapter(ENGINE).default_config()
+SETTINGS = TuningSettings(
+    warmup_s=60, measure_s=300, min_requests=100, max_trials=3, min_interval_s=600, seed_key="ns/a",
+    slo=Slo(2.0, 0.15),
+)  # fmt: skip
+
+
+def scripted(configs: Sequence[KnobConfig]) -> Any:
+    """A suggester that proposes ``configs`` in order, then converges (fast, no GP)."""
+
+    def suggester(space: SearchSpace, history: list[TrialResult], seed: int, s: TuningSettings) -> Suggestion:
+        tried = len([h for h in history]) - 1
+        if tried < len(configs):
+            return Suggestion(configs[tried], f"scripted #{tried}")
+        return Suggestion(None, "scripted: done", converged=True)
+
+    return suggester
+
+
+C1 = DEFAULT.with_(memory_fraction=0.8)
+C2 = DEFAULT.with_(memory_fraction=0.7, block_size=32)
+C3 = DEFAULT.with_(prefix_caching=False)
+SUGGEST = scripted([C1, C2, C3])
+
+
+class Run:
+    def __init__(self, settings: TuningSettings = SETTINGS, suggester: Any = SUGGEST) -> None:
+        self.state = initial_state(ENGINE, settings, DEFAULT)
+        self.suggester = suggester
+        self.actions: list[Action] = []
+
+    def __call__(self, obs: Observation, now: float) -> list[Action]:
+        self.state, actions = step(self.state, obs, now, self.suggester)
+        self.actions.extend(actions)
+        return actions
+
+    def tick(self, now: float) -> list[Action]:
+        return self(Observation(kind="tick"), now)
+
+    def win(self, now: float, partial: bool = False, **kw: Any) -> list[Action]:
+        return self(Observation(kind="window", signals=window(**kw), partial=partial, offered_rps=1.0), now)
+
+    def baseline(self, value: float = 1000.0) -> float:
+        """Pending -> Baseline (warm-up, window) -> Exploring; returns the time after."""
+        self(Observation(kind="rollout_ready", config=DEFAULT), 0.0)
+        assert (self.state.phase, self.state.step) == ("Baseline", "WarmingUp")
+        self.tick(60.0)
+        assert self.state.step == "Measuring"
+        self.win(360.0, goodput=value)
+        return 360.0
+
+
+def of(actions: Sequence[Action], kind: type) -> list[Any]:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def test_phase_transitions_through_a_trial_to_converged() -> None:
+    r = Run()
+    now = r.baseline()
+    assert r.state.phase == "Exploring"
+    first = of(r.actions, RollOut)
+    assert len(first) == 1 and first[0].config == C1 and first[0].trial == 1
+    assert r.state.step == "RollingOut"
+    r(Observation(kind="rollout_applied"), now + 5)
+    assert r.state.step == "WaitingReady"
+    r(Observation(kind="rollout_ready", config=C1), now + 30)
+    assert r.state.step == "WarmingUp" and r.state.current == C1
+    r.tick(now + 90)
+    assert r.state.step == "Measuring"
+    r.win(now + 200)  # a full window before the measurement period ends: keep measuring
+    assert r.state.step == "Measuring"
+    acts = r.win(now + 390, goodput=1200.0)
+    recorded = of(acts, RecordTrial)
+    assert [t.trial.outcome for t in recorded] == ["ok"] and recorded[0].trial.value == 1200.0
+    assert r.state.best == 1
+    # next trial waits for the rate limit (600 s after the rollout at 360)
+    assert r.state.step == "Idle" and not of(acts, RollOut)
+    assert not of(r.tick(900.0), RollOut)
+    acts = r.tick(960.0)
+    assert of(acts, RollOut)[0].config == C2
+    # C2 and C3, then the budget (3) is spent
+    t = 960.0
+    for cfg in (C2, C3):
+        if cfg != C2:
+            t += 600
+            r.tick(t)
+        r(Observation(kind="rollout_ready", config=cfg), t + 30)
+        r.tick(t + 90)
+        r.win(t + 390, goodput=900.0)
+    assert r.state.phase == "Converged" and "budget spent" in r.state.note
+    t += 600
+    acts = r.tick(t + 390)
+    apply = of(acts, RollOut)
+    assert apply and apply[0].config == C1 and apply[0].trial is None
+    r(Observation(kind="rollout_ready", config=C1), t + 420)
+    assert (r.state.phase, r.state.step) == ("Converged", "Watching") and r.state.current == C1
+    ids = [a.trial.id for a in of(r.actions, RecordTrial)]
+    assert ids == sorted(set(ids)) == [0, 1, 2, 3]
+
+
+def test_rollouts_are_rate_limited() -> None:
+    settings = replace(SETTINGS, max_trials=10, min_interval_s=1000)
+    r = Run(settings, scripted([C1, C2, C3]))
+    r.baseline()
+    times = [360.0]
+    r(Observation(kind="rollout_ready", config=C1), 400)
+    r.tick(460)
+    r.win(760)
+    for t in range(790, 1400, 30):
+        if of(r.tick(float(t)), RollOut):
+            times.append(float(t))
+    assert times[1] >= times[0] + 1000
+
+
+def test_early_abort_rolls_back_to_best() -> None:
+    r = Run()
+    now = r.baseline()
+    r(Observation(kind="rollout_ready", config=C1), now + 30)
+    r.tick(now + 90)
+    few = r.win(now + 120, partial=True, ttft=7.0, requests=10)  # too few requests to judge
+    assert not of(few, RollBack)
+    acts = r.win(now + 150, partial=True, ttft=7.0, requests=60)
+    back = of(acts, RollBack)
+    assert back and back[0].to_config == DEFAULT
+    assert [t.trial.outcome for t in of(acts, RecordTrial)] == ["aborted"]
+    assert any(e.type == "Warning" and e.reason == "TrialAborted" for e in of(acts, EmitEvent))
+    assert r.state.step == "RollingBack"
+    r(Observation(kind="rollout_ready", config=DEFAULT), now + 200)
+    assert r.state.step == "Idle" and r.state.current == DEFAULT
+
+
+def test_infeasible_rollout_is_recorded_and_rolled_back() -> None:
+    r = Run()
+    now = r.baseline()
+    acts = r(Observation(kind="rollout_failed", config=C1, failure="oom_startup"), now + 60)
+    rec = of(acts, RecordTrial)
+    assert rec[0].trial.outcome == "infeasible" and rec[0].trial.failure == "oom_startup"
+    assert of(acts, RollBack)[0].to_config == DEFAULT
+    # a runtime OOM during measurement is infeasible too
+    r(Observation(kind="rollout_ready", config=DEFAULT), now + 90)
+    r.tick(now + 1000)
+    r(Observation(kind="rollout_ready", config=C2), now + 1030)
+    r.tick(now + 1090)
+    acts = r(Observation(kind="rollout_failed", config=C2, failure="oom_runtime"), now + 1200)
+    assert of(acts, RecordTrial)[0].trial.outcome == "infeasible"
+
+
+def test_ready_timeout_is_infeasible_and_failed_rollback_is_failed() -> None:
+    r = Run()
+    now = r.baseline()
+    acts = r.tick(now + SETTINGS.ready_timeout_s + 1)
+    assert of(acts, RecordTrial)[0].trial.failure == "timeout"
+    acts = r(Observation(kind="rollout_failed", config=DEFAULT, failure="crash"), now + 700)
+    assert r.state.phase == "Failed"
+    assert any(c.type == "Degraded" and c.status == "True" for c in of(acts, SetCondition))
+    assert r.tick(now + 5000) == []
+
+
+def test_metrics_unavailable_holds_rollouts() -> None:
+    r = Run()
+    r(Observation(kind="rollout_ready", config=DEFAULT), 0.0)
+    r.tick(60)
+    acts = r(Observation(kind="metrics_unavailable", reason="prometheus unreachable"), 100)
+    assert any(c.type == "MetricsUnavailable" and c.status == "True" for c in of(acts, SetCondition))
+    for t in (200.0, 400.0, 2000.0):
+        assert not of(r.tick(t), RollOut)
+    # metrics return: the condition clears and the measurement restarts (not scored on a gap)
+    acts = r.win(2100)
+    assert any(c.type == "MetricsUnavailable" and c.status == "False" for c in of(acts, SetCondition))
+    assert not of(acts, RecordTrial) and r.state.step == "Measuring"
+    acts = r.win(2100 + 300)
+    assert of(acts, RecordTrial) and of(acts, RollOut)
+
+
+def test_window_missing_signals_is_never_scored() -> None:
+    r = Run()
+    r(Observation(kind="rollout_ready", config=DEFAULT), 0.0)
+    r.tick(60)
+    sig = replace(window(), goodput_tokens_per_s=None, slo_attainment=None)
+    acts = r(Observation(kind="window", signals=sig), 360)
+    assert not of(acts, RecordTrial) and not of(acts, RollOut)
+    assert r.state.metrics_held
+
+
+def test_too_few_requests_extends_then_invalidates() -> None:
+    r = Run()
+    now = r.baseline()
+    r(Observation(kind="rollout_ready", config=C1), now + 30)
+    r.tick(now + 90)
+    t = now + 390
+    for _ in range(SETTINGS.max_extensions):
+        acts = r.win(t, requests=10)
+        assert any(e.reason == "WindowExtended" for e in of(acts, EmitEvent))
+        t += 300
+    acts = r.win(t, requests=10)
+    assert of(acts, RecordTrial)[0].trial.outcome == "invalidated"
+
+
+def test_pod_deleted_mid_measurement_remeasures() -> None:
+    r = Run()
+    now = r.baseline()
+    r(Observation(kind="rollout_ready", config=C1), now + 30)
+    r.tick(now + 90)
+    acts = r(Observation(kind="trial_invalidated", reason="pod deleted"), now + 150)
+    assert not of(acts, RecordTrial) and r.state.step == "WaitingReady"
+    r(Observation(kind="rollout_ready", config=C1), now + 200)
+    r.tick(now + 260)
+    acts = r.win(now + 560, goodput=1100.0)
+    rec = of(acts, RecordTrial)
+    assert len(rec) == 1 and rec[0].trial.id == 1 and rec[0].trial.invalidations == 1
+
+
+def test_observe_mode_recommends_and_never_rolls_out() -> None:
+    r = Run(replace(SETTINGS, mode="observe"))
+    r.tick(0.0)
+    assert r.state.phase == "Observing"
+    better = WhatIf(config=C1, signals=window(goodput=1500.0))
+    worse = WhatIf(config=C2, signals=window(goodput=500.0))
+    acts = r(Observation(kind="window", signals=window(goodput=1000.0), what_if=[worse, better]), 600)
+    rec = of(acts, Recommend)
+    assert rec and rec[0].config == C1 and "what-if" in rec[0].reason
+    # the same recommendation is not repeated; a cache holding memory for nothing is flagged
+    assert not of(r(Observation(kind="window", signals=window(), what_if=[better]), 1200), Recommend)
+    r2 = Run(replace(SETTINGS, mode="observe"))
+    acts = r2(Observation(kind="window", signals=window(hit=0.01)), 600)
+    assert of(acts, Recommend)[0].config.prefix_caching is False
+    for t in range(1800, 20000, 600):
+        r.tick(float(t))
+        r.win(float(t))
+    assert not of(r.actions, RollOut) and not of(r.actions, RollBack)
+
+
+def test_mode_off_pauses_and_spec_change_resumes() -> None:
+    r = Run()
+    now = r.baseline()
+    r(Observation(kind="rollout_ready", config=C1), now + 30)
+    acts = r(Observation(kind="spec_changed", settings=replace(SETTINGS, mode="off"), generation=2), now + 40)
+    assert r.state.phase == "Paused" and of(acts, RollBack)
+    assert of(acts, RecordTrial)[0].trial.outcome == "invalidated"
+    assert not of(r.tick(now + 5000), RollOut)
+    r(Observation(kind="spec_changed", settings=SETTINGS, generation=3), now + 6000)
+    assert r.state.phase == "Baseline" and r.state.epoch == 1
+
+
+def test_drift_retunes_with_warm_start() -> None:
+    env = SyntheticEnv()
+    settings = replace(SETTINGS, max_trials=4, min_interval_s=0, measure_s=120, warmup_s=30)
+    result = drive(ENGINE, settings, DEFAULT, env, suggester=scripted([C1, C2]))
+    s = result.state
+    assert (s.phase, s.step) == ("Converged", "Watching") and s.reference is not None
+    seen: list[list[TrialResult]] = []
+
+    def spy(space: SearchSpace, history: list[TrialResult], seed: int, st: TuningSettings) -> Suggestion:
+        seen.append(history)
+        return Suggestion(None, "stop", converged=True)
+
+    same = replace(s.reference, window_s=120.0)
+    s2, acts = step(s, Observation(kind="window", signals=same), result.now + 600, spy)
+    assert s2.epoch == 0 and not of(acts, EmitEvent)
+    moved = replace(s.reference, hit_rate=(s.reference.hit_rate or 0) - 0.4)
+    s3, acts = step(s, Observation(kind="window", signals=moved), result.now + 600, spy)
+    assert any(e.reason == "DriftDetected" for e in of(acts, EmitEvent))
+    assert (s3.phase, s3.step, s3.epoch) == ("Baseline", "Measuring", 1)
+    step(s3, Observation(kind="window", signals=moved), result.now + 600 + 120, spy)
+    assert seen, "the optimizer was consulted after the new baseline"
+    old_ok = [t for t in s.trials if t.outcome == "ok"]
+    assert len(seen[-1]) == len(old_ok) + 1  # every earlier trial is kept as warm start
+
+
+def test_drift_detector() -> None:
+    ref = window(hit=0.6, rps=1.0, prompt=2000)
+    assert drift(ref, window(hit=0.65, rps=1.1, prompt=2100), 0.25) == []
+    moved = drift(ref, window(hit=0.6, rps=1.0, prompt=3000), 0.25)
+    assert moved and "mean prompt tokens" in moved[0]
+    assert drift(ref, window(hit=0.2), 0.25)[0].startswith("hit rate")
+    assert "arrival rate" in drift(ref, window(), 0.25, ref_rps=1.0, now_rps=2.0)[0]
+
+
+def _json_round_trip_run(
+    settings: TuningSettings,
+) -> tuple[list[list[dict[str, Any]]], list[tuple[Observation, float]]]:
+    env = SyntheticEnv(oom_at=0.9)
+    record: list[tuple[PolicyState, Observation, float, list[Action]]] = []
+    drive(ENGINE, settings, DEFAULT, env, on_step=lambda s, o, n, a: record.append((s, o, n, a)))
+    return [[a.to_dict() for a in acts] for _, _, _, acts in record], [(o, n) for _, o, n, _ in record]
+
+
+def test_restart_mid_trial_resumes_identically() -> None:
+    settings = replace(SETTINGS, max_trials=4, n_initial=2, min_interval_s=0, measure_s=120, warmup_s=30)
+    expected, script = _json_round_trip_run(settings)
+    assert len(script) > 10
+    state = initial_state(ENGINE, settings, DEFAULT)
+    for (obs, now), want in zip(script, expected, strict=True):
+        state = PolicyState.from_json(state.to_json())  # the operator restarted before this event
+        obs = Observation.model_validate_json(obs.model_dump_json())
+        state, actions = step(state, obs, now)
+        assert [a.to_dict() for a in actions] == want
+    ids = [a["trial"]["index"] for acts in expected for a in acts if a["kind"] == "RecordTrial"]
+    assert ids == sorted(set(ids)) and len(ids) >= 4
+
+
+def test_infeasible_trials_are_learned_through_the_policy() -> None:
+    env = SyntheticEnv(oom_at=0.85)
+    settings = replace(SETTINGS, max_trials=8, n_initial=3, min_interval_s=0, measure_s=120, warmup_s=30)
+    result = drive(ENGINE, settings, DEFAULT.with_(memory_fraction=0.8), env)
+    bad = [t for t in result.trials if t.outcome == "infeasible"]
+    assert all(t.failure == "oom_runtime" for t in bad)
+    floor = min(t.config.memory_fraction for t in bad) if bad else 1.0
+    same_knobs_above = [
+        (b.id, t.id)
+        for b in bad
+        for t in result.trials
+        if t.id > b.id
+        and (t.config.block_size, t.config.prefix_caching) == (b.config.block_size, b.config.prefix_caching)
+        and t.config.memory_fraction >= b.config.memory_fraction
+    ]
+    assert not same_knobs_above and floor >= 0.85
+
+
+def test_too_little_traffic_for_a_baseline_waits_then_tunes() -> None:
+    r = Run()
+    r(Observation(kind="rollout_ready", config=DEFAULT), 0.0)
+    r.tick(60)
+    t = 360.0
+    for _ in range(SETTINGS.max_extensions + 1):
+        r.win(t, requests=5)
+        t += 300
+    assert (r.state.phase, r.state.step) == ("Converged", "Watching") and not of(r.actions, RollOut)
+    r.win(t + 300, requests=5)
+    assert r.state.phase == "Converged"
+    r.win(t + 600)
+    assert (r.state.phase, r.state.step) == ("Baseline", "Measuring")
+
+
+def test_canary_trial_is_scored_against_the_stable_pods() -> None:
+    r = Run(replace(SETTINGS, strategy="canary"))
+    now = r.baseline(value=1000.0)
+    assert of(r.actions, RollOut)[0].strategy == "canary"
+    r(Observation(kind="rollout_ready", config=C1), now + 30)
+    assert r.state.current == DEFAULT  # the stable pods keep the baseline config
+    r.tick(now + 90)
+    obs = Observation(
+        kind="window",
+        signals=window(goodput=600.0),  # one canary pod
+        baseline_signals=window(goodput=1000.0),  # two stable pods, same window (load moved)
+        canary_pods=1,
+        baseline_pods=2,
+    )
+    acts = r(obs, now + 390)
+    trial = of(acts, RecordTrial)[0].trial
+    assert trial.value == 1000.0 * (600.0 / 500.0)  # paired ratio x the stable config's value
+    assert r.state.best == trial.id
