@@ -431,3 +431,28 @@ def test_canary_trial_is_scored_against_the_stable_pods() -> None:
     trial = of(acts, RecordTrial)[0].trial
     assert trial.value == 1000.0 * (600.0 / 500.0)  # paired ratio x the stable config's value
     assert r.state.best == trial.id
+
+
+def test_canary_value_is_anchored_to_the_config_the_stable_pods_run() -> None:
+    r = Run(replace(SETTINGS, strategy="canary"))
+    now = r.baseline(value=1000.0)
+    for config, canary_goodput, at in ((C1, 600.0, now), (C2, 450.0, now + 1000)):
+        r.tick(at)  # past the rollout rate limit: the next trial is rolled out
+        assert of(r.actions, RollOut)[-1].config == config
+        r(Observation(kind="rollout_ready", config=config), at + 30)
+        r.tick(at + 90)
+        obs = Observation(
+            kind="window",
+            signals=window(goodput=canary_goodput),
+            baseline_signals=window(goodput=1000.0),
+            canary_pods=1,
+            baseline_pods=2,
+        )
+        acts = r(obs, at + 390)
+        trial = of(acts, RecordTrial)[0].trial
+        current = r.state.current
+        stable = [t for t in r.state.trials if t.outcome == "ok" and t.config == current and t.id != trial.id]
+        anchor = stable[-1].value
+        assert anchor is not None
+        # the ratio compares the canary with the stable pods, so it scales *their* config's value
+        assert trial.value == anchor * (canary_goodput / 500.0)

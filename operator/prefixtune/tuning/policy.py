@@ -22,6 +22,7 @@ Safety rules enforced here:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import lru_cache
 
@@ -374,10 +375,7 @@ class _Ctx:
                 result = pair
             else:
                 result = pair.canary
-                stable = self.best_trial()
-                anchor = stable.value if stable is not None and stable.value is not None else None
-                # Paired: the canary's value is the stable config's value times the same-window ratio.
-                value = pair.ratio * anchor if anchor is not None else pair.canary.value
+                value = self.paired_value(pair.ratio, pair.canary.value)
         else:
             result = score(obs.signals, settings.objective, settings.slo, settings.min_requests)
             if isinstance(result, Score):
@@ -412,6 +410,29 @@ class _Ctx:
         else:
             self.goto(step="Idle")
         self.decide()
+
+    def stable_trial(self) -> Trial | None:
+        """The latest ok trial of this epoch measured on the config the stable (baseline) pods run."""
+        for t in reversed(self.s.trials):
+            if t.epoch == self.s.epoch and t.outcome == "ok" and t.config == self.s.current:
+                return t
+        return None
+
+    def paired_value(self, ratio: float, own: float) -> float:
+        """A canary's value: the stable config's value moved by the same-window ratio.
+
+        The anchor is what the baseline pods run now (``current``), not the best trial: the ratio
+        compares the canary with those pods. Without a usable anchor (none measured, a zero score,
+        an infinite ratio) the canary's own score is used.
+        """
+        stable = self.stable_trial()
+        anchor = stable.value if stable is not None else None
+        if anchor is None or not math.isfinite(ratio) or ratio <= 0 or not math.isfinite(anchor):
+            return own
+        if self.s.settings.objective == "ttft":
+            # ttft values are negative seconds; ratio = baseline TTFT / canary TTFT (> 1: canary better)
+            return anchor / ratio if anchor < 0 else own
+        return anchor * ratio if anchor > 0 else own
 
     def insufficient(self, trial: Trial, why: InsufficientData) -> None:
         settings = self.s.settings
