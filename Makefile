@@ -45,7 +45,7 @@ test: venv sysdeps lint typecheck unit
 # Regenerate the committed CRD (a test checks both copies equal the generator's output).
 crd: venv
 	$(BIN)/prefixtune crd > crds/servingdeployments.prefixtune.io.yaml
-	cp crds/servingdeployments.prefixtune.io.yaml charts/prefixtune/crds/
+	cp crds/*.yaml charts/prefixtune/crds/
 
 # The main job on the embedded default: sandbox + operator + example resources, until they converge.
 demo: venv sysdeps

@@ -1,0 +1,98 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "prefixtune.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "prefixtune.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "prefixtune.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "prefixtune.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "prefixtune.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "prefixtune.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "prefixtune.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "prefixtune.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: prefixtune
+{{- end -}}
+
+{{- define "prefixtune.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* Fail early on values the schema cannot express. */}}
+{{- define "prefixtune.validate" -}}
+{{- if and (eq .Values.monitoring.operatorMonitor "ServiceMonitor") .Values.monitoring.enabled (not .Values.metrics.enabled) -}}
+{{- fail "monitoring.operatorMonitor=ServiceMonitor needs metrics.enabled=true (the monitor scrapes the metrics Service); use operatorMonitor: none or enable metrics" -}}
+{{- end -}}
+{{- if and (eq .Values.monitoring.operatorMonitor "PodMonitor") .Values.monitoring.enabled (not .Values.metrics.enabled) -}}
+{{- fail "monitoring.operatorMonitor=PodMonitor needs metrics.enabled=true (the operator serves no metrics otherwise); use operatorMonitor: none or enable metrics" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The RBAC rules for namespaced objects, one list for both scopes: the ServingDeployments and their
+children. Every verb here is an entry of operator/prefixtune/controller/api_calls.py (a chart test
+compares the two).
+*/}}
+{{- define "prefixtune.namespacedRules" -}}
+- apiGroups: ["prefixtune.io"]
+  resources: ["servingdeployments"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["prefixtune.io"]
+  resources: ["servingdeployments/status"]
+  verbs: ["get", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "create", "patch"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- if .Values.monitoring.enabled }}
+- apiGroups: ["monitoring.coreos.com"]
+  resources: ["servicemonitors"]
+  verbs: ["get", "create", "patch"]
+{{- end }}
+{{- end -}}
+
+{{/* Cluster-scoped reads: CRD discovery (kopf's resource scan; is the ServiceMonitor CRD installed?). */}}
+{{- define "prefixtune.crdRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+{{- end -}}

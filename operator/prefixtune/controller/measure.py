@@ -1,0 +1,237 @@
+"""Measurement windows for the tuning loop: Signals for the pods under test over the policy's window.
+
+Direct scrapes (``tuning.metrics.source: scrape``): the pods' metrics endpoints are scraped at the
+window's start and end (and in between for the early-abort check). The start scrape is kept in
+memory only; after an operator restart it is gone, and the trial is reported invalidated so the
+policy re-measures it (a trial is neither lost nor counted twice). Prometheus
+(``source: prometheus``): the window is a range query ending at the window's end, so nothing is
+kept in memory at all.
+
+Time scale: the sandbox's twins run ``time_scale`` x faster than the wall clock; rates are then per
+twin second (the operator's own windows stay in wall seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from prefixtune.api.models import ServingDeploymentSpec
+from prefixtune.controller.observe import PodView, desired, pods_of
+from prefixtune.controller.render import Role, config_hash
+from prefixtune.engines import get_adapter
+from prefixtune.metrics.exposition import Snapshot
+from prefixtune.metrics.histogram import Slo
+from prefixtune.metrics.prometheus_source import PrometheusSource
+from prefixtune.metrics.promql import Selector
+from prefixtune.metrics.scrape_source import ScrapeSource, window_signals
+from prefixtune.metrics.signals import Signals
+from prefixtune.tuning.state import Observation, PolicyState
+
+PARTIAL_EVERY = 4  # early-abort checks per window
+
+
+@dataclass
+class _Start:
+    key: tuple[object, ...]
+    wall: float  # when the start scrape was taken (wall seconds)
+    snaps: dict[str, Snapshot]
+    last_partial: float = 0.0
+
+
+@dataclass
+class Meter:
+    """Per-operator memory of window starts (by resource uid); everything else comes from the state."""
+
+    time_scale: float = 1.0
+    timeout_s: float = 5.0
+    born: float = field(default_factory=time.time)  # windows that began before this are not ours
+    starts: dict[str, _Start] = field(default_factory=dict)
+    watch_from: dict[str, tuple[tuple[object, ...], float]] = field(default_factory=dict)  # Prometheus
+    last_signals: dict[str, Signals] = field(default_factory=dict)
+
+    def forget(self, uid: str) -> None:
+        self.starts.pop(uid, None)
+        self.last_signals.pop(uid, None)
+        self.watch_from.pop(uid, None)
+
+    def _clock(self) -> float:
+        return time.time() * self.time_scale
+
+    def _targets(self, spec: ServingDeploymentSpec, pods: Sequence[PodView]) -> dict[str, str]:
+        adapter = get_adapter(spec.engine)
+        return {
+            p.name: f"http://{p.ip}:{adapter.metrics_port}{adapter.metrics_path}"
+            for p in pods
+            if p.ip and p.ready and not p.deleting
+        }
+
+    async def _scrape(self, spec: ServingDeploymentSpec, pods: Sequence[PodView]) -> dict[str, Snapshot]:
+        targets = self._targets(spec, pods)
+        if not targets:
+            return {}
+        source = ScrapeSource(spec.engine, targets, timeout_s=self.timeout_s, clock=self._clock)
+        return await source.snapshot()
+
+    async def observe(
+        self, uid: str, spec: ServingDeploymentSpec, state: PolicyState, pods: Sequence[PodView], now: float
+    ) -> Observation | None:
+        """The window observation due now (or a partial one, or trial_invalidated); None if none."""
+        if spec.tuning.metrics.source.value == "prometheus":
+            return await self._prometheus(uid, spec, state, pods, now)
+        return await self._scraped(uid, spec, state, pods, now)
+
+    def _window_key(self, state: PolicyState) -> tuple[tuple[object, ...], float] | None:
+        """(key, start) of the window the policy is in, or None when it measures nothing now."""
+        if (
+            state.step == "Measuring"
+            and state.phase in ("Baseline", "Exploring")
+            and state.measure_from is not None
+        ):
+            return ("trial", state.active, state.measure_from), state.measure_from
+        if (state.phase == "Converged" and state.step == "Watching") or state.phase == "Observing":
+            return ("watch", state.phase, state.epoch), state.measure_from or 0.0
+        return None
+
+    def _groups(self, state: PolicyState, pods: Sequence[PodView]) -> dict[Role, list[PodView]]:
+        want = desired(state)
+        groups: dict[Role, list[PodView]] = {
+            "baseline": pods_of(pods, "baseline", config_hash(want.baseline))
+        }
+        if want.canary is not None:
+            groups["canary"] = pods_of(pods, "canary", config_hash(want.canary))
+        return groups
+
+    def _signals(
+        self, spec: ServingDeploymentSpec, start: _Start, end: Mapping[str, Snapshot], pods: Sequence[PodView]
+    ) -> Signals | None:
+        chains = {
+            name: [start.snaps[name], end[name]]
+            for name in (p.name for p in pods)
+            if name in start.snaps and name in end
+        }
+        if not chains:
+            return None
+        slo = Slo(float(spec.tuning.slo.ttft_p99), float(spec.tuning.slo.itl_p99))
+        from prefixtune.metrics.recipe import for_engine
+
+        return window_signals(for_engine(spec.engine), chains, slo=slo).signals
+
+    async def _scraped(
+        self, uid: str, spec: ServingDeploymentSpec, state: PolicyState, pods: Sequence[PodView], now: float
+    ) -> Observation | None:
+        found = self._window_key(state)
+        if found is None:
+            self.starts.pop(uid, None)
+            return None
+        key, began = found
+        groups = self._groups(state, pods)
+        everyone = [p for group in groups.values() for p in group]
+        start = self.starts.get(uid)
+        if start is None or start.key != key:
+            if key[0] == "trial" and began < self.born:
+                # The window began before this operator process: its start scrape is lost. Re-measure.
+                # (A window that began under this process is scraped now, at most a tick late.)
+                self.starts.pop(uid, None)
+                return Observation(
+                    kind="trial_invalidated",
+                    reason="the operator restarted during the measurement window (its start scrape is lost)",
+                )
+            snaps = await self._scrape(spec, everyone)
+            if not snaps:
+                return Observation(
+                    kind="metrics_unavailable", reason="no ready pod answered a metrics scrape"
+                )
+            self.starts[uid] = _Start(key, now, snaps, now)
+            return None
+        full = (
+            state.measure_until is not None and now >= state.measure_until - 1e-6
+            if key[0] == "trial"
+            else (now - start.wall >= state.settings.measure_s)
+        )
+        partial_due = (
+            key[0] == "trial"
+            and not full
+            and now - start.last_partial >= state.settings.measure_s / PARTIAL_EVERY
+        )
+        if not (full or partial_due):
+            return None
+        end = await self._scrape(spec, everyone)
+        subject: Role = "canary" if "canary" in groups else "baseline"
+        signals = self._signals(spec, start, end, groups[subject])
+        baseline = self._signals(spec, start, end, groups["baseline"]) if subject == "canary" else None
+        total = self._signals(spec, start, end, everyone)
+        if full:
+            if key[0] == "trial":
+                self.starts.pop(uid, None)
+            else:
+                self.starts[uid] = _Start(key, now, end, now)  # rolling windows while watching
+        else:
+            start.last_partial = now
+        if signals is None:
+            return Observation(
+                kind="metrics_unavailable", reason=f"no {subject} pod answered a metrics scrape"
+            )
+        if full:
+            self.last_signals[uid] = total or signals
+        return Observation(
+            kind="window",
+            signals=signals,
+            baseline_signals=baseline,
+            canary_pods=len(groups.get("canary", [])) or 1,
+            baseline_pods=len(groups["baseline"]) or 1,
+            partial=not full,
+            offered_rps=None if total is None else total.requests_per_s,
+        )
+
+    async def _prometheus(
+        self, uid: str, spec: ServingDeploymentSpec, state: PolicyState, pods: Sequence[PodView], now: float
+    ) -> Observation | None:
+        found = self._window_key(state)
+        if found is None or spec.tuning.metrics.url is None:
+            return None
+        key, began = found
+        if key[0] == "trial":
+            if state.measure_until is None or now < state.measure_until:
+                return None
+            window = int(max(state.measure_until - began, 1))
+        else:
+            last = self.watch_from.get(uid)
+            if last is None or last[0] != key:
+                self.watch_from[uid] = (key, max(began, now - state.settings.measure_s))
+                return None
+            if now - last[1] < state.settings.measure_s:
+                return None
+            window = int(max(now - last[1], 1))
+            self.watch_from[uid] = (key, now)
+        groups = self._groups(state, pods)
+        subject: Role = "canary" if "canary" in groups else "baseline"
+        source = PrometheusSource(
+            spec.tuning.metrics.url,
+            spec.engine,
+            slo=Slo(float(spec.tuning.slo.ttft_p99), float(spec.tuning.slo.itl_p99)),
+        )
+
+        def measure(group: Sequence[PodView]) -> Signals | None:
+            names = [p.name for p in group]
+            if not names:
+                return None
+            return source.measure(Selector.pods(names), window, end=now).signals
+
+        try:
+            signals = await asyncio.to_thread(measure, groups[subject])
+            baseline = await asyncio.to_thread(measure, groups["baseline"]) if subject == "canary" else None
+        except Exception as err:
+            return Observation(kind="metrics_unavailable", reason=f"Prometheus query failed: {err}")
+        if signals is None:
+            return Observation(kind="metrics_unavailable", reason=f"no {subject} pods to query")
+        return Observation(
+            kind="window",
+            signals=signals,
+            baseline_signals=baseline,
+            canary_pods=len(groups.get("canary", [])) or 1,
+            baseline_pods=len(groups["baseline"]) or 1,
+            offered_rps=signals.requests_per_s,
+        )

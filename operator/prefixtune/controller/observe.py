@@ -1,0 +1,232 @@
+"""Observations from the cluster: what the children should be, and what the pods say about a rollout.
+
+Pure functions over plain manifests (the Deployment and Pod objects as the API returns them) and the
+policy state. The shell lists the objects; these functions decide which observation to feed the
+policy (rollout applied / ready / failed, trial invalidated), so the decisions are unit-testable.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prefixtune.controller.render import (
+    LABEL_CONFIG_HASH,
+    LABEL_ROLE,
+    Role,
+    config_hash,
+    template_hash,
+)
+from prefixtune.engines.base import KnobConfig
+from prefixtune.tuning.state import Observation, PolicyState
+
+ROLLOUT_STEPS = ("RollingOut", "WaitingReady", "RollingBack")
+TRIAL_STEPS = ("RollingOut", "WaitingReady", "WarmingUp", "Measuring", "Scoring")
+OOM_PATTERN = re.compile(r"out of memory|outofmemory|oomkilled|\boom\b")
+
+
+@dataclass(frozen=True)
+class Desired:
+    """The configs the Deployments should run now (canary None: no canary Deployment)."""
+
+    baseline: KnobConfig
+    canary: KnobConfig | None = None
+
+    @property
+    def subject(self) -> Role:
+        """The Deployment a rollout in flight is waiting on."""
+        return "canary" if self.canary is not None else "baseline"
+
+    def config_of(self, role: Role) -> KnobConfig | None:
+        return self.baseline if role == "baseline" else self.canary
+
+
+def desired(state: PolicyState) -> Desired:
+    """Level-triggered rollout: the children follow the policy state, so a rollout interrupted by an
+    operator restart is completed (not lost, not repeated) on the next reconcile."""
+    trial = None if state.active is None else state.trial(state.active)
+    canary_trial = (
+        state.settings.strategy == "canary"
+        and trial is not None
+        and trial.role == "trial"
+        and state.step in TRIAL_STEPS
+    )
+    if canary_trial:
+        assert trial is not None
+        return Desired(baseline=state.current, canary=trial.config)
+    return Desired(baseline=state.target if state.target is not None else state.current)
+
+
+def _epoch(text: object) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the controller needs to know about one engine pod."""
+
+    name: str
+    ip: str
+    role: str
+    config_hash: str
+    ready: bool
+    restarts: int
+    waiting_reason: str = ""
+    terminated_reason: str = ""
+    message: str = ""
+    phase: str = ""
+    started_at: float | None = None  # the running container's start (epoch seconds)
+    deleting: bool = False
+
+    @property
+    def crashed(self) -> bool:
+        return (
+            self.restarts > 0
+            or self.waiting_reason
+            in ("CrashLoopBackOff", "CreateContainerConfigError", "CreateContainerError")
+            or self.phase == "Failed"
+            or bool(self.terminated_reason)
+        )
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or ()}
+    statuses = status.get("containerStatuses") or []
+    container = statuses[0] if statuses else {}
+    state = container.get("state") or {}
+    last = (container.get("lastState") or {}).get("terminated") or {}
+    terminated = state.get("terminated") or {}
+    waiting = state.get("waiting") or {}
+    running = state.get("running") or {}
+    message = str(terminated.get("message") or waiting.get("message") or last.get("message") or "")
+    return PodView(
+        name=str(meta.get("name", "")),
+        ip=str(status.get("podIP") or ""),
+        role=str(labels.get(LABEL_ROLE, "")),
+        config_hash=str(labels.get(LABEL_CONFIG_HASH, "")),
+        ready=conditions.get("Ready") == "True",
+        restarts=int(container.get("restartCount") or 0),
+        waiting_reason=str(waiting.get("reason") or ""),
+        terminated_reason=str(terminated.get("reason") or ""),
+        message=message,
+        phase=str(status.get("phase") or ""),
+        started_at=_epoch(running.get("startedAt")),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def failure_kind(pod: PodView, reached_ready: bool) -> str:
+    """crash | oom_startup | oom_runtime, from the container's exit message (the engine's own error)."""
+    text = f"{pod.terminated_reason} {pod.message}".lower()
+    if OOM_PATTERN.search(text):
+        return "oom_runtime" if reached_ready else "oom_startup"
+    return "crash"
+
+
+def _failure_detail(pod: PodView) -> str:
+    why = pod.waiting_reason or pod.terminated_reason or "restarted"
+    detail = f"pod {pod.name}: {why}, {pod.restarts} restart(s)"
+    if pod.message:
+        detail += f": {pod.message[:300]}"
+    return detail
+
+
+def deployment_ready(deployment: Mapping[str, Any] | None, expected_hash: str) -> bool:
+    """The Deployment runs ``expected_hash`` on every replica, all ready, no old pods left."""
+    if deployment is None or template_hash(deployment) != expected_hash:
+        return False
+    meta = deployment.get("metadata") or {}
+    spec = deployment.get("spec") or {}
+    status = deployment.get("status") or {}
+    replicas = int(spec.get("replicas", 1))
+    observed = int(status.get("observedGeneration") or 0)
+    if observed < int(meta.get("generation") or 1):
+        return False
+    return (
+        int(status.get("updatedReplicas") or 0) >= replicas
+        and int(status.get("readyReplicas") or 0) >= replicas
+        and int(status.get("availableReplicas") or 0) >= replicas
+        and int(status.get("replicas") or 0) <= replicas
+    )
+
+
+def pods_of(pods: Sequence[PodView], role: Role, digest: str | None = None) -> list[PodView]:
+    return [
+        p for p in pods if p.role == role and not p.deleting and (digest is None or p.config_hash == digest)
+    ]
+
+
+def rollout_observation(
+    state: PolicyState,
+    deployments: Mapping[Role, Mapping[str, Any] | None],
+    pods: Sequence[PodView],
+) -> Observation | None:
+    """What the pods say about the rollout or trial in flight; None when there is nothing to report."""
+    want = desired(state)
+    role = want.subject
+    config = want.config_of(role)
+    assert config is not None
+    digest = config_hash(config)
+    mine = pods_of(pods, role, digest)
+    if state.step in ROLLOUT_STEPS:
+        for pod in mine:
+            if pod.crashed:
+                return Observation(
+                    kind="rollout_failed",
+                    config=config,
+                    failure=failure_kind(pod, reached_ready=False),
+                    reason=_failure_detail(pod),
+                )
+        dep = deployments.get(role)
+        others = [p for p in pods_of(pods, role) if p.config_hash != digest]
+        ready_pods = [p for p in mine if p.ready]
+        replicas = int(((dep or {}).get("spec") or {}).get("replicas", 1))
+        if deployment_ready(dep, digest) and not others and len(ready_pods) >= replicas:
+            return Observation(kind="rollout_ready", config=config)
+        if state.step == "RollingOut" and dep is not None and template_hash(dep) == digest:
+            return Observation(kind="rollout_applied", config=config)
+        return None
+    trial = None if state.active is None else state.trial(state.active)
+    if trial is None or state.step not in ("WarmingUp", "Measuring"):
+        return None
+    if trial.role == "trial":
+        for pod in mine:
+            if pod.crashed:
+                return Observation(
+                    kind="rollout_failed",
+                    config=config,
+                    failure=failure_kind(pod, reached_ready=True),
+                    reason=_failure_detail(pod) + " (under load, after it was ready)",
+                )
+        if not any(p.ready for p in mine):
+            return None  # not ready under load: it recovers, or crashes (a failure on a later tick)
+    # A pod (re)started after the warm-up began, or none is ready: the window is not comparable.
+    since = state.measure_from if state.step == "Measuring" else None
+    restarted = [p for p in mine if since is not None and p.started_at is not None and p.started_at > since]
+    if restarted or not any(p.ready for p in mine):
+        who = ", ".join(p.name for p in restarted) or f"no ready {role} pod"
+        return Observation(kind="trial_invalidated", reason=f"pods restarted or missing ({who})")
+    return None
+
+
+__all__ = [
+    "Desired",
+    "PodView",
+    "deployment_ready",
+    "desired",
+    "failure_kind",
+    "pod_view",
+    "pods_of",
+    "rollout_observation",
+]

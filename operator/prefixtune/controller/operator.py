@@ -1,0 +1,244 @@
+"""``prefixtune run``: the operator process (kopf with sensible settings), and an in-thread runner.
+
+    prefixtune run [--namespace NS ... | --all-namespaces] [--metrics-port P] [--peering NAME]
+                   [--standalone] [--tick S] [--kubeconfig FILE]
+
+Peering: two replicas of the operator share a kopf peering object (kopf.dev ClusterKopfPeering for
+--all-namespaces, KopfPeering per namespace otherwise; CRDs in crds/kopf-peering.yaml); the one
+with the highest priority is active, the other pauses. --standalone disables peering (one replica).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import faulthandler
+import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from prefixtune.controller.handlers import build_registry
+from prefixtune.controller.kube import Connection, KubeClient
+from prefixtune.controller.measure import Meter
+from prefixtune.controller.reconcile import OperatorContext
+from prefixtune.controller.selfmetrics import SelfMetrics
+
+logger = logging.getLogger(__name__)
+
+ANNOTATION_PREFIX = "prefixtune.io"
+DEFAULT_TICK_S = 5.0
+
+
+@dataclass
+class OperatorOptions:
+    namespaces: list[str] = field(default_factory=list)
+    clusterwide: bool = False
+    standalone: bool = False
+    peering: str | None = None
+    metrics_port: int | None = None
+    tick_s: float = DEFAULT_TICK_S
+    kubeconfig: str | None = None
+    time_scale: float = 1.0  # sandbox only: the twins' simulated seconds per wall second
+    ready_timeout_s: float | None = None
+    priority: int = 0
+
+
+def operator_settings(opts: OperatorOptions) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.posting.enabled = True  # kopf's own Events for handler failures (warnings and up)
+    settings.posting.level = logging.WARNING
+    settings.networking.error_backoffs = [1, 2, 5, 10, 20, 30]
+    settings.networking.connect_timeout = 10
+    settings.networking.request_timeout = 60
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.watching.reconnect_backoff = 1.0
+    settings.queueing.error_delays = [1, 2, 5, 10, 30, 60]
+    settings.execution.max_workers = 4
+    # Handler progress and the diff base live in our annotations, never in status (the operator
+    # writes the whole status itself).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.peering.standalone = opts.standalone
+    settings.peering.clusterwide = opts.clusterwide
+    settings.peering.priority = opts.priority
+    if opts.peering:
+        settings.peering.name = opts.peering
+        settings.peering.mandatory = True
+    return settings
+
+
+def _preload() -> None:
+    """Import the optimizer's libraries now (seconds), not inside the first decision."""
+    import sklearn.gaussian_process  # noqa: F401
+    import skopt.space  # noqa: F401
+
+
+def build_registry_with_login(opts: OperatorOptions, connection: Connection) -> kopf.OperatorRegistry:
+    registry = build_registry(opts.tick_s)
+
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(
+            server=connection.server,
+            token=connection.token,
+            ca_path=connection.ca_file,
+            insecure=not connection.verify,
+            certificate_path=connection.cert_file,
+            private_key_path=connection.key_file,
+            default_namespace=opts.namespaces[0] if opts.namespaces else None,
+        )
+
+    kopf.on.login(registry=registry)(login)
+    return registry
+
+
+async def run_operator(
+    opts: OperatorOptions,
+    *,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+    context: OperatorContext | None = None,
+) -> None:
+    connection = Connection.load(opts.kubeconfig)
+    ctx = context or OperatorContext(
+        client=KubeClient(connection),
+        meter=Meter(time_scale=opts.time_scale),
+        metrics=SelfMetrics(),
+        ready_timeout_s=opts.ready_timeout_s,
+    )
+    if opts.metrics_port is not None:
+        ctx.metrics.serve(opts.metrics_port)
+    await asyncio.to_thread(_preload)
+    try:
+        await kopf.operator(
+            registry=build_registry_with_login(opts, connection),
+            settings=operator_settings(opts),
+            clusterwide=opts.clusterwide,
+            namespaces=opts.namespaces,
+            standalone=opts.standalone,
+            peering_name=opts.peering,
+            priority=opts.priority,
+            memo=kopf.Memo(ctx=ctx),
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        await ctx.client.close()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="prefixtune run", description="Run the prefixtune operator (kopf).")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)"
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (cluster-wide)"
+    )
+    p.add_argument(
+        "--metrics-port", type=int, default=None, help="serve the operator's own Prometheus metrics here"
+    )
+    peer = p.add_mutually_exclusive_group()
+    peer.add_argument(
+        "--peering", default=None, help="kopf peering name: replicas sharing it elect one active"
+    )
+    peer.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
+    p.add_argument("--priority", type=int, default=0, help="peering priority (the highest is active)")
+    p.add_argument("--tick", type=float, default=DEFAULT_TICK_S, help="seconds between tuning-loop ticks")
+    p.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)"
+    )
+    p.add_argument("--time-scale", type=float, default=1.0, help=argparse.SUPPRESS)  # sandbox twins' speedup
+    p.add_argument(
+        "--ready-timeout", type=float, default=None, help="seconds a rollout may take to get ready"
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def options_from_args(argv: Sequence[str]) -> OperatorOptions:
+    args = _parser().parse_args(list(argv))
+    if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
+        raise SystemExit(f"prefixtune run: --metrics-port must be 1..65535, got {args.metrics_port}")
+    if not args.tick > 0:
+        raise SystemExit(f"prefixtune run: --tick must be > 0 seconds, got {args.tick}")
+    if not args.time_scale > 0:
+        raise SystemExit(f"prefixtune run: --time-scale must be > 0, got {args.time_scale}")
+    namespaces = list(args.namespace)
+    clusterwide = bool(args.all_namespaces) or not namespaces
+    return OperatorOptions(
+        namespaces=namespaces,
+        clusterwide=clusterwide,
+        standalone=bool(args.standalone),
+        peering=args.peering,
+        metrics_port=args.metrics_port,
+        tick_s=float(args.tick),
+        kubeconfig=args.kubeconfig or os.environ.get("KUBECONFIG") or None,
+        time_scale=float(args.time_scale),
+        ready_timeout_s=args.ready_timeout,
+        priority=int(args.priority),
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    opts = options_from_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: dump the stacks
+    verbose = "-v" in argv or "--verbose" in argv
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("kopf").setLevel(logging.INFO if verbose else logging.WARNING)
+    scope = "all namespaces" if opts.clusterwide else ", ".join(opts.namespaces)
+    peering = "standalone" if opts.standalone else f"peering {opts.peering or 'auto'}"
+    logger.info("prefixtune operator: watching %s (%s), tick %gs", scope, peering, opts.tick_s)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run_operator(opts))
+    return 0
+
+
+def operator_argv(
+    kubeconfig: str,
+    *,
+    tick_s: float = DEFAULT_TICK_S,
+    time_scale: float = 1.0,
+    ready_timeout_s: float | None = None,
+    metrics_port: int | None = None,
+    namespaces: Sequence[str] = (),
+) -> list[str]:
+    """The command line of ``prefixtune run`` as a separate process (the demo, end-to-end tests)."""
+    import sys
+
+    argv = [sys.executable, "-m", "prefixtune.cli", "run", "--standalone", "--kubeconfig", kubeconfig]
+    argv += [f"--namespace={ns}" for ns in namespaces] or ["--all-namespaces"]
+    argv += ["--tick", f"{tick_s:g}", "--time-scale", f"{time_scale:g}"]
+    if ready_timeout_s is not None:
+        argv += ["--ready-timeout", f"{ready_timeout_s:g}"]
+    if metrics_port is not None:
+        argv += ["--metrics-port", str(metrics_port)]
+    return argv
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the child gets SIGTERM when its parent dies (no orphaned operator after a crash)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def spawn_operator(argv: Sequence[str], log_path: str) -> subprocess.Popen[bytes]:
+    """Start ``prefixtune run`` (``operator_argv``) as a child process logging to ``log_path``."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)

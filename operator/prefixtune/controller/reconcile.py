@@ -1,0 +1,226 @@
+"""One reconcile of one ServingDeployment: the tuning loop's thin shell.
+
+Every call: read the resource, validate its spec, rebuild the policy state from ``status.policy``,
+gather observations (spec change, rollout state from the children, a measurement window), call the
+pure policy, persist the whole status in ONE patch (guarded by the resourceVersion, so two
+operator replicas or a stale read never both write), then post the decision Events and bring the
+children to what the new state asks for. Nothing lives in memory that the status cannot rebuild,
+except the start scrape of a window in progress (see ``measure.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefixtune.api import validate_spec
+from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL
+from prefixtune.controller.api_calls import require
+from prefixtune.controller.execute import (
+    ensure_children,
+    monitoring_installed,
+    post_events,
+    read_children,
+    ready_condition,
+)
+from prefixtune.controller.kube import KubeClient, KubeError, ns_path
+from prefixtune.controller.measure import Meter
+from prefixtune.controller.observe import deployment_ready, desired, rollout_observation
+from prefixtune.controller.render import Owner, config_hash
+from prefixtune.controller.selfmetrics import SelfMetrics
+from prefixtune.controller.settings import tuning_settings
+from prefixtune.controller.status import build_status, invalid_status, policy_state_of
+from prefixtune.metrics.diagnosis import diagnose
+from prefixtune.tuning.actions import Action, EmitEvent
+from prefixtune.tuning.policy import initial_state, step
+from prefixtune.tuning.state import Observation, PolicyState
+
+logger = logging.getLogger(__name__)
+
+SLOW_RECONCILE_S = 2.0
+ENSURE_EVERY_S = 30.0
+SDEP_API = f"/apis/{API_GROUP}/{API_VERSION}"
+
+
+@dataclass
+class OperatorContext:
+    """What the handlers share (kopf's memo). No tuning state: that is in each resource's status."""
+
+    client: KubeClient
+    meter: Meter = field(default_factory=Meter)
+    metrics: SelfMetrics = field(default_factory=SelfMetrics)
+    clock: Callable[[], float] = time.time
+    ready_timeout_s: float | None = None  # override of the spec-derived timeout (tests, demo)
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    monitoring: bool | None = None  # ServiceMonitor CRD present (checked once per process)
+    # A cache, not state: what was last ensured per resource, to skip re-applying an unchanged
+    # rendering on every tick (a full ensure still runs every ENSURE_EVERY_S).
+    ensured: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def lock(self, key: str) -> asyncio.Lock:
+        return self.locks.setdefault(key, asyncio.Lock())
+
+
+def resource_path(namespace: str, name: str) -> str:
+    return ns_path(SDEP_API, namespace, PLURAL, name)
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did (for logs and tests)."""
+
+    phase: str = ""
+    actions: list[Action] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)
+    conflict: bool = False
+    invalid: list[str] = field(default_factory=list)
+
+
+async def _advance(state: PolicyState, obs: Observation, now: float, actions: list[Action]) -> PolicyState:
+    # The policy is pure but may fit a Gaussian process: keep kopf's event loop responsive.
+    new, acts = await asyncio.to_thread(step, state, obs, now)
+    actions.extend(acts)
+    return new
+
+
+async def reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome | None:
+    """Reconcile once; None when the resource is gone."""
+    async with ctx.lock(f"{namespace}/{name}"):
+        started = time.perf_counter()
+        try:
+            return await _reconcile(ctx, namespace, name)
+        except Exception:
+            ctx.metrics.reconcile_errors.labels(namespace, name).inc()
+            raise
+        finally:
+            took = time.perf_counter() - started
+            ctx.metrics.decision_seconds.observe(took)
+            if took > SLOW_RECONCILE_S:
+                logger.warning("reconcile of %s/%s took %.1fs", namespace, name, took)
+
+
+async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome | None:
+    client = ctx.client
+    require(API_GROUP, PLURAL, "get")
+    body = await client.get(resource_path(namespace, name))
+    if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+        uid = str(((body or {}).get("metadata") or {}).get("uid", ""))
+        ctx.meter.forget(uid)
+        ctx.metrics.forget(namespace, name)
+        return None
+    meta = body["metadata"]
+    uid = str(meta.get("uid", ""))
+    generation = int(meta.get("generation") or 1)
+    previous: dict[str, Any] = dict(body.get("status") or {})
+    now = ctx.clock()
+
+    spec, errors = validate_spec(body.get("spec"))
+    if spec is None or errors:
+        return await _invalid(ctx, body, previous, [str(e) for e in errors], now, generation)
+
+    owner = Owner.of(body)
+    settings = tuning_settings(spec, namespace, name, ready_timeout=ctx.ready_timeout_s)
+    actions: list[Action] = []
+    state = policy_state_of(previous)
+    if state is None or state.engine != str(spec.engine) or state.phase == "Pending":
+        state = initial_state(str(spec.engine), settings, spec.knob_config(), generation)
+    elif state.spec_generation != generation:
+        obs = Observation(
+            kind="spec_changed", settings=settings, config=spec.knob_config(), generation=generation
+        )
+        state = await _advance(state, obs, now, actions)
+    elif state.settings != settings:  # e.g. a changed operator-level ready timeout
+        state = state.model_copy(update={"settings": settings})
+
+    children = await read_children(client, owner)
+    if state.phase == "Pending":
+        # The policy's clock starts once the baseline serves: warm-up must not run on loading pods.
+        if deployment_ready(children.deployments.get("baseline"), config_hash(state.current)):
+            state = await _advance(state, Observation(kind="tick"), now, actions)
+    else:
+        rollout = rollout_observation(state, children.deployments, children.pods)
+        if rollout is not None:
+            state = await _advance(state, rollout, now, actions)
+        window = await ctx.meter.observe(uid, spec, state, children.pods, now)
+        if window is not None:
+            state = await _advance(state, window, now, actions)
+        state = await _advance(state, Observation(kind="tick"), now, actions)
+
+    signals = ctx.meter.last_signals.get(uid)
+    diagnosis = diagnose(signals) if signals is not None else None
+    status = build_status(
+        state, actions, previous, now=now, generation=generation,
+        ready=ready_condition(spec, children), diagnosis=diagnosis,
+    )  # fmt: skip
+    outcome = Outcome(phase=state.phase, actions=actions)
+    try:
+        require(API_GROUP, f"{PLURAL}/status", "patch")
+        await client.merge_patch(
+            resource_path(namespace, name) + "/status",
+            {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
+        )
+    except KubeError as err:
+        if err.status == 409:  # somebody wrote in between: decide again on fresh data next time
+            outcome.conflict = True
+            return outcome
+        raise
+    if signals is not None:
+        ctx.meter.last_signals.pop(uid, None)
+    await post_events(client, body, [a for a in actions if isinstance(a, EmitEvent)], now)
+    if ctx.monitoring is None:
+        ctx.monitoring = await monitoring_installed(client)
+    want = desired(state)
+    key = f"{generation}/{want}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
+    last = ctx.ensured.get(uid)
+    if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S:
+        outcome.changes = await ensure_children(client, owner, spec, want, monitoring=ctx.monitoring)
+        ctx.ensured[uid] = (key, now)
+    for change in outcome.changes:
+        logger.info("%s/%s: %s", namespace, name, change)
+    ctx.metrics.record(namespace, name, actions)
+    best = state.trial(state.best).value if state.best is not None else None
+    ctx.metrics.set_state(namespace, name, state.phase, best)
+    return outcome
+
+
+async def _invalid(
+    ctx: OperatorContext,
+    body: dict[str, Any],
+    previous: dict[str, Any],
+    errors: list[str],
+    now: float,
+    generation: int,
+) -> Outcome:
+    """An invalid spec: a condition and a Warning Event naming the fields; nothing is rolled out."""
+    meta = body["metadata"]
+    namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
+    outcome = Outcome(phase="Failed", invalid=errors)
+    ready: dict[str, Any] = next(
+        (c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {}
+    )
+    message = "; ".join(errors)
+    if (
+        previous.get("observedGeneration") == generation
+        and ready.get("reason") == "InvalidSpec"
+        and ready.get("message") == message
+    ):
+        return outcome  # already reported for this generation
+    status = invalid_status(previous, errors, now=now, generation=generation)
+    try:
+        await ctx.client.merge_patch(
+            resource_path(namespace, name) + "/status",
+            {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
+        )
+    except KubeError as err:
+        if err.status == 409:
+            outcome.conflict = True
+            return outcome
+        raise
+    event = EmitEvent("Warning", "InvalidSpec", f"spec rejected, nothing rolled out: {message}")
+    await post_events(ctx.client, body, [event], now)
+    ctx.metrics.set_state(namespace, name, "Failed", None)
+    return outcome

@@ -1,0 +1,282 @@
+"""Render the children of a ServingDeployment: Deployment(s), Service, ConfigMap, ServiceMonitor.
+
+Pure functions from (resource identity, validated spec, knob config, role) to manifests (plain
+dicts). The engine adapter renders the real command line; this module only wraps it in Kubernetes
+objects. Every child carries an ownerReference to the ServingDeployment, so deleting the resource
+deletes its children through the garbage collector (no finalizer is needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from prefixtune.api.models import GROUP_VERSION, KIND, ServingDeploymentSpec
+from prefixtune.engines import get_adapter
+from prefixtune.engines.base import KnobConfig, RenderedCommand
+
+Role = Literal["baseline", "canary"]
+ROLES: tuple[Role, ...] = ("baseline", "canary")
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_RESOURCE = "prefixtune.io/resource"
+LABEL_ROLE = "prefixtune.io/role"
+LABEL_CONFIG_HASH = "prefixtune.io/config-hash"
+ANNOTATION_CONFIG = "prefixtune.io/config"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU feature discovery's node label (the sandbox reads it)
+GPU_RESOURCE = "nvidia.com/gpu"
+MANAGER = "prefixtune"
+CONTAINER = "engine"
+PORT_NAME = "http"
+OPTIONS_VOLUME = "engine-options"
+
+# GPU feature discovery product names for the API's GPU types.
+GPU_PRODUCTS: Mapping[str, str] = {
+    "H100-80GB": "NVIDIA-H100-80GB-HBM3",
+    "H200": "NVIDIA-H200",
+    "A100-80GB": "NVIDIA-A100-SXM4-80GB",
+}
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The ServingDeployment that owns the children."""
+
+    namespace: str
+    name: str
+    uid: str
+    annotations: Mapping[str, str] | None = None
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": GROUP_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> Owner:
+        meta = body.get("metadata") or {}
+        return cls(
+            namespace=str(meta.get("namespace") or "default"),
+            name=str(meta["name"]),
+            uid=str(meta.get("uid") or ""),
+            annotations=dict(meta.get("annotations") or {}),
+        )
+
+
+def config_hash(config: KnobConfig) -> str:
+    """A short stable hash of a knob config (a label value: 10 hex characters)."""
+    text = json.dumps(config.to_dict(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def deployment_name(owner_name: str, role: Role) -> str:
+    return owner_name if role == "baseline" else f"{owner_name}-canary"
+
+
+def configmap_name(owner_name: str, role: Role) -> str:
+    return f"{deployment_name(owner_name, role)}-options"
+
+
+def service_name(owner_name: str) -> str:
+    return owner_name
+
+
+def selector_labels(owner_name: str, role: Role | None = None) -> dict[str, str]:
+    """Labels that select the pods: both roles for the Service, one role for a Deployment."""
+    labels = {LABEL_RESOURCE: owner_name}
+    if role is not None:
+        labels[LABEL_ROLE] = role
+    return labels
+
+
+def common_labels(owner: Owner, spec: ServingDeploymentSpec) -> dict[str, str]:
+    return {
+        LABEL_NAME: str(spec.engine),
+        LABEL_INSTANCE: owner.name,
+        LABEL_COMPONENT: "serving",
+        LABEL_MANAGED_BY: MANAGER,
+        LABEL_RESOURCE: owner.name,
+    }
+
+
+def _meta(
+    owner: Owner, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": dict(labels),
+        "ownerReferences": [owner.reference()],
+    }
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def render_command(spec: ServingDeploymentSpec, config: KnobConfig) -> RenderedCommand:
+    adapter = get_adapter(spec.engine)
+    return adapter.render(spec.model, config, spec.extra_args, None, spec.gpu.count)
+
+
+def _options_data(files: Mapping[str, str]) -> dict[str, str]:
+    return {posixpath.basename(path): content for path, content in sorted(files.items())}
+
+
+def render_configmap(
+    owner: Owner, spec: ServingDeploymentSpec, config: KnobConfig, role: Role
+) -> dict[str, Any] | None:
+    """The ConfigMap with the engine's option files (TensorRT-LLM's YAML); None when it reads none."""
+    command = render_command(spec, config)
+    if not command.files:
+        return None
+    labels = {**common_labels(owner, spec), LABEL_ROLE: role, LABEL_CONFIG_HASH: config_hash(config)}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(owner, configmap_name(owner.name, role), labels),
+        "data": _options_data(command.files),
+    }
+
+
+def _probe(path: str, *, initial_delay: int, period: int, failure_threshold: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": PORT_NAME},
+        "initialDelaySeconds": initial_delay,
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failure_threshold,
+    }
+
+
+def replicas_for(spec: ServingDeploymentSpec, role: Role, canary_active: bool) -> int:
+    """The baseline gives one replica to the canary during a canary trial."""
+    if role == "canary":
+        return 1
+    return max(spec.replicas - 1, 1) if canary_active else spec.replicas
+
+
+def render_deployment(
+    owner: Owner, spec: ServingDeploymentSpec, config: KnobConfig, role: Role, replicas: int
+) -> dict[str, Any]:
+    """The engine Deployment of one role running ``config``."""
+    adapter = get_adapter(spec.engine)
+    command = render_command(spec, config)
+    port = adapter.metrics_port
+    digest = config_hash(config)
+    image = spec.image or adapter.default_image
+    labels = {**common_labels(owner, spec), LABEL_ROLE: role, LABEL_CONFIG_HASH: digest}
+    pod_annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": adapter.metrics_path,
+        ANNOTATION_CONFIG: json.dumps(config.to_dict(), sort_keys=True),
+    }
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image,
+        "command": list(command.command),
+        "args": list(command.args),
+        "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "resources": {
+            "limits": {GPU_RESOURCE: str(spec.gpu.count)},
+            "requests": {GPU_RESOURCE: str(spec.gpu.count)},
+        },
+        # Engines load weights for minutes: the readiness probe gates traffic, the liveness probe
+        # only restarts an engine that stopped answering for a while.
+        "readinessProbe": _probe(adapter.health_path, initial_delay=5, period=5, failure_threshold=3),
+        "livenessProbe": _probe(adapter.health_path, initial_delay=300, period=10, failure_threshold=6),
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "nodeSelector": {GPU_PRODUCT_LABEL: GPU_PRODUCTS.get(str(spec.gpu.type), str(spec.gpu.type))},
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "restartPolicy": "Always",
+    }
+    if command.files:
+        container["volumeMounts"] = [
+            {"name": OPTIONS_VOLUME, "mountPath": path, "subPath": posixpath.basename(path), "readOnly": True}
+            for path in sorted(command.files)
+        ]
+        pod_spec["volumes"] = [
+            {"name": OPTIONS_VOLUME, "configMap": {"name": configmap_name(owner.name, role)}}
+        ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(owner, deployment_name(owner.name, role), labels),
+        "spec": {
+            "replicas": int(replicas),
+            "selector": {"matchLabels": selector_labels(owner.name, role)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {"metadata": {"labels": labels, "annotations": pod_annotations}, "spec": pod_spec},
+        },
+    }
+
+
+def render_service(owner: Owner, spec: ServingDeploymentSpec) -> dict[str, Any]:
+    """One Service over both roles: a canary pod takes its share of the same traffic."""
+    adapter = get_adapter(spec.engine)
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(adapter.metrics_port),
+        "prometheus.io/path": adapter.metrics_path,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(owner, service_name(owner.name), common_labels(owner, spec), annotations),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(owner.name),
+            "ports": [
+                {"name": PORT_NAME, "port": adapter.metrics_port, "targetPort": PORT_NAME, "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def render_service_monitor(owner: Owner, spec: ServingDeploymentSpec) -> dict[str, Any]:
+    """A prometheus-operator ServiceMonitor (created only when its CRD is installed)."""
+    adapter = get_adapter(spec.engine)
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": _meta(owner, owner.name, common_labels(owner, spec)),
+        "spec": {
+            "selector": {"matchLabels": {LABEL_RESOURCE: owner.name, LABEL_MANAGED_BY: MANAGER}},
+            "namespaceSelector": {"matchNames": [owner.namespace]},
+            "endpoints": [{"port": PORT_NAME, "path": adapter.metrics_path, "interval": "15s"}],
+        },
+    }
+
+
+def pod_config(pod_or_template: Mapping[str, Any]) -> KnobConfig | None:
+    """The knob config a pod (or pod template) was rendered with, from its annotation."""
+    annotations = (pod_or_template.get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(ANNOTATION_CONFIG)
+    if not text:
+        return None
+    try:
+        return KnobConfig.from_dict(json.loads(text))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def template_hash(deployment: Mapping[str, Any]) -> str | None:
+    labels = (((deployment.get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
+        "labels"
+    ) or {}
+    value = labels.get(LABEL_CONFIG_HASH)
+    return None if value is None else str(value)

@@ -1,0 +1,66 @@
+"""spec -> TuningSettings: the thin, pure converter from the custom resource to the policy's settings."""
+
+from __future__ import annotations
+
+from prefixtune.api.models import ServingDeploymentSpec
+from prefixtune.tuning.settings import Mode, Objective, Slo, SpaceOverride, Strategy, TuningSettings
+
+# A rollout that is not ready after this long is an infeasible trial. Engines load weights for
+# minutes: 10 minutes by default, longer for trials whose windows are longer than that.
+READY_TIMEOUT_WINDOWS = 1.0
+READY_TIMEOUT_MIN_S = 600.0
+READY_TIMEOUT_MAX_S = 1800.0
+
+
+def seed_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def space_override(spec: ServingDeploymentSpec) -> SpaceOverride:
+    """spec.tuning.space as the policy's SpaceOverride (only the knobs the user listed)."""
+    space = spec.tuning.space
+    return SpaceOverride(
+        memory_fraction=(
+            None
+            if space.memory_fraction is None
+            else (float(space.memory_fraction.min), float(space.memory_fraction.max))
+        ),
+        block_size=None if space.block_size is None else tuple(int(b) for b in space.block_size),
+        prefix_caching=None if space.prefix_caching is None else tuple(bool(p) for p in space.prefix_caching),
+        schedule_policy=(
+            None if space.schedule_policy is None else tuple(str(p) for p in space.schedule_policy)
+        ),
+    )
+
+
+def ready_timeout_s(spec: ServingDeploymentSpec) -> float:
+    trial = spec.tuning.trial
+    span = READY_TIMEOUT_WINDOWS * (float(trial.warmup) + float(trial.measure))
+    return min(max(span, READY_TIMEOUT_MIN_S), READY_TIMEOUT_MAX_S)
+
+
+def tuning_settings(
+    spec: ServingDeploymentSpec, namespace: str, name: str, *, ready_timeout: float | None = None
+) -> TuningSettings:
+    """The policy's settings for a validated spec (engine defaults already filled in)."""
+    tuning = spec.tuning
+    mode: Mode = tuning.mode.value
+    objective: Objective = tuning.objective.value
+    strategy: Strategy = spec.effective_rollout().value
+    if strategy == "canary" and spec.replicas < 2:
+        strategy = "rolling"  # a canary needs a baseline pod beside it
+    return TuningSettings(
+        mode=mode,
+        objective=objective,
+        slo=Slo(ttft_p99_s=float(tuning.slo.ttft_p99), itl_p99_s=float(tuning.slo.itl_p99)),
+        space=space_override(spec),
+        warmup_s=float(tuning.trial.warmup),
+        measure_s=float(tuning.trial.measure),
+        min_requests=int(tuning.trial.min_requests),
+        max_trials=int(tuning.budget.max_trials),
+        strategy=strategy,
+        min_interval_s=float(tuning.rollout.min_interval),
+        drift_threshold=float(tuning.drift.threshold),
+        ready_timeout_s=float(ready_timeout if ready_timeout is not None else ready_timeout_s(spec)),
+        seed_key=seed_key(namespace, name),
+    )

@@ -1,0 +1,202 @@
+"""Build the ServingDeployment's status from the policy state: one patch per reconcile.
+
+Pure. The policy state is the source of truth (stored whole, as JSON, under ``status.policy``); the
+rest of the status is a readable projection of it: phase, conditions, current and best config, the
+last trials, the diagnosis and the recommendation.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prefixtune.api.models import ServingDeploymentStatus
+from prefixtune.engines.base import KnobConfig
+from prefixtune.metrics.diagnosis import Diagnosis
+from prefixtune.tuning.actions import Action, Recommend, SetCondition
+from prefixtune.tuning.state import PolicyState, Trial
+
+MAX_TRIALS_IN_STATUS = 50
+POLICY_KEY = "state"  # status.policy.state: PolicyState.to_json()
+POLICY_SCHEMA = 1
+CONDITION_TYPES = ("Ready", "Tuning", "Degraded", "MetricsUnavailable")
+# Diagnosis bounds the API knows; the metrics layer may say more (e.g. "insufficient").
+API_BOUNDS = ("prefill", "decode", "kv-capacity", "queueing", "unknown")
+
+
+def iso(t: float | datetime.datetime) -> str:
+    dt = t if isinstance(t, datetime.datetime) else datetime.datetime.fromtimestamp(t, tz=datetime.UTC)
+    return dt.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def knob_values(config: KnobConfig) -> dict[str, Any]:
+    return {
+        "memoryFraction": float(config.memory_fraction),
+        "blockSize": int(config.block_size),
+        "prefixCaching": bool(config.prefix_caching),
+        "schedulePolicy": str(config.schedule_policy),
+    }
+
+
+def policy_state_of(status: Mapping[str, Any] | None) -> PolicyState | None:
+    """The policy state stored in a status, or None (new resource, or written by an older schema)."""
+    policy = (status or {}).get("policy") or {}
+    text = policy.get(POLICY_KEY) if isinstance(policy, Mapping) else None
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return PolicyState.from_json(text)
+    except ValueError:
+        return None
+
+
+def condition(
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    now: float,
+    generation: int,
+    previous: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """A condition; lastTransitionTime moves only when the status flips."""
+    old = next((c for c in previous if c.get("type") == type_), None)
+    since = old.get("lastTransitionTime") if old is not None and old.get("status") == status else None
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message[:32768],
+        "lastTransitionTime": since or iso(now),
+        "observedGeneration": int(generation),
+    }
+
+
+def merge_conditions(
+    previous: Sequence[Mapping[str, Any]],
+    updates: Sequence[tuple[str, str, str, str]],
+    now: float,
+    generation: int,
+) -> list[dict[str, Any]]:
+    """Apply (type, status, reason, message) updates to the previous conditions, in a fixed order;
+    conditions not updated keep their values but get the current observedGeneration."""
+    by_type: dict[str, dict[str, Any]] = {str(c.get("type")): dict(c) for c in previous if c.get("type")}
+    for type_, status, reason, message in updates:
+        by_type[type_] = condition(type_, status, reason, message, now, generation, previous)
+    out = []
+    for type_ in (*CONDITION_TYPES, *sorted(set(by_type) - set(CONDITION_TYPES))):
+        if type_ in by_type:
+            c = by_type[type_]
+            c["observedGeneration"] = int(generation)
+            out.append(c)
+    return out
+
+
+def finite(value: float | None) -> float | None:
+    """JSON has no inf/NaN (the API server refuses them): such a value is shown as not measured."""
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def trial_record(trial: Trial) -> dict[str, Any]:
+    """A trial as ``status.trials[]`` shows it (the API's TrialRecord)."""
+    record: dict[str, Any] = {
+        "index": int(trial.id),
+        "config": knob_values(trial.config),
+        "outcome": trial.outcome,
+        "reason": (f"[{trial.role}] " if trial.role == "baseline" else "")
+        + (f"{trial.failure}: " if trial.failure and not trial.reason.startswith(trial.failure) else "")
+        + trial.reason,
+        "startedAt": iso(trial.started_at),
+        "signals": {}
+        if trial.signals is None
+        else {k: finite(v) for k, v in trial.signals.to_dict().items()},
+    }
+    if trial.finished_at is not None:
+        record["finishedAt"] = iso(trial.finished_at)
+    if finite(trial.value) is not None:
+        record["score"] = finite(trial.value)
+    return record
+
+
+def best_config(state: PolicyState) -> dict[str, Any] | None:
+    if state.best is None:
+        return None
+    best = state.trial(state.best)
+    out: dict[str, Any] = {"config": knob_values(best.config)}
+    if finite(best.value) is not None:
+        out["score"] = finite(best.value)
+    return out
+
+
+def diagnosis_status(diag: Diagnosis) -> dict[str, Any]:
+    bound = diag.bound if diag.bound in API_BOUNDS else "unknown"
+    out: dict[str, Any] = {"bound": bound, "notes": [n for n in diag.notes() if n][:20]}
+    if diag.hit_rate is not None:
+        out["hitRate"] = min(max(float(diag.hit_rate), 0.0), 1.0)
+    if diag.prefill_reduction is not None:
+        out["prefillReduction"] = min(max(float(diag.prefill_reduction), 0.0), 1.0)
+    return out
+
+
+def recommendation_status(
+    actions: Sequence[Action], previous: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    latest = [a for a in actions if isinstance(a, Recommend)]
+    if latest:
+        return {"config": knob_values(latest[-1].config), "reason": latest[-1].reason}
+    return dict(previous) if previous else None
+
+
+def build_status(
+    state: PolicyState,
+    actions: Sequence[Action],
+    previous: Mapping[str, Any] | None,
+    *,
+    now: float,
+    generation: int,
+    ready: tuple[bool, str, str],
+    diagnosis: Diagnosis | None = None,
+) -> dict[str, Any]:
+    """The whole status (for one merge patch). ``ready``: (ready?, reason, message) of the serving pods."""
+    prev = dict(previous or {})
+    updates = [(a.type, a.status, a.reason, a.message) for a in actions if isinstance(a, SetCondition)]
+    ok, reason, message = ready
+    updates.append(("Ready", "True" if ok else "False", reason, message))
+    conditions = merge_conditions(prev.get("conditions") or [], updates, now, generation)
+    trials = [trial_record(t) for t in state.trials if t.outcome != "running"][-MAX_TRIALS_IN_STATUS:]
+    active = [trial_record(t) for t in state.trials if t.outcome == "running"]
+    status: dict[str, Any] = {
+        "phase": state.phase,
+        "observedGeneration": int(generation),
+        "conditions": conditions,
+        "currentConfig": knob_values(state.current),
+        "bestConfig": best_config(state),
+        "trials": trials + active,
+        "diagnosis": diagnosis_status(diagnosis) if diagnosis is not None else prev.get("diagnosis"),
+        "recommendation": recommendation_status(actions, prev.get("recommendation")),
+        "policy": {"schema": POLICY_SCHEMA, POLICY_KEY: state.to_json()},
+    }
+    return status
+
+
+def invalid_status(
+    previous: Mapping[str, Any] | None, errors: Sequence[str], *, now: float, generation: int
+) -> dict[str, Any]:
+    """An invalid spec: Ready=False (InvalidSpec) naming the fields; the last good state is kept."""
+    prev = dict(previous or {})
+    message = "; ".join(errors)
+    conditions = merge_conditions(
+        prev.get("conditions") or [],
+        [("Ready", "False", "InvalidSpec", message), ("Tuning", "False", "InvalidSpec", message)],
+        now,
+        generation,
+    )
+    return {**prev, "phase": "Failed", "observedGeneration": int(generation), "conditions": conditions}
+
+
+def validate_status(status: Mapping[str, Any]) -> ServingDeploymentStatus:
+    """Check a built status against the API model (tests, and a guard before patching)."""
+    clean = {k: v for k, v in status.items() if v is not None}
+    return ServingDeploymentStatus.model_validate(clean)

@@ -1,0 +1,232 @@
+"""``prefixtune demo`` (``make demo``): the sandbox, the operator and one example per engine, live.
+
+Starts the sandbox in this process (emulated API server, Deployment controller, twin kubelet, load
+generators), the operator as a separate ``prefixtune run`` process against the sandbox's kubeconfig
+(a process, not a thread: on a 2-core machine the twins and the operator must not share one GIL),
+applies the examples with demo timings, shows a refreshing progress table until every resource has
+converged (or the deadline), then prints baseline vs best per resource.
+
+Demo timings: the twins run ``--speedup`` x faster than the wall clock (default 10: an 8 s window
+is 80 simulated seconds); warm-up 2 s and measurement 8 s of wall time per trial, at most 5 trials;
+a light load per Service (``--rate`` requests per simulated second) so that a 2-core machine keeps up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL
+
+EXAMPLES = ("vllm-rag.yaml", "sglang-chatbot.yaml", "trtllm-agent.yaml")
+SDEP_API = f"/apis/{API_GROUP}/{API_VERSION}"
+RATE_ANNOTATION = "prefixtune.io/sandbox-rate"
+
+
+def examples_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "examples"
+
+
+def demo_resource(
+    doc: Mapping[str, Any], *, warmup: str, measure: str, max_trials: int, rate: float, min_requests: int
+) -> dict[str, Any]:
+    """An example with demo timings: short windows, no rollout rate limit, a light sandbox load."""
+    out = copy.deepcopy(dict(doc))
+    meta = out.setdefault("metadata", {})
+    meta.setdefault("annotations", {})[RATE_ANNOTATION] = f"{rate:g}"
+    spec = out.setdefault("spec", {})
+    spec["replicas"] = min(int(spec.get("replicas", 1)), 2)  # fewer twins for 2 cores; canary still on
+    tuning = spec.setdefault("tuning", {})
+    tuning["mode"] = "auto"
+    tuning["trial"] = {"warmup": warmup, "measure": measure, "minRequests": min_requests}
+    tuning.setdefault("budget", {})["maxTrials"] = max_trials
+    tuning.setdefault("rollout", {})["minInterval"] = "0s"
+    # Demo windows hold ~10 requests: that noise must not read as workload drift (re-tuning).
+    tuning.setdefault("drift", {})["threshold"] = 1.0
+    # The sandbox has no Prometheus at the examples' URLs: scrape the pods directly.
+    tuning["metrics"] = {"source": "scrape"}
+    return out
+
+
+def _fmt_config(cfg: Mapping[str, Any] | None) -> str:
+    if not cfg:
+        return "-"
+    caching = "on" if cfg.get("prefixCaching") else "off"
+    mem, block, policy = cfg.get("memoryFraction"), cfg.get("blockSize"), cfg.get("schedulePolicy")
+    mem_text = f"{mem:.3g}" if isinstance(mem, float) else str(mem)
+    return f"mem {mem_text}, block {block}, cache {caching}, {policy}"
+
+
+def progress_rows(objs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """One row per ServingDeployment: resource, engine, phase, trial k/budget, best score, hit rate."""
+    rows = [["RESOURCE", "ENGINE", "PHASE", "TRIAL", "BEST SCORE", "HIT RATE", "CURRENT CONFIG"]]
+    for obj in objs:
+        meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+        trials = [
+            t for t in status.get("trials") or [] if not str(t.get("reason", "")).startswith("[baseline]")
+        ]
+        done = sum(1 for t in trials if t.get("outcome") not in ("running", "invalidated"))
+        budget = ((spec.get("tuning") or {}).get("budget") or {}).get("maxTrials", "?")
+        best = (status.get("bestConfig") or {}).get("score")
+        hit = (status.get("diagnosis") or {}).get("hitRate")
+        rows.append(
+            [
+                f"{meta.get('namespace')}/{meta.get('name')}",
+                str(spec.get("engine", "")),
+                str(status.get("phase", "Pending")),
+                f"{done}/{budget}",
+                "-" if best is None else f"{best:.4g}",
+                "-" if hit is None else f"{hit:.0%}",
+                _fmt_config(status.get("currentConfig")),
+            ]
+        )
+    return rows
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def summary(objs: Sequence[Mapping[str, Any]]) -> str:
+    """Baseline vs best config and score per resource."""
+    lines = []
+    for obj in objs:
+        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+        trials = status.get("trials") or []
+        baseline = next((t for t in trials if str(t.get("reason", "")).startswith("[baseline]")), None)
+        best = status.get("bestConfig") or {}
+        name = f"{meta.get('namespace')}/{meta.get('name')} ({(obj.get('spec') or {}).get('engine')})"
+        lines.append(f"{name}: phase {status.get('phase', 'Pending')}, {len(trials)} trials")
+        b_score = None if baseline is None else baseline.get("score")
+        lines.append(
+            f"  baseline: {_fmt_config(None if baseline is None else baseline.get('config'))}"
+            f"  score {'-' if b_score is None else f'{b_score:.4g}'}"
+        )
+        s = best.get("score")
+        gain = f" ({(s / b_score - 1):+.0%} vs baseline)" if s is not None and b_score else ""
+        lines.append(
+            f"  best:     {_fmt_config(best.get('config'))}  score {'-' if s is None else f'{s:.4g}'}{gain}"
+        )
+        infeasible = [t for t in trials if t.get("outcome") == "infeasible"]
+        if infeasible:
+            lines.append(
+                f"  infeasible (rolled back): {', '.join(_fmt_config(t.get('config')) for t in infeasible)}"
+            )
+    return "\n".join(lines)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from prefixtune.api.crd import build_crd
+    from prefixtune.controller.operator import operator_argv, spawn_operator
+    from prefixtune.sandbox.kubelet import KubeletConfig
+    from prefixtune.sandbox.up import sandbox
+
+    docs = [yaml.safe_load((examples_dir() / name).read_text()) for name in args.examples]
+    resources = [
+        demo_resource(d, warmup=args.warmup, measure=args.measure, max_trials=args.max_trials, rate=args.rate,
+                      min_requests=args.min_requests)
+        for d in docs
+    ]  # fmt: skip
+    config = KubeletConfig(startup_delay_s=20.0, probe_period_s=2.0, backoff_initial_s=10.0)
+    print(
+        f"prefixtune demo: sandbox at speedup {args.speedup:g}x, {len(resources)} ServingDeployments",
+        flush=True,
+    )
+    async with sandbox(speedup=args.speedup, crds=[build_crd()], config=config) as sb:
+        argv = operator_argv(str(sb.kubeconfig), tick_s=1.0, time_scale=args.speedup, ready_timeout_s=60.0)
+        operator = spawn_operator(argv, args.operator_log)
+        print(f"operator: pid {operator.pid}, log {args.operator_log}; API server {sb.url}", flush=True)
+        try:
+            for res in resources:
+                ns = res["metadata"].get("namespace", "default")
+                with contextlib.suppress(Exception):
+                    await sb.api.create(
+                        "/api/v1/namespaces",
+                        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+                    )
+                await sb.api.create(f"{SDEP_API}/namespaces/{ns}/{PLURAL}", res)
+            started = time.monotonic()
+            objs: list[dict[str, Any]] = []
+            tty = sys.stdout.isatty()
+            shown = ""
+            while time.monotonic() - started < args.deadline:
+                await asyncio.sleep(2.0)
+                objs = [o for o in await sb.api.list(f"{SDEP_API}/{PLURAL}")]
+                text = table(progress_rows(objs))
+                if text != shown:
+                    elapsed = f"[{time.monotonic() - started:5.0f}s]"
+                    print(("\x1b[2J\x1b[H" if tty else "") + f"{elapsed}\n{text}\n", flush=True)
+                    shown = text
+                if operator.poll() is not None:
+                    print(f"the operator exited with {operator.returncode}; see {args.operator_log}")
+                    break
+                if objs and all((o.get("status") or {}).get("phase") == "Converged" for o in objs):
+                    break
+            print("\nsummary (scores: the objective measured in the sandbox, per simulated second):")
+            print(summary(objs))
+            converged = sum(1 for o in objs if (o.get("status") or {}).get("phase") == "Converged")
+            print(f"\n{converged}/{len(objs)} converged in {time.monotonic() - started:.0f}s")
+            return 0 if converged == len(objs) else 1
+        finally:
+            operator.terminate()
+            try:
+                operator.wait(10)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="prefixtune demo", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    p.add_argument(
+        "--speedup", type=float, default=10.0, help="simulated seconds per wall second (default 10)"
+    )
+    p.add_argument(
+        "--deadline", type=float, default=240.0, help="wall seconds before the summary (default 240)"
+    )
+    p.add_argument("--warmup", default="2s", help="trial warm-up, wall time (default 2s)")
+    p.add_argument("--measure", default="8s", help="trial measurement window, wall time (default 8s)")
+    p.add_argument("--max-trials", type=int, default=5, help="trials per resource (default 5)")
+    p.add_argument("--min-requests", type=int, default=6, help="requests a window needs (default 6)")
+    p.add_argument(
+        "--rate", type=float, default=0.3, help="requests per simulated second per Service (default 0.3)"
+    )
+    p.add_argument(
+        "--examples", nargs="+", default=list(EXAMPLES), help=f"example files (default {' '.join(EXAMPLES)})"
+    )
+    default_log = str(Path(tempfile.gettempdir()) / "prefixtune-demo-operator.log")
+    p.add_argument(
+        "--operator-log", default=default_log, help=f"where the operator logs (default {default_log})"
+    )
+    args = p.parse_args(list(argv))
+    for name in ("speedup", "deadline", "rate"):
+        if not getattr(args, name) > 0:
+            p.error(f"--{name} must be > 0")
+    if not 1 <= args.max_trials <= 200:
+        p.error("--max-trials must be in 1..200")
+    missing = [n for n in args.examples if not (examples_dir() / n).is_file()]
+    if missing:
+        p.error(f"--examples: not found in {examples_dir()}: {', '.join(missing)}")
+    signal.signal(signal.SIGTERM, _interrupt)  # clean up the operator and the twins on SIGTERM too
+    try:
+        return asyncio.run(_run(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,141 @@
+"""Observations from Deployment/pod states, the desired children, and spec -> settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefixtune.api import parse_spec
+from prefixtune.controller.observe import desired, failure_kind, pod_view, rollout_observation
+from prefixtune.controller.render import config_hash
+from prefixtune.controller.settings import tuning_settings
+from prefixtune.engines.base import KnobConfig
+from prefixtune.tuning.policy import initial_state
+from prefixtune.tuning.settings import TuningSettings
+from prefixtune.tuning.state import PolicyState, Trial
+
+BASE = KnobConfig(0.9, 16, True, "fcfs")
+TRY = KnobConfig(0.85, 32, True, "fcfs")
+
+
+def _state(strategy: str = "rolling", step: str = "RollingOut", role: str = "trial") -> PolicyState:
+    s = initial_state("vllm", TuningSettings(strategy=strategy, warmup_s=1, measure_s=5), BASE)  # type: ignore[arg-type]
+    trial = Trial(id=1, epoch=0, role=role, config=TRY if role == "trial" else BASE, started_at=100.0)  # type: ignore[arg-type]
+    return s.model_copy(
+        update={
+            "phase": "Exploring", "step": step, "trials": [trial], "active": 1,
+            "target": TRY if step in ("RollingOut", "WaitingReady") and role == "trial" else None,
+            "measure_from": 200.0 if step == "Measuring" else None,
+            "measure_until": 205.0 if step == "Measuring" else None,
+        }
+    )  # fmt: skip
+
+
+def _pod(name: str, config: KnobConfig, *, role: str = "baseline", ready: bool = True, restarts: int = 0,
+         waiting: str = "", message: str = "",
+         started: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:  # fmt: skip
+    state: dict[str, Any] = (
+        {"waiting": {"reason": waiting, "message": message}}
+        if waiting
+        else {"running": {"startedAt": started}}
+    )
+    status: dict[str, Any] = {
+        "phase": "Running",
+        "podIP": "127.1.0.2",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [{"name": "engine", "restartCount": restarts, "state": state}],
+    }
+    if restarts:
+        status["containerStatuses"][0]["lastState"] = {
+            "terminated": {"reason": "Error", "exitCode": 1, "message": message}
+        }
+    labels = {"prefixtune.io/role": role, "prefixtune.io/config-hash": config_hash(config)}
+    return {"metadata": {"name": name, "labels": labels}, "status": status}
+
+
+def _dep(
+    config: KnobConfig, replicas: int = 1, ready: int = 1, generation: int = 2, observed: int = 2
+) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": generation},
+        "spec": {"replicas": replicas,
+                 "template": {"metadata": {"labels": {"prefixtune.io/config-hash": config_hash(config)}}}},
+        "status": {"observedGeneration": observed, "replicas": replicas, "updatedReplicas": ready,
+                   "readyReplicas": ready, "availableReplicas": ready},
+    }  # fmt: skip
+
+
+def test_desired_follows_the_policy_state() -> None:
+    assert desired(_state("rolling", "RollingOut")).baseline == TRY
+    assert desired(_state("rolling", "RollingOut")).canary is None
+    canary = desired(_state("canary", "Measuring"))
+    assert canary.baseline == BASE and canary.canary == TRY and canary.subject == "canary"
+    rolled = _state("rolling", "Measuring").model_copy(update={"current": TRY, "target": None})
+    assert desired(rolled).baseline == TRY
+    idle = _state("canary", "Idle").model_copy(update={"active": None})
+    assert desired(idle) == type(canary)(baseline=BASE)
+
+
+def test_rollout_applied_then_ready_only_when_every_new_pod_is_ready_and_old_ones_are_gone() -> None:
+    s = _state()
+    pods = [pod_view(_pod("a", TRY, ready=False)), pod_view(_pod("old", BASE))]
+    obs = rollout_observation(s, {"baseline": _dep(TRY, ready=0)}, pods)
+    assert obs is not None and obs.kind == "rollout_applied"
+    obs = rollout_observation(
+        s, {"baseline": _dep(TRY)}, [pod_view(_pod("a", TRY)), pod_view(_pod("old", BASE))]
+    )
+    assert obs is not None and obs.kind == "rollout_applied"  # the old pod is still there
+    obs = rollout_observation(s, {"baseline": _dep(TRY)}, [pod_view(_pod("a", TRY))])
+    assert obs is not None and obs.kind == "rollout_ready" and obs.config == TRY
+    stale = _dep(TRY, generation=3, observed=2)
+    assert rollout_observation(s, {"baseline": stale}, [pod_view(_pod("a", TRY))]).kind == "rollout_applied"  # type: ignore[union-attr]
+
+
+def test_crash_loop_and_oom_are_rollout_failures() -> None:
+    s = _state()
+    crash = pod_view(_pod("a", TRY, ready=False, restarts=2, waiting="CrashLoopBackOff", message="boom"))
+    obs = rollout_observation(s, {"baseline": _dep(TRY, ready=0)}, [crash])
+    assert obs is not None and obs.kind == "rollout_failed" and obs.failure == "crash"
+    assert "CrashLoopBackOff" in obs.reason
+    oom = pod_view(_pod("a", TRY, ready=False, restarts=1, waiting="CrashLoopBackOff",
+                        message="ValueError: out of memory at start-up: KV cache does not fit"))  # fmt: skip
+    assert rollout_observation(s, {"baseline": _dep(TRY, ready=0)}, [oom]).failure == "oom_startup"  # type: ignore[union-attr]
+    assert failure_kind(oom, reached_ready=True) == "oom_runtime"
+    # Under load, after ready: a restart of the trial's pod is a runtime failure of the trial.
+    measuring = _state(step="Measuring").model_copy(update={"current": TRY, "target": None})
+    runtime = pod_view(_pod("a", TRY, restarts=1, message="torch.OutOfMemoryError: CUDA out of memory"))
+    obs = rollout_observation(measuring, {"baseline": _dep(TRY)}, [runtime])
+    assert obs is not None and obs.kind == "rollout_failed" and obs.failure == "oom_runtime"
+
+
+def test_baseline_pod_restarted_mid_window_invalidates_the_window() -> None:
+    s = _state(step="Measuring", role="baseline")
+    fine = pod_view(_pod("a", BASE, started="1970-01-01T00:01:00Z"))  # started at t=60 < measure_from=200
+    assert rollout_observation(s, {"baseline": _dep(BASE)}, [fine]) is None
+    late = pod_view(_pod("a", BASE, started="1970-01-01T00:03:30Z"))  # t=210 > 200
+    obs = rollout_observation(s, {"baseline": _dep(BASE)}, [late])
+    assert obs is not None and obs.kind == "trial_invalidated"
+
+
+def test_spec_to_settings_maps_every_field() -> None:
+    spec = parse_spec(
+        {
+            "engine": "vllm", "model": "m/x", "replicas": 2,
+            "tuning": {
+                "mode": "observe", "objective": "throughput", "slo": {"ttftP99": "1500ms", "itlP99": "80ms"},
+                "space": {"memoryFraction": {"min": 0.8, "max": 0.95}, "blockSize": [16, 32]},
+                "trial": {"warmup": "1m", "measure": "5m", "minRequests": 50}, "budget": {"maxTrials": 7},
+                "rollout": {"minInterval": "2m"}, "drift": {"threshold": 0.3},
+            },
+        }
+    )  # fmt: skip
+    s = tuning_settings(spec, "ns", "rag")
+    assert (s.mode, s.objective, s.strategy) == ("observe", "throughput", "canary")
+    assert (s.slo.ttft_p99_s, s.slo.itl_p99_s) == (1.5, 0.08)
+    assert s.space.memory_fraction == (0.8, 0.95) and s.space.block_size == (16, 32)
+    assert s.space.schedule_policy is None
+    assert (s.warmup_s, s.measure_s, s.min_requests, s.max_trials) == (60.0, 300.0, 50, 7)
+    assert (s.min_interval_s, s.drift_threshold, s.seed_key) == (120.0, 0.3, "ns/rag")
+    assert s.ready_timeout_s >= 600
+    single = parse_spec({"engine": "vllm", "model": "m/x", "replicas": 1})
+    assert tuning_settings(single, "ns", "a").strategy == "rolling"
+    assert tuning_settings(single, "ns", "a", ready_timeout=30).ready_timeout_s == 30

@@ -1,0 +1,119 @@
+"""`prefixtune run` options, kopf settings, the API call list, self-metrics and the demo's pure parts."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import kopf
+import pytest
+
+from prefixtune import cli
+from prefixtune.controller import api_calls
+from prefixtune.controller.operator import (
+    OperatorOptions,
+    operator_argv,
+    operator_settings,
+    options_from_args,
+)
+from prefixtune.controller.selfmetrics import SelfMetrics
+from prefixtune.demo import demo_resource, progress_rows, summary, table
+from prefixtune.engines.base import KnobConfig
+from prefixtune.tuning.actions import RecordTrial, RollBack, RollOut
+from prefixtune.tuning.state import Trial
+
+
+def test_run_options() -> None:
+    opts = options_from_args(["--namespace", "a", "-n", "b", "--metrics-port", "9100", "--peering", "pt"])
+    assert opts.namespaces == ["a", "b"] and not opts.clusterwide
+    assert opts.metrics_port == 9100 and opts.peering == "pt" and not opts.standalone
+    assert options_from_args([]).clusterwide
+    assert options_from_args(["--all-namespaces", "--standalone"]).standalone
+    with pytest.raises(SystemExit):
+        options_from_args(["--all-namespaces", "--namespace", "x"])
+    with pytest.raises(SystemExit):
+        options_from_args(["--peering", "x", "--standalone"])
+    with pytest.raises(SystemExit, match="--tick"):
+        options_from_args(["--tick", "0"])
+    assert cli.SUBCOMMANDS["run"][0] == "prefixtune.controller.operator"
+    assert cli.SUBCOMMANDS["demo"][0] == "prefixtune.demo"
+    argv = operator_argv("/k", tick_s=1, time_scale=10, ready_timeout_s=60)
+    assert argv[-7:] == ["--all-namespaces", "--tick", "1", "--time-scale", "10", "--ready-timeout", "60"]
+
+
+def test_kopf_settings_keep_progress_out_of_status_and_peer_when_asked() -> None:
+    settings = operator_settings(OperatorOptions(peering="prefixtune", clusterwide=True))
+    assert settings.posting.enabled
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert settings.peering.name == "prefixtune" and settings.peering.mandatory
+    assert settings.peering.clusterwide
+    assert operator_settings(OperatorOptions(standalone=True)).peering.standalone
+
+
+def test_every_call_site_is_listed() -> None:
+    api_calls.require("apps", "deployments", "patch")
+    api_calls.require("prefixtune.io", "servingdeployments/status", "patch")
+    api_calls.require("", "events", "create")
+    with pytest.raises(AssertionError, match="not listed"):
+        api_calls.require("", "secrets", "get")
+    assert all(c.verbs and c.why for c in api_calls.API_CALLS)
+
+
+def test_self_metrics_count_decisions_and_serve() -> None:
+    m = SelfMetrics()
+    cfg = KnobConfig(0.9, 16, True, "fcfs")
+    trial = Trial(id=1, epoch=0, role="trial", config=cfg, outcome="infeasible", started_at=1.0)
+    m.record("ns", "a", [RollOut(cfg, "rolling", "x", 1), RollBack(cfg, "y"), RecordTrial(trial)])
+    m.set_state("ns", "a", "Exploring", 12.5)
+    assert (
+        m.registry.get_sample_value(
+            "prefixtune_trials_total", {"namespace": "ns", "name": "a", "outcome": "infeasible"}
+        )
+        == 1
+    )
+    assert m.registry.get_sample_value("prefixtune_rollouts_total", {"namespace": "ns", "name": "a"}) == 1
+    assert m.registry.get_sample_value("prefixtune_rollbacks_total", {"namespace": "ns", "name": "a"}) == 1
+    assert (
+        m.registry.get_sample_value(
+            "prefixtune_phase", {"namespace": "ns", "name": "a", "phase": "Exploring"}
+        )
+        == 1
+    )
+    assert m.registry.get_sample_value("prefixtune_best_score", {"namespace": "ns", "name": "a"}) == 12.5
+    m.forget("ns", "a")
+    assert (
+        m.registry.get_sample_value(
+            "prefixtune_phase", {"namespace": "ns", "name": "a", "phase": "Exploring"}
+        )
+        is None
+    )
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    m.serve(port, addr="127.0.0.1")
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "prefixtune_decision_seconds_bucket" in text
+
+
+def test_demo_resource_table_and_summary() -> None:
+    doc = {"metadata": {"name": "x", "namespace": "d"}, "spec": {"engine": "vllm", "replicas": 3}}
+    res = demo_resource(doc, warmup="2s", measure="6s", max_trials=5, rate=0.2, min_requests=8)
+    assert res["spec"]["replicas"] == 2 and res["spec"]["tuning"]["trial"]["measure"] == "6s"
+    assert res["metadata"]["annotations"]["prefixtune.io/sandbox-rate"] == "0.2"
+    assert doc["spec"]["replicas"] == 3  # the example itself is untouched
+    cfg = {"memoryFraction": 0.9, "blockSize": 16, "prefixCaching": True, "schedulePolicy": "fcfs"}
+    res["status"] = {
+        "phase": "Converged",
+        "bestConfig": {"config": cfg, "score": 60.0},
+        "diagnosis": {"hitRate": 0.9},
+        "trials": [
+            {"index": 0, "reason": "[baseline] measure", "config": cfg, "outcome": "ok", "score": 40.0},
+            {"index": 1, "reason": "x", "config": cfg, "outcome": "infeasible"},
+        ],
+    }
+    rows = progress_rows([res])
+    assert rows[1][:6] == ["d/x", "vllm", "Converged", "1/5", "60", "90%"]
+    assert "RESOURCE" in table(rows)
+    text = summary([res])
+    assert "+50% vs baseline" in text and "infeasible" in text

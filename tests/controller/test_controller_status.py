@@ -1,0 +1,86 @@
+"""Status building: conditions with observedGeneration and transition times, trials, policy round-trip."""
+
+from __future__ import annotations
+
+from prefixtune.controller import status as S
+from prefixtune.engines.base import KnobConfig
+from prefixtune.metrics.diagnosis import diagnose
+from prefixtune.metrics.signals import Signals
+from prefixtune.tuning.actions import EmitEvent, Recommend, SetCondition
+from prefixtune.tuning.policy import initial_state
+from prefixtune.tuning.settings import TuningSettings
+from prefixtune.tuning.state import Trial
+
+BASE = KnobConfig(0.9, 16, True, "fcfs")
+
+
+def _state_with_trials(n: int) -> object:
+    s = initial_state("vllm", TuningSettings(), BASE)
+    trials = [
+        Trial(id=i, epoch=0, role="baseline" if i == 0 else "trial",
+              config=BASE.with_(block_size=16 * (1 + i % 2)),
+              outcome="ok", started_at=1000.0 + i, finished_at=1001.0 + i, value=10.0 + i,
+              signals=Signals(window_s=60, requests=100, hit_rate=0.5))
+        for i in range(n)
+    ]  # fmt: skip
+    return s.model_copy(update={"phase": "Exploring", "trials": trials, "best": n - 1, "next_trial_id": n})
+
+
+def test_status_is_valid_for_the_api_model_and_round_trips_the_policy_state() -> None:
+    state = _state_with_trials(3)
+    signals = Signals(window_s=60, requests=200, hit_rate=0.6, prefill_reduction=0.5, ttft_p99_s=0.5)
+    actions = [SetCondition("Tuning", "True", "Exploring", "trial 2"), EmitEvent("Normal", "X", "y")]
+    status = S.build_status(
+        state,
+        actions,
+        None,
+        now=2000.0,
+        generation=4,
+        ready=(True, "ReplicasReady", "2/2"),  # type: ignore[arg-type]
+        diagnosis=diagnose(signals),
+    )
+    model = S.validate_status(status)
+    assert model.phase.value == "Exploring"
+    assert model.observed_generation == 4
+    assert [c.type.value for c in model.conditions] == ["Ready", "Tuning"]
+    assert all(c.observed_generation == 4 for c in model.conditions)
+    assert model.best_config is not None and model.best_config.score == 12.0
+    assert [t.index for t in model.trials] == [0, 1, 2]
+    assert S.policy_state_of(status) == state
+    assert status["diagnosis"]["hitRate"] == 0.6
+
+
+def test_last_transition_time_moves_only_when_the_status_flips() -> None:
+    first = S.merge_conditions([], [("Ready", "False", "Creating", "")], now=100.0, generation=1)
+    same = S.merge_conditions(first, [("Ready", "False", "ReplicasNotReady", "0/1")], now=200.0, generation=2)
+    assert same[0]["lastTransitionTime"] == first[0]["lastTransitionTime"] == S.iso(100.0)
+    assert same[0]["reason"] == "ReplicasNotReady" and same[0]["observedGeneration"] == 2
+    flipped = S.merge_conditions(same, [("Ready", "True", "ReplicasReady", "1/1")], now=300.0, generation=2)
+    assert flipped[0]["lastTransitionTime"] == S.iso(300.0)
+
+
+def test_trials_are_capped_but_ids_kept() -> None:
+    state = _state_with_trials(60)
+    status = S.build_status(state, [], None, now=1.0, generation=1, ready=(True, "R", ""))  # type: ignore[arg-type]
+    assert len(status["trials"]) == S.MAX_TRIALS_IN_STATUS
+    assert status["trials"][0]["index"] == 10 and status["trials"][-1]["index"] == 59
+    assert len(S.policy_state_of(status).trials) == 60  # type: ignore[union-attr]
+
+
+def test_recommendation_is_kept_until_replaced() -> None:
+    state = initial_state("vllm", TuningSettings(mode="observe"), BASE)
+    rec = Recommend(BASE.with_(prefix_caching=False), "hit rate 1% < 5%")
+    status = S.build_status(state, [rec], None, now=1.0, generation=1, ready=(True, "R", ""))
+    assert status["recommendation"]["config"]["prefixCaching"] is False
+    again = S.build_status(state, [], status, now=2.0, generation=1, ready=(True, "R", ""))
+    assert again["recommendation"] == status["recommendation"]
+    S.validate_status(again)
+
+
+def test_invalid_spec_status_names_the_field_and_is_failed() -> None:
+    status = S.invalid_status(None, ["spec.config.blockSize: must be one of 16, 32"], now=5.0, generation=3)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
+    assert "spec.config.blockSize" in ready["message"]
+    assert status["phase"] == "Failed" and status["observedGeneration"] == 3
+    S.validate_status(status)
