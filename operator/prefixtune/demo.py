@@ -179,6 +179,7 @@ async def _run(args: argparse.Namespace) -> int:
             print(summary(objs))
             converged = sum(1 for o in objs if (o.get("status") or {}).get("phase") == "Converged")
             print(f"\n{converged}/{len(objs)} converged in {time.monotonic() - started:.0f}s")
+            await write_reports(sb.api, objs, Path(args.report_dir))
             return 0 if converged == len(objs) else 1
         finally:
             operator.terminate()
@@ -186,6 +187,20 @@ async def _run(args: argparse.Namespace) -> int:
                 operator.wait(10)
             except subprocess.TimeoutExpired:
                 operator.kill()
+
+
+async def write_reports(api: Any, objs: Sequence[Mapping[str, Any]], out: Path) -> None:
+    """One HTML report per resource (trials, plots, the operator's Events), and where it is."""
+    from prefixtune.report.cluster import events_of
+    from prefixtune.report.report import write_report
+
+    events = await api.list("/api/v1/events")
+    print("\nreports:")
+    for obj in objs:
+        meta = obj.get("metadata") or {}
+        ns, name = str(meta.get("namespace", "default")), str(meta.get("name"))
+        path = await asyncio.to_thread(write_report, obj, events_of(events, ns, name), out / f"{ns}-{name}")
+        print(f"  {ns}/{name}: {path}")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -207,6 +222,9 @@ def main(argv: Sequence[str]) -> int:
     )
     p.add_argument(
         "--examples", nargs="+", default=list(EXAMPLES), help=f"example files (default {' '.join(EXAMPLES)})"
+    )
+    p.add_argument(
+        "--report-dir", default="out/demo-reports", help="where the reports go (default out/demo-reports)"
     )
     default_log = str(Path(tempfile.gettempdir()) / "prefixtune-demo-operator.log")
     p.add_argument(

@@ -8,6 +8,7 @@ installed, resource not found.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prefixtune.api.models import API_GROUP, API_VERSION, KIND, PLURAL
@@ -99,12 +100,18 @@ def list_events(namespace: str, name: str, kubeconfig: str | None = None) -> lis
     """Events whose involvedObject is the ServingDeployment, oldest first."""
     _, core = _clients(kubeconfig)
     body = _call(f"Events of {namespace}/{name}", core.list_namespaced_event, namespace)
+    return events_of(body.get("items") or [], namespace, name)
+
+
+def events_of(items: Iterable[Mapping[str, Any]], namespace: str, name: str) -> list[dict[str, Any]]:
+    """The Events among ``items`` whose involvedObject is this ServingDeployment, oldest first."""
     return sort_events(
         [
             dict(e)
-            for e in body.get("items") or []
+            for e in items
             if (e.get("involvedObject") or {}).get("name") == name
             and (e.get("involvedObject") or {}).get("kind", KIND) == KIND
+            and (e.get("involvedObject") or {}).get("namespace", namespace) == namespace
         ]
     )
 
