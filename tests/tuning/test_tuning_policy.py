@@ -456,3 +456,112 @@ def test_canary_value_is_anchored_to_the_config_the_stable_pods_run() -> None:
         assert anchor is not None
         # the ratio compares the canary with the stable pods, so it scales *their* config's value
         assert trial.value == anchor * (canary_goodput / 500.0)
+
+
+def _spec_change(r: Run, now: float, key: str, generation: int) -> list[Action]:
+    obs = Observation(
+        kind="spec_changed", settings=SETTINGS, config=DEFAULT, generation=generation, deployment_key=key
+    )
+    return r(obs, now)
+
+
+def test_deployment_change_starts_a_new_epoch_with_a_fresh_baseline() -> None:
+    r = Run()
+    r.state = initial_state(ENGINE, SETTINGS, DEFAULT, deployment_key="replicas=2")
+    now = r.baseline()
+    r(Observation(kind="rollout_ready", config=C1), now + 30)
+    r.tick(now + 90)
+    assert (r.state.phase, r.state.step, r.state.epoch) == ("Exploring", "Measuring", 0)
+    # same key (e.g. only a tuning timing setting moved): no new epoch, no baseline (the trial in
+    # flight is re-run, as for any spec change)
+    acts = _spec_change(r, now + 100, "replicas=2", 2)
+    assert (r.state.phase, r.state.epoch) == ("Exploring", 0)
+    assert not [e for e in of(acts, EmitEvent) if e.reason == "DeploymentChanged"]
+    assert [t.role for t in r.state.trials] == ["baseline", "trial"]
+    assert of(r.tick(now + 700), RollOut)[0].config == C1  # after the rate limit
+    r(Observation(kind="rollout_ready", config=C1), now + 730)
+    assert r.state.step == "WarmingUp"
+    # replicas (or model) changed: the trial in flight is dropped and a new epoch measures a baseline
+    acts = _spec_change(r, now + 750, "replicas=4", 3)
+    assert (r.state.phase, r.state.epoch, r.state.deployment_key) == ("Baseline", 1, "replicas=4")
+    assert r.state.step == "WarmingUp"  # the pods are new: warm them before measuring
+    assert [t.trial.outcome for t in of(acts, RecordTrial)] == ["invalidated"]
+    why = [e for e in of(acts, EmitEvent) if e.reason == "DeploymentChanged"]
+    assert len(why) == 1 and "epoch 1" in why[0].message and "fresh baseline" in why[0].message
+    baseline = r.state.trial(r.state.active) if r.state.active is not None else None
+    assert baseline is not None and baseline.role == "baseline" and baseline.epoch == 1
+    assert any(c.type == "Tuning" and c.reason == "Baseline" for c in of(acts, SetCondition))
+    # a later model change restarts again, from wherever the search is
+    r.tick(now + 810)
+    r.win(now + 1110)
+    assert r.state.phase == "Exploring" and r.state.epoch == 1
+    acts = _spec_change(r, now + 1120, "model=other", 4)
+    assert (r.state.phase, r.state.epoch) == ("Baseline", 2) and of(acts, EmitEvent)
+
+
+def test_deployment_key_is_stored_on_first_sight_without_restarting() -> None:
+    r = Run()
+    now = r.baseline()
+    assert r.state.deployment_key == "" and r.state.phase == "Exploring"
+    acts = _spec_change(r, now + 10, "k1", 2)
+    assert r.state.deployment_key == "k1" and (r.state.phase, r.state.epoch) == ("Exploring", 0)
+    assert not [e for e in of(acts, EmitEvent) if e.reason == "DeploymentChanged"]
+    # an observation without a key (caller does not know it) keeps the stored one
+    _spec_change(r, now + 20, "", 3)
+    assert r.state.deployment_key == "k1" and r.state.epoch == 0
+    back = PolicyState.from_json(r.state.to_json())
+    assert back.deployment_key == "k1" and back == r.state
+    obs = Observation(kind="spec_changed", deployment_key="k2")
+    assert Observation.model_validate_json(obs.model_dump_json()).deployment_key == "k2"
+
+
+def test_trials_starved_of_traffic_end_the_search() -> None:
+    """Every trial window has too few requests: the same config is not re-measured forever."""
+    settings = replace(SETTINGS, max_trials=5, min_interval_s=0)
+    r = Run(settings)  # the scripted suggester keeps proposing C1: invalidated trials teach it nothing
+    t = r.baseline()
+    decisions = 0
+    while r.state.phase == "Exploring" and decisions < 50:
+        decisions += 1
+        assert r.state.step == "RollingOut"
+        target = r.state.target
+        r(Observation(kind="rollout_ready", config=target), t + 30)
+        r.tick(t + 90)
+        t += 390
+        for _ in range(settings.max_extensions + 1):
+            r.win(t, requests=5)
+            t += 300
+    assert r.state.phase == "Converged" and "too little traffic" in r.state.note
+    assert decisions == 2  # MAX_STARVED_REPEATS invalidations of C1, well within maxTrials
+    trials = [a.trial for a in of(r.actions, RecordTrial) if a.trial.role == "trial"]
+    assert [tr.outcome for tr in trials] == ["invalidated", "invalidated"]
+    assert all(tr.failure == "too_little_traffic" for tr in trials)
+    assert any(c.type == "Tuning" and c.reason == "InsufficientTraffic" for c in of(r.actions, SetCondition))
+    # the best measured config (the baseline) is put back, then the policy watches
+    apply = of(r.actions, RollOut)[-1]
+    assert apply.config == DEFAULT and apply.trial is None
+
+
+def test_starved_trials_count_toward_the_budget() -> None:
+    """A suggester that proposes a new config every time: the budget still ends the search."""
+    configs = [DEFAULT.with_(memory_fraction=0.5 + 0.05 * i) for i in range(20)]
+    calls: list[int] = []
+
+    def fresh(space: SearchSpace, history: list[TrialResult], seed: int, s: TuningSettings) -> Suggestion:
+        calls.append(1)
+        return Suggestion(configs[len(calls) - 1], "fresh")
+
+    settings = replace(SETTINGS, max_trials=4, min_interval_s=0)
+    r = Run(settings, fresh)
+    t = r.baseline()
+    decisions = 0
+    while r.state.phase == "Exploring" and decisions < 50:
+        decisions += 1
+        r(Observation(kind="rollout_ready", config=r.state.target), t + 30)
+        r.tick(t + 90)
+        t += 390
+        for _ in range(settings.max_extensions + 1):
+            r.win(t, requests=5)
+            t += 300
+    assert r.state.phase == "Converged" and "budget spent" in r.state.note
+    assert decisions == settings.max_trials and len(calls) == settings.max_trials

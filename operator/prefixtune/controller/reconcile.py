@@ -11,6 +11,8 @@ except the start scrape of a window in progress (see ``measure.py``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixtune.api import validate_spec
-from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL
+from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL, ServingDeploymentSpec
 from prefixtune.controller.api_calls import require
 from prefixtune.controller.execute import (
     ensure_children,
@@ -80,6 +82,24 @@ class Outcome:
     invalid: list[str] = field(default_factory=list)
 
 
+def deployment_key(spec: ServingDeploymentSpec) -> str:
+    """A stable hash of what is deployed besides the tuned knobs and the tuning settings: a change
+    of any of these (model, image, replicas, GPUs, extra args) starts a new tuning generation."""
+    text = json.dumps(
+        {
+            "engine": str(spec.engine),
+            "model": spec.model,
+            "image": spec.image or "",
+            "replicas": spec.replicas,
+            "gpuCount": spec.gpu.count,
+            "gpuType": str(spec.gpu.type),
+            "extraArgs": list(spec.extra_args),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 async def _advance(state: PolicyState, obs: Observation, now: float, actions: list[Action]) -> PolicyState:
     # The policy is pure but may fit a Gaussian process: keep kopf's event loop responsive.
     new, acts = await asyncio.to_thread(step, state, obs, now)
@@ -126,15 +146,18 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
     settings = tuning_settings(spec, namespace, name, ready_timeout=ctx.ready_timeout_s)
     actions: list[Action] = []
     state = policy_state_of(previous)
+    key = deployment_key(spec)
     if state is None or state.engine != str(spec.engine) or state.phase == "Pending":
-        state = initial_state(str(spec.engine), settings, spec.knob_config(), generation)
+        state = initial_state(str(spec.engine), settings, spec.knob_config(), generation, key)
     elif state.spec_generation != generation:
         obs = Observation(
-            kind="spec_changed", settings=settings, config=spec.knob_config(), generation=generation
-        )
+            kind="spec_changed", settings=settings, config=spec.knob_config(), generation=generation,
+            deployment_key=key,
+        )  # fmt: skip
         state = await _advance(state, obs, now, actions)
-    elif state.settings != settings:  # e.g. a changed operator-level ready timeout
-        state = state.model_copy(update={"settings": settings})
+    elif state.settings != settings or not state.deployment_key:
+        # e.g. a changed operator-level ready timeout; a state stored before deployment keys: adopt it
+        state = state.model_copy(update={"settings": settings, "deployment_key": key})
 
     children = await read_children(client, owner)
     if state.phase == "Pending":

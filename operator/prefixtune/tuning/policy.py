@@ -17,6 +17,9 @@ Safety rules enforced here:
   known config, and learned by the optimizer's feasibility model.
 - Missing data never leads to a rollout: the policy holds with a MetricsUnavailable condition.
 - A pod deleted mid-measurement invalidates the window: the trial is re-measured, not scored.
+- A trial invalidated for too little traffic counts toward the budget, and the same config starved
+  ``MAX_STARVED_REPEATS`` times in an epoch ends the search: exploring always terminates.
+- A change of what is deployed (model, image, replicas, ...: ``deployment_key``) starts a new epoch.
 - Trial ids are assigned once and RecordTrial is emitted once per finished trial.
 """
 
@@ -46,15 +49,18 @@ from prefixtune.tuning.state import Observation, PolicyState, Trial
 Suggester = Callable[[SearchSpace, list[TrialResult], int, TuningSettings], Suggestion]
 RECOMMEND_MARGIN = 1.02  # observe mode: recommend a what-if config only when it beats the current by 2%
 LOW_HIT_RATE = 0.05  # field notes: hit rate stably this low -> the cache holds memory for nothing
+TOO_LITTLE_TRAFFIC = "too_little_traffic"  # Trial.failure of a trial invalidated for too few requests
+MAX_STARVED_REPEATS = 2  # invalidations of one config for too little traffic before the search stops
 
 
 def initial_state(
-    engine: str, settings: TuningSettings, config: KnobConfig, generation: int = 0
+    engine: str, settings: TuningSettings, config: KnobConfig, generation: int = 0, deployment_key: str = ""
 ) -> PolicyState:
     """The state of a new resource: Pending, running ``config`` (its spec.config)."""
     return PolicyState(
-        engine=engine, settings=settings, spec_config=config, current=config, spec_generation=generation
-    )
+        engine=engine, settings=settings, spec_config=config, current=config, spec_generation=generation,
+        deployment_key=deployment_key,
+    )  # fmt: skip
 
 
 @lru_cache(maxsize=64)
@@ -126,7 +132,14 @@ class _Ctx:
         return [t for t in self.s.trials if t.epoch == self.s.epoch]
 
     def explored(self) -> int:
-        return sum(1 for t in self.epoch_trials() if t.role == "trial" and t.outcome != "invalidated")
+        """Trials spent from the budget: all finished ones but those invalidated by a pod restart or a
+        spec change (re-run at no cost); a trial starved of traffic counts, so a light workload
+        cannot keep the search going forever."""
+        return sum(
+            1
+            for t in self.epoch_trials()
+            if t.role == "trial" and (t.outcome != "invalidated" or t.failure == TOO_LITTLE_TRAFFIC)
+        )
 
     def rate_limited_until(self) -> float | None:
         last = self.s.last_rollout_at
@@ -447,7 +460,7 @@ class _Ctx:
             self.s.measure_until = self.now + settings.measure_s
             self.event("Normal", "WindowExtended", f"trial {trial.id}: {why.reason}; measuring longer")
             return
-        self.finish_trial(trial, "invalidated", reason=why.reason)
+        self.finish_trial(trial, "invalidated", reason=why.reason, failure=TOO_LITTLE_TRAFFIC)
         self.event(
             "Warning", "TrialInvalidated", f"trial {trial.id}: {why.reason} after extensions; not scored"
         )
@@ -459,6 +472,18 @@ class _Ctx:
             self.condition("Tuning", False, "InsufficientTraffic", self.s.note)
             return
         self.goto(step="Idle")
+        starved = [
+            t for t in self.epoch_trials()
+            if t.role == "trial" and t.failure == TOO_LITTLE_TRAFFIC and t.config == trial.config
+        ]  # fmt: skip
+        if len(starved) >= MAX_STARVED_REPEATS:
+            # The optimizer learns nothing from an unscored trial and would suggest it again.
+            self.converge(
+                f"too little traffic: {_cfg(trial.config)} invalidated {len(starved)} times this epoch "
+                f"({why.reason}); keeping the best measured config and watching",
+                condition_reason="InsufficientTraffic",
+            )
+            return
         self.decide()
 
     def abort(self, trial: Trial, signals: Signals, breach: str) -> None:
@@ -549,13 +574,13 @@ class _Ctx:
             + (f"; best so far trial {best.id} {_cfg(best.config)} value {best.value:.4g}" if best else ""),
         )
 
-    def converge(self, reason: str) -> None:
+    def converge(self, reason: str, condition_reason: str = "Converged") -> None:
         self.goto("Converged", "Idle")
         self.s.note = reason
         best = self.best_trial()
         msg = f"{reason}; best {_cfg(self.best_config())}" + (f" value {best.value:.4g}" if best else "")
         self.event("Normal", "Converged", msg)
-        self.condition("Tuning", False, "Converged", msg)
+        self.condition("Tuning", False, condition_reason, msg)
         self.apply_best()
 
     def apply_best(self) -> None:
@@ -651,6 +676,14 @@ class _Ctx:
         if obs.generation is not None:
             self.s.spec_generation = obs.generation
         config_changed = obs.config is not None and obs.config != self.s.spec_config
+        # First sight of the key (a state from before keys existed): store it, restart nothing.
+        deployment_changed = (
+            bool(self.s.deployment_key)
+            and bool(obs.deployment_key)
+            and (obs.deployment_key != self.s.deployment_key)
+        )
+        if obs.deployment_key:
+            self.s.deployment_key = obs.deployment_key
         search_changed = (new.objective, new.slo, new.space, new.method) != (
             old.objective, old.slo, old.space, old.method
         )  # fmt: skip
@@ -678,13 +711,25 @@ class _Ctx:
             self.condition("Tuning", False, "Observing", "tuning.mode is observe: measuring and recommending")
             return
         # auto
-        if old.mode != "auto" or config_changed or search_changed or self.s.phase in ("Pending", "Failed"):
+        restart = old.mode != "auto" or config_changed or search_changed or deployment_changed
+        if restart or self.s.phase in ("Pending", "Failed"):
             if self.s.trials:
                 self.s.epoch += 1
             self.s.reference = None
             self.s.reference_rps = None
             self.s.note = ""
-            self.begin_baseline(warm=config_changed or self.s.phase in ("Pending",))
+            if deployment_changed:
+                self.event(
+                    "Normal",
+                    "DeploymentChanged",
+                    (
+                        obs.reason
+                        or "the deployment changed (engine, model, image, replicas, GPUs or extra args)"
+                    )
+                    + f": earlier measurements do not describe it; re-tuning (epoch {self.s.epoch}) from a "
+                    f"fresh baseline with the {len(self.s.trials)} earlier trials as warm start",
+                )
+            self.begin_baseline(warm=config_changed or deployment_changed or self.s.phase in ("Pending",))
             return
         if in_flight and trial is not None:
             # Only timing/budget/rollout settings changed: re-run what was in flight.

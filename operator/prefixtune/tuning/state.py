@@ -53,7 +53,8 @@ class Trial(_Model):
     config: KnobConfig
     outcome: Outcome = "running"
     reason: str = ""
-    failure: str = ""  # infeasible: oom | oom_startup | oom_runtime | crash | timeout
+    # infeasible: oom | oom_startup | oom_runtime | crash | timeout; invalidated: too_little_traffic
+    failure: str = ""
     started_at: float
     finished_at: float | None = None
     signals: Signals | None = None
@@ -100,6 +101,9 @@ class Observation(_Model):
     offered_rps: float | None = None  # window: ARRIVAL rate over the window (load-aware normalisation)
     settings: TuningSettings | None = None  # spec_changed
     generation: int | None = None  # spec_changed: metadata.generation
+    # spec_changed: a stable hash of what is deployed besides the knobs (engine, model, image,
+    # replicas, GPUs, extra args); "" when the caller does not know it
+    deployment_key: str = ""
     what_if: list[WhatIf] = Field(default_factory=list)  # window in observe mode
     reason: str = ""
 
@@ -111,6 +115,7 @@ class PolicyState(_Model):
     step: Step = "Idle"
     step_since: float = 0.0
     spec_generation: int = 0
+    deployment_key: str = ""  # the spec's deployment hash the current epoch was tuned for ("": not seen)
     epoch: int = 0  # tuning generation: +1 on drift re-tune and on spec changes that re-open the search
     spec_config: KnobConfig  # what the resource's spec.config says
     current: KnobConfig  # what the stable pods run
