@@ -35,7 +35,7 @@ import yaml
 
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig
-from prefixtune.metrics.signals import Signals
+from prefixtune.metrics.twin_signals import signals_from_summary
 from prefixtune.tuning.drive import DriveResult, TrialRun, drive
 from prefixtune.tuning.objective import Score, higher_is_better_ratio, score
 from prefixtune.tuning.settings import Slo, SpaceOverride, TuningSettings
@@ -185,29 +185,6 @@ def suite() -> dict[str, Scenario]:
 # The twin as the policy's environment
 
 
-def _signals(summary: Any, window_s: float) -> Signals:
-    finished = float(summary.finished)
-    return Signals(
-        window_s=window_s,
-        requests=finished,
-        hit_rate=float(summary.hit_rate),
-        prefill_reduction=float(summary.prefill_tokens_saved_fraction),
-        running_mean=float(summary.mean_running),
-        running_max=float(summary.max_running),
-        kv_usage_mean=float(summary.kv_usage_mean),
-        preemptions_per_s=float(summary.preemptions) / window_s if window_s > 0 else None,
-        gpu_util=float(summary.gpu_busy_fraction),
-        ttft_p50_s=float(summary.ttft_p50_s) if finished else None,
-        ttft_p99_s=float(summary.ttft_p99_s) if finished else None,
-        itl_p50_s=float(summary.itl_p50_s) if finished else None,
-        itl_p99_s=float(summary.itl_p99_s) if finished else None,
-        output_tokens_per_s=float(summary.output_tokens_per_s),
-        input_tokens_per_s=float(summary.input_tokens_per_s),
-        requests_per_s=float(summary.requests_per_s),
-        goodput_tokens_per_s=float(summary.goodput_tokens_per_s),
-    )
-
-
 class TwinEnv:
     """Runs a config on the twin: warm-up, then a measurement window (one simulate call)."""
 
@@ -235,7 +212,7 @@ class TwinEnv:
         if summary.status != "ok":
             return TrialRun(summary.status)  # type: ignore[arg-type]
         arrived = sum(1 for r in requests if warmup_s <= r.arrival_s < horizon)
-        return TrialRun("ok", _signals(summary, measure_s), offered_rps=arrived / measure_s)
+        return TrialRun("ok", signals_from_summary(summary, measure_s), offered_rps=arrived / measure_s)
 
 
 # ------------------------------------------------------------------------------------------------
