@@ -45,6 +45,8 @@ def test_status_is_valid_for_the_api_model_and_round_trips_the_policy_state() ->
     assert [c.type.value for c in model.conditions] == ["Ready", "Tuning"]
     assert all(c.observed_generation == 4 for c in model.conditions)
     assert model.best_config is not None and model.best_config.score == 12.0
+    # 12 vs the baseline's 10 on 100 requests each: likely, not certain, better
+    assert model.best_config.confidence is not None and 0.8 < model.best_config.confidence < 0.99
     assert [t.index for t in model.trials] == [0, 1, 2]
     assert S.policy_state_of(status) == state
     assert status["diagnosis"]["hitRate"] == 0.6

@@ -16,6 +16,7 @@ from prefixtune.api.models import ServingDeploymentStatus
 from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.diagnosis import Diagnosis
 from prefixtune.tuning.actions import Action, Recommend, SetCondition
+from prefixtune.tuning.objective import confidence_better
 from prefixtune.tuning.state import PolicyState, Trial
 
 MAX_TRIALS_IN_STATUS = 50
@@ -127,7 +128,25 @@ def best_config(state: PolicyState) -> dict[str, Any] | None:
     out: dict[str, Any] = {"config": knob_values(best.config)}
     if finite(best.value) is not None:
         out["score"] = finite(best.value)
+    confidence = beats_baseline_confidence(state, best)
+    if confidence is not None:
+        out["confidence"] = round(confidence, 3)
     return out
+
+
+def beats_baseline_confidence(state: PolicyState, best: Trial) -> float | None:
+    """Confidence that the best trial beats its epoch's baseline (None when it is the baseline)."""
+    base = next(
+        (t for t in state.trials if t.epoch == best.epoch and t.role == "baseline" and t.outcome == "ok"),
+        None,
+    )
+    if base is None or base.id == best.id or best.value is None or base.value is None:
+        return None
+    if best.signals is None or base.signals is None:
+        return None
+    return confidence_better(
+        best.value, best.signals.requests or 0.0, base.value, base.signals.requests or 0.0
+    )
 
 
 def diagnosis_status(diag: Diagnosis) -> dict[str, Any]:
