@@ -143,7 +143,6 @@ def deviations(s: Signals, t: dict[str, Any], bounds: dict[str, tuple[float, ...
 
 
 async def test_real_prometheus_scraping_twin_engines_matches_the_twins_record(prometheus: Prometheus) -> None:
-    pytest.importorskip("aiohttp")
     from prefixtune.twin.loadgen import run_load
     from prefixtune.twin.workloads import generate
 

@@ -199,7 +199,6 @@ def test_cli_text_output_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_cli_replays_a_workload_preset(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("prefixtune.twin.workloads")
     assert (
         cache_main(
             [
