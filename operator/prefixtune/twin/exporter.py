@@ -37,7 +37,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from prefixtune.engines.base import EngineName, ParsedCommand
 from prefixtune.twin.cache.base import CacheStats, Match
-from prefixtune.twin.observer import Gauges
+from prefixtune.twin.observer import Gauges, NullObserver
 from prefixtune.twin.prompt import ROOT_KEY, chain_key
 from prefixtune.twin.request import Request
 
@@ -832,7 +832,7 @@ GPU_MODEL_NAMES = {
 }
 
 
-class DcgmExporter:
+class DcgmExporter(NullObserver):
     """``DCGM_FI_DEV_GPU_UTIL`` (percent of the last ``window_s`` simulated seconds the GPU ran
     kernels), with the DCGM exporter's label set (gpu, UUID, pci_bus_id, device, modelName, Hostname;
     pod/namespace/container when the Kubernetes mapping is on). An observer too: it only uses
@@ -886,24 +886,7 @@ class DcgmExporter:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    # EngineObserver hooks (only step matters)
-    def admitted(self, req: Request, match: Match, now: float) -> None:
-        return None
-
-    def first_token(self, req: Request, ttft_s: float, now: float) -> None:
-        return None
-
-    def tokens(self, gap_s: float, count: int, now: float) -> None:
-        return None
-
-    def finished(
-        self, req: Request, now: float, e2e_s: float, queue_s: float, prefill_s: float, decode_s: float
-    ) -> None:
-        return None
-
-    def preempted(self, req: Request, now: float) -> None:
-        return None
-
+    # EngineObserver: only step matters (the other hooks are NullObserver's no-ops)
     def step(
         self, now: float, duration_s: float, steps: int, prefill_tokens: int, decode_tokens: int
     ) -> None:
@@ -912,6 +895,3 @@ class DcgmExporter:
             self.busy.append((now - duration_s, now))
         while self.busy and self.busy[0][1] <= self.now - self.window_s:
             self.busy.popleft()  # keep only the window, scraped or not
-
-    def oom(self, now: float, reason: str) -> None:
-        return None
