@@ -22,7 +22,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, TextIO
 
-from prefixtune.engines.base import KNOB_NAMES, ArgsError, EngineAdapter, EngineName, KnobConfig, KnobSpec
+from prefixtune.engines.base import KNOB_NAMES, ArgsError, EngineAdapter, KnobConfig, KnobSpec
+from prefixtune.twin.cliargs import add_target_args, add_workload_source
 from prefixtune.twin.request import Request
 
 RESULTS_JSON = "results.json"
@@ -240,14 +241,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="prefixtune twin whatif",
         description="Sweep prefix-cache knobs through the digital twin and plot what would happen.",
     )
-    p.add_argument("--engine", required=True, choices=[e.value for e in EngineName])
-    p.add_argument("--model", required=True, help="model (HF name or short name)")
-    p.add_argument("--gpu", required=True, help="GPU type: H100-80GB, H200, A100-80GB (aliases accepted)")
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", help="a workload preset name (rag, chatbot, agent, qa, gsp)")
-    src.add_argument("--workload-file", help="a workload file (YAML/JSON)")
-    src.add_argument("--trace", help="a Mooncake JSONL trace to replay")
+    add_target_args(p, model_required=True, tp_default=1)
+    add_workload_source(p)
     p.add_argument("--rate", type=float, help="mean request rate (req/s); for --trace a rate multiplier")
     p.add_argument("--duration", type=float, help="seconds of arrivals (for --trace: a cut-off)")
     p.add_argument(

@@ -19,7 +19,8 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from prefixtune.engines.base import ArgsError, EngineName
+from prefixtune.engines.base import ArgsError
+from prefixtune.twin.cliargs import add_target_args, add_workload_source
 
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("prefixtune.twin.cli", "run_main", "simulate an engine on a workload; print a summary"),
@@ -59,14 +60,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Simulate one engine on one workload with the digital twin.",
         epilog="Engine flags go after '--' (e.g. -- --gpu-memory-utilization 0.95 --block-size 32).",
     )
-    p.add_argument("--engine", required=True, choices=[e.value for e in EngineName])
-    p.add_argument("--model", help="model (HF name or short name); optional when a full command follows --")
-    p.add_argument("--gpu", required=True, help="GPU type: H100-80GB, H200, A100-80GB (aliases accepted)")
-    p.add_argument("--tp", type=int, help="tensor parallel size (1..2)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", help="a workload preset name (rag, chatbot, agent, qa, gsp)")
-    src.add_argument("--workload-file", help="a workload file (YAML/JSON)")
-    src.add_argument("--trace", help="a Mooncake JSONL trace to replay")
+    add_target_args(p, model_required=False, tp_default=None)
+    add_workload_source(p)
     p.add_argument("--rate", type=float, help="mean request rate (req/s); for --trace a rate multiplier")
     p.add_argument("--duration", type=float, help="seconds of arrivals (for --trace: a cut-off)")
     p.add_argument("--session-sample", type=float, default=1.0, help="--trace: fraction of sessions kept")

@@ -52,6 +52,7 @@ from aiohttp import web
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import ArgsError, EngineName, ParsedCommand
 from prefixtune.twin.cache.base import Match
+from prefixtune.twin.cliargs import add_target_args
 from prefixtune.twin.engine import TwinEngine
 from prefixtune.twin.exporter import CONTENT_TYPE, DcgmExporter, EngineExporter
 from prefixtune.twin.memory import StartupOOM
@@ -632,10 +633,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Serve a digital twin of an LLM engine over the engine's HTTP API and metrics.",
         epilog="Engine flags go after '--' (e.g. -- --gpu-memory-utilization 0.95), or a whole command.",
     )
-    p.add_argument("--engine", required=True, choices=[e.value for e in EngineName])
-    p.add_argument("--model", help="model (HF or short name); optional when a full command follows --")
-    p.add_argument("--gpu", required=True, help="GPU type: H100-80GB, H200, A100-80GB (aliases accepted)")
-    p.add_argument("--tp", type=int, help="tensor parallel size")
+    add_target_args(p, model_required=False, tp_default=None)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default: the engine command's port)")
     p.add_argument("--speedup", type=float, default=1.0, help="simulated seconds per wall second (default 1)")
