@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from prefixtune.metrics.diagnosis import (
     DECODE,
     INSUFFICIENT,
@@ -46,12 +48,44 @@ def test_decode_bound_when_decode_dominates_a_requests_time() -> None:
     assert "decode-bound" in d.reason
 
 
-def test_prefill_bound_with_long_inputs_and_short_outputs() -> None:
-    s = replace(BASE, ttft_p50_s=0.9, output_tokens_per_s=20.0, input_tokens_per_s=16000.0, hit_rate=0.1)
-    d = diagnose(s)  # 0.9 s prefill vs 10 x 0.03 = 0.3 s decode
+def test_prefill_bound_when_prefill_dominates_a_requests_time() -> None:
+    # 1,000 computed prompt tokens/s against 100 output tokens/s: under the token-ratio rule (10 < 20),
+    # so the time split decides: 0.9 s prefill vs 50 x 0.005 = 0.25 s decode.
+    s = replace(
+        BASE,
+        ttft_p50_s=0.9,
+        itl_p50_s=0.005,
+        output_tokens_per_s=100.0,
+        input_tokens_per_s=1000.0,
+        hit_rate=0.0,
+        prefill_reduction=0.0,
+    )
+    d = diagnose(s)
     assert d.bound == PREFILL
     share = prefill_time_share(s)
     assert share is not None and share > 0.7 and d.readings["prefill_time_share"] == share
+
+
+def test_prefill_bound_by_token_mix_even_when_itl_looks_like_decode() -> None:
+    # Long inputs, tiny outputs: 16,000 prompt tokens/s, 28% computed, 20 output tokens/s = 224 computed
+    # prompt tokens per output token. ITL (0.3 s: decode steps carrying prefill chunks) would make the
+    # time split say decode; the token mix says prefill.
+    s = replace(BASE, ttft_p50_s=0.3, itl_p50_s=0.3, output_tokens_per_s=20.0, input_tokens_per_s=16000.0)
+    share = prefill_time_share(s)
+    assert share is not None and share < 0.5
+    d = diagnose(s)
+    assert d.bound == PREFILL, d.reason
+    assert d.readings["computed_prefill_per_output_token"] == pytest.approx(16000 * 0.28 / 20)
+    assert "224 prompt tokens are computed per output token" in d.reason
+
+
+def test_token_mix_uses_computed_tokens_not_cached_ones() -> None:
+    # The same mix with 99% of the prompt served from the cache: 8 computed tokens per output token,
+    # under the threshold; the time split (decode here) decides.
+    s = replace(BASE, output_tokens_per_s=20.0, input_tokens_per_s=16000.0, prefill_reduction=0.99)
+    d = diagnose(s)
+    assert "computed_prefill_per_output_token" not in d.readings
+    assert d.bound == DECODE
 
 
 def test_kv_capacity_bound_with_a_full_pool_and_preemptions() -> None:

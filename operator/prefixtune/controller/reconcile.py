@@ -174,7 +174,9 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
         state = await _advance(state, Observation(kind="tick"), now, actions)
 
     signals = ctx.meter.last_signals.get(uid)
-    diagnosis = diagnose(signals) if signals is not None else None
+    diagnosis = (
+        diagnose(signals, prefix_caching=state.current.prefix_caching) if signals is not None else None
+    )
     status = build_status(
         state, actions, previous, now=now, generation=generation,
         ready=ready_condition(spec, children), diagnosis=diagnosis,

@@ -8,11 +8,18 @@ queueing, unknown, or insufficient-data) with the readings that support it, plus
 - ``p99-stuck``: TTFT p50 fell against the baseline but p99 did not (misses make the tail: long
   prefixes evicted, or always-missing requests such as new sessions); without a baseline, a high hit
   rate with a p99 many times p50 raises ``miss-dominated-tail``.
-- ``short-prefix-hits``: hit rate high but prefill reduction much lower (hits on short prefixes).
+- ``short-prefix-hits``: hit rate high but prefill reduction much lower (hits on short prefixes). Only
+  an engine that counts hits in blocks can show it: TensorRT-LLM counts a partially reused block as a
+  reused one; vLLM's and SGLang's hit counters are tokens, the same quantity as the reduction.
 - ``eviction-pressure``: KV usage high with preemptions, or the hit rate falling while KV is full.
 - ``hit-rate-up-throughput-down``: more hits but less throughput than the previous window (look at
   the batch size and GPU utilization: the cache may be taking memory from the batch).
 - ``caching-earns-nothing``: hit rate below 0.6 in every window seen: consider turning caching off.
+
+The bound: a full KV pool with preemptions or a queue is kv-capacity; a queue against the batch is
+queueing; many computed prompt tokens per output token is prefill (the token mix, robust to chunked
+prefill inflating ITL); otherwise the split of a request's time between TTFT and decode decides.
+``caching-earns-nothing`` is not raised when the caller says caching is off.
 
 Thresholds are in ``Thresholds`` (documented defaults; all heuristics, not engine facts).
 """
@@ -41,6 +48,11 @@ class Thresholds:
     queue_ratio: float = 0.5  # waiting >= this x running (and >= min_waiting) is queueing
     min_waiting: float = 1.0
     prefill_share: float = 0.5  # TTFT share of a request's service time at or above this: prefill-bound
+    # Prompt tokens computed per output token at or above this: prefill-bound whatever the latencies
+    # say. A prefill token costs about as much GPU time as a decode token in a mid-size batch or less
+    # (compute- vs bandwidth-bound), so at 20:1 prefill is most of the work. Needed because with
+    # chunked prefill every decode step carries prefill chunks, and ITL then measures prefill time.
+    prefill_token_ratio: float = 20.0
     high_hit_rate: float = 0.5
     earns_nothing_hit_rate: float = 0.6  # field notes: "hit rate stably below 60%"
     reduction_gap: float = 0.2  # prefill reduction this much below the hit rate: short-prefix hits
@@ -123,6 +135,14 @@ def prefill_time_share(s: Signals) -> float | None:
     return None if total <= 0 else s.ttft_p50_s / total
 
 
+def computed_prefill_per_output_token(s: Signals) -> float | None:
+    """Prompt tokens actually computed (not served from the cache) per output token."""
+    if s.input_tokens_per_s is None or not s.output_tokens_per_s:
+        return None
+    saved = s.prefill_reduction if s.prefill_reduction is not None else 0.0
+    return s.input_tokens_per_s * (1.0 - saved) / s.output_tokens_per_s
+
+
 def _bound(s: Signals, t: Thresholds) -> tuple[str, str, dict[str, float]]:
     kv = s.kv_usage_mean
     pre = s.preemptions_per_s
@@ -144,6 +164,18 @@ def _bound(s: Signals, t: Thresholds) -> tuple[str, str, dict[str, float]]:
             QUEUEING,
             f"{waiting:.1f} requests waiting on average against {running:.1f} running: "
             "arrivals exceed capacity",
+            r,
+        )
+    ratio = computed_prefill_per_output_token(s)
+    if ratio is not None and ratio >= t.prefill_token_ratio:
+        r = {
+            "computed_prefill_per_output_token": ratio,
+            **_present(s, "input_tokens_per_s", "output_tokens_per_s", "prefill_reduction", "gpu_util"),
+        }
+        return (
+            PREFILL,
+            f"{ratio:.0f} prompt tokens are computed per output token: prefill is most of the GPU's work "
+            "(prefill-bound; caching raises throughput)",
             r,
         )
     share = prefill_time_share(s)
@@ -175,9 +207,11 @@ def diagnose(
     baseline: Signals | None = None,
     history: Sequence[Signals] = (),
     thresholds: Thresholds | None = None,
+    prefix_caching: bool | None = None,
 ) -> Diagnosis:
     """Diagnose one window. ``baseline``: the same workload with caching off or the previous config;
-    ``history``: earlier windows of this config, oldest first (for trends and "stably")."""
+    ``history``: earlier windows of this config, oldest first (for trends and "stably");
+    ``prefix_caching``: whether the measured config caches (False: a zero hit rate is no finding)."""
     t = thresholds or Thresholds()
     s = signals
     if s.requests is None or s.requests < t.min_requests:
@@ -283,7 +317,7 @@ def diagnose(
             )
 
     windows = [w.hit_rate for w in (*history, s) if w.hit_rate is not None]
-    if hr is not None and windows and max(windows) < t.earns_nothing_hit_rate:
+    if prefix_caching is not False and hr is not None and windows and max(windows) < t.earns_nothing_hit_rate:
         findings.append(
             Finding(
                 "caching-earns-nothing",
