@@ -8,6 +8,7 @@ Problems are ``(path, message)`` with the path relative to ``spec`` ("config.blo
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ from pydantic.alias_generators import to_camel
 
 from prefixtune.api.enums import MetricsSource, RolloutStrategy
 from prefixtune.engines import get_adapter
+from prefixtune.engines._argv import looks_like_flag
 from prefixtune.engines.base import KNOB_NAMES, EngineAdapter, KnobConfig, KnobSpec
 
 if TYPE_CHECKING:
@@ -30,6 +32,8 @@ Problem = tuple[str, str]
 _TENSOR_PARALLEL_WORDS = {"tp", "tensor"}
 _MODEL_WORDS = {"model", "model-path"}
 _OPERATOR_WORDS = {"port", "host"}
+# Unicode categories refused in extraArgs: controls (Cc) and invisible format characters (Cf).
+_CONTROL_CATEGORIES = frozenset({"Cc", "Cf"})
 
 
 def knob_field(knob: str) -> str:
@@ -66,7 +70,7 @@ def check_spec(spec: ServingDeploymentSpec) -> list[Problem]:
     problems: list[Problem] = []
     problems += _check_config(adapter, spec)
     problems += _check_space(adapter, spec)
-    problems += _check_extra_args(adapter, spec.extra_args)
+    problems += _check_extra_args(adapter, spec.extra_args, spec.model, spec.gpu.count)
     problems += _check_rollout(spec)
     problems += _check_metrics(spec)
     return problems
@@ -269,7 +273,9 @@ def _engine_reason(adapter: EngineAdapter, flag: str, args: Sequence[str], i: in
     return ""
 
 
-def _check_extra_args(adapter: EngineAdapter, args: Sequence[str]) -> list[Problem]:
+def _check_extra_args(
+    adapter: EngineAdapter, args: Sequence[str], model: str, tensor_parallel: int
+) -> list[Problem]:
     problems: list[Problem] = []
     for i, flag, abbreviated in owned_flag_hits(adapter, args):
         how = f"abbreviates {flag}" if abbreviated else f"sets {flag}"
@@ -277,7 +283,74 @@ def _check_extra_args(adapter: EngineAdapter, args: Sequence[str]) -> list[Probl
         why = f" ({reason})" if reason and "expected" not in reason else ""
         owner = f"a flag the operator owns on {adapter.name}{why}"
         problems.append((f"extraArgs[{i}]", f"{args[i]!r} {how}, {owner}; {_instead(adapter, flag)}"))
+    problems += _control_characters(args)
+    if not problems and args:
+        problems += _engine_refusals(adapter, args, model, tensor_parallel)
     return problems
+
+
+def _control_characters(args: Sequence[str]) -> list[Problem]:
+    """Control characters (NUL, tab, escape, ...) and invisible format characters (zero-width spaces,
+    bidi overrides): an argv cannot carry NUL, and the others make a flag read as something else."""
+    problems: list[Problem] = []
+    for i, arg in enumerate(args):
+        bad = sorted({c for c in arg if unicodedata.category(c) in _CONTROL_CATEGORIES})
+        if bad:
+            shown = ", ".join(f"U+{ord(c):04X}" for c in bad)
+            problems.append(
+                (
+                    f"extraArgs[{i}]",
+                    f"contains control or invisible character(s) {shown}; allowed: printable characters "
+                    "only (one flag or value per list item)",
+                )
+            )
+    return problems
+
+
+def _engine_refusals(
+    adapter: EngineAdapter, args: Sequence[str], model: str, tensor_parallel: int
+) -> list[Problem]:
+    """What the engine's own parser would refuse in ``args`` (unknown flags, bad values, stray
+    positionals): the operator renders exactly this command, so refuse it here, not at rollout."""
+    try:
+        adapter.render(model, adapter.default_config(), args, None, tensor_parallel)
+    except ValueError as exc:  # ArgsError
+        text = str(exc)
+        index = _refused_index(adapter, text, args, model, tensor_parallel)
+        path = f"extraArgs[{index}]" if index is not None else "extraArgs"
+        shown = f"{args[index]!r} " if index is not None else ""
+        hint = (
+            f"; allowed: {adapter.name} flags prefixtune knows, each followed by its value "
+            f"(check one with: prefixtune args --engine {adapter.name} --model M -- FLAG VALUE)"
+            if text.startswith("unrecognized arguments")
+            else ""
+        )
+        return [(path, f"{shown}is refused by {adapter.name}'s command line: {text}{hint}")]
+    return []
+
+
+def _refused_index(
+    adapter: EngineAdapter, text: str, args: Sequence[str], model: str, tensor_parallel: int
+) -> int | None:
+    """The item of ``args`` an ArgsError message is about ("argument --x: ...", "unrecognized
+    arguments: --y 3"), or None when it names none. A flag given twice: the occurrence that fails."""
+    match = re.match(r"^argument (\S+?):", text)
+    token = match.group(1) if match else None
+    if token is None and text.startswith("unrecognized arguments: "):
+        rest = text[len("unrecognized arguments: ") :]
+        token = next((a for a in args if a and rest.startswith(a)), None)
+    if token is None:
+        return None
+    found = [i for i, arg in enumerate(args) if arg == token or arg.startswith(token + "=")]
+    for i in found:
+        alone = [args[i]]
+        if "=" not in args[i] and i + 1 < len(args) and not looks_like_flag(args[i + 1]):
+            alone.append(args[i + 1])
+        try:
+            adapter.render(model, adapter.default_config(), alone, None, tensor_parallel)
+        except ValueError:
+            return i
+    return found[0] if found else None
 
 
 def _check_rollout(spec: ServingDeploymentSpec) -> list[Problem]:

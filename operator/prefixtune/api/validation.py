@@ -9,6 +9,7 @@ so the CRD, the messages and the models cannot disagree.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -30,6 +31,10 @@ from prefixtune.api.rules import COLLECT_KEY, show
 from prefixtune.api.schema import lookup, structural_schema
 
 _MAX_SHOWN = 80
+# Words of a flag name that carry a credential (vLLM and SGLang --api-key; --hf-token and the like).
+_SECRET_WORDS = frozenset({"key", "token", "secret", "password", "passwd", "credential", "credentials"})
+# Shorter secret values are redacted only where quoted whole (a bare "1" occurs in many messages).
+_MIN_SECRET_LENGTH = 4
 _PATTERN_WORDS = {
     EXTRA_ARG_PATTERN: f"without shell metacharacters ({SHELL_METACHARACTERS_TEXT})",
     MODEL_PATTERN: "without spaces, not starting with '-'",
@@ -59,7 +64,7 @@ def validate_spec(raw: object) -> tuple[ServingDeploymentSpec | None, list[Field
         return None, [FieldError("spec", f"must be an object (a mapping), got {_type_name(raw)}")]
     spec, errors = _validate(ServingDeploymentSpec, dict(raw), ("spec",))
     assert spec is None or isinstance(spec, ServingDeploymentSpec)
-    return spec, errors
+    return spec, redact_errors(errors, secret_values(raw))
 
 
 def validate_resource(raw: object) -> tuple[ServingDeployment | None, list[FieldError]]:
@@ -68,7 +73,42 @@ def validate_resource(raw: object) -> tuple[ServingDeployment | None, list[Field
         return None, [FieldError("", f"must be an object (a mapping), got {_type_name(raw)}")]
     resource, errors = _validate(ServingDeployment, dict(raw), ())
     assert resource is None or isinstance(resource, ServingDeployment)
-    return resource, errors
+    return resource, redact_errors(errors, secret_values(raw.get("spec")))
+
+
+def secret_values(raw_spec: object) -> list[str]:
+    """Values of secret-bearing flags in a raw spec's extraArgs (``--api-key K``, ``--api-key=K``):
+    messages end up in Events and logs, so they must never quote these."""
+    args = raw_spec.get("extraArgs", raw_spec.get("extra_args")) if isinstance(raw_spec, Mapping) else None
+    if not isinstance(args, list):
+        return []
+    found: list[str] = []
+    for i, item in enumerate(args):
+        if not isinstance(item, str) or not item.startswith("-"):
+            continue
+        name, eq, inline = item.partition("=")
+        if not set(re.split(r"[-_.]+", name.lower())) & _SECRET_WORDS:
+            continue
+        if eq:
+            found.append(inline)
+        elif i + 1 < len(args) and isinstance(args[i + 1], str):
+            found.append(args[i + 1])
+    return [value for value in found if value]
+
+
+def redact_errors(errors: list[FieldError], secrets: Sequence[str]) -> list[FieldError]:
+    """``errors`` with every secret value replaced by ``***`` (whole values, also inside reprs)."""
+    if not secrets:
+        return errors
+    out = []
+    for err in errors:
+        message = err.message
+        for secret in sorted(secrets, key=len, reverse=True):
+            message = message.replace(repr(secret), "'***'")
+            if len(secret) >= _MIN_SECRET_LENGTH:
+                message = message.replace(secret, "***").replace(repr(secret)[1:-1], "***")
+        out.append(FieldError(err.path, message))
+    return out
 
 
 def parse_spec(raw: object) -> ServingDeploymentSpec:
@@ -238,7 +278,9 @@ def _translate(err: ErrorDetails, model: type[BaseModel], prefix: tuple[str, ...
     elif kind == "timezone_aware":
         message = f"{_shown(value)} has no time zone; allowed: {allowed}"
     elif kind in _TYPE_ERRORS:
-        message = f"expected {allowed}, got {_type_name(value)} {_shown(value)}".rstrip()
+        # A scalar is shown ("got string 'x'"); null, lists and objects by their type alone.
+        shown = f" {_shown(value)}" if isinstance(value, str | int | float) else ""
+        message = f"expected {allowed}, got {_type_name(value)}{shown}"
         if kind == "finite_number":
             message = f"must be a finite number; allowed: {allowed}"
     elif kind in _BOUND_ERRORS:

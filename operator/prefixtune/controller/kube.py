@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -29,7 +29,7 @@ class KubeError(Exception):
 @dataclass(frozen=True)
 class Connection:
     server: str
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # never printed: reprs end up in logs
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None

@@ -29,6 +29,7 @@ from prefixtune.controller.handlers import build_registry
 from prefixtune.controller.kube import Connection, KubeClient
 from prefixtune.controller.measure import Meter
 from prefixtune.controller.reconcile import OperatorContext
+from prefixtune.controller.redaction import install_log_redaction
 from prefixtune.controller.selfmetrics import SelfMetrics
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class OperatorOptions:
     time_scale: float = 1.0  # sandbox only: the twins' simulated seconds per wall second
     ready_timeout_s: float | None = None
     priority: int = 0
+    peering_lifetime_s: int | None = None  # seconds a silent peer counts as alive (kopf: 60)
 
 
 def operator_settings(opts: OperatorOptions) -> kopf.OperatorSettings:
@@ -73,6 +75,8 @@ def operator_settings(opts: OperatorOptions) -> kopf.OperatorSettings:
     settings.peering.standalone = opts.standalone
     settings.peering.clusterwide = opts.clusterwide
     settings.peering.priority = opts.priority
+    if opts.peering_lifetime_s is not None:
+        settings.peering.lifetime = opts.peering_lifetime_s
     if opts.peering:
         settings.peering.name = opts.peering
         settings.peering.mandatory = True
@@ -111,6 +115,7 @@ async def run_operator(
     context: OperatorContext | None = None,
 ) -> None:
     connection = Connection.load(opts.kubeconfig)
+    install_log_redaction(connection.token)
     ctx = context or OperatorContext(
         client=KubeClient(connection),
         meter=Meter(time_scale=opts.time_scale),
@@ -155,6 +160,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     peer.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
     p.add_argument("--priority", type=int, default=0, help="peering priority (the highest is active)")
+    p.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=None,
+        help="seconds after its last keep-alive that a killed peer still counts as alive (default 60)",
+    )
     p.add_argument("--tick", type=float, default=DEFAULT_TICK_S, help="seconds between tuning-loop ticks")
     p.add_argument(
         "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)"
@@ -173,6 +184,10 @@ def options_from_args(argv: Sequence[str]) -> OperatorOptions:
         raise SystemExit(f"prefixtune run: --metrics-port must be 1..65535, got {args.metrics_port}")
     if not args.tick > 0:
         raise SystemExit(f"prefixtune run: --tick must be > 0 seconds, got {args.tick}")
+    if args.peering_lifetime is not None and not args.peering_lifetime >= 2:
+        raise SystemExit(
+            f"prefixtune run: --peering-lifetime must be >= 2 seconds, got {args.peering_lifetime}"
+        )
     if not args.time_scale > 0:
         raise SystemExit(f"prefixtune run: --time-scale must be > 0, got {args.time_scale}")
     namespaces = list(args.namespace)
@@ -188,6 +203,7 @@ def options_from_args(argv: Sequence[str]) -> OperatorOptions:
         time_scale=float(args.time_scale),
         ready_timeout_s=args.ready_timeout,
         priority=int(args.priority),
+        peering_lifetime_s=args.peering_lifetime,
     )
 
 
@@ -195,6 +211,7 @@ def main(argv: Sequence[str]) -> int:
     opts = options_from_args(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: dump the stacks
     verbose = "-v" in argv or "--verbose" in argv
+    install_log_redaction()
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
