@@ -484,3 +484,21 @@ def test_request_body_carries_prompt_and_output_identity() -> None:
     assert body["prefixtune"]["output_token_ids"] == tokens[req.prompt_len :]
     assert "prefixtune" not in completion_body(req, None, output_identity=False)
     assert isinstance(req, Request)
+
+
+async def test_stop_aborts_in_flight_requests_instead_of_waiting_for_them() -> None:
+    # Real time (speedup 1): a 4,000-token answer would take minutes; stop() must not wait for it.
+    server = make_server("vllm", MODEL, GPU, speedup=1.0)
+    await server.start()
+    async with aiohttp.ClientSession() as http:
+        task = asyncio.create_task(post(http, server.url, {"prompt": _burst(1, 100)[0], "max_tokens": 4000}))
+        for _ in range(100):  # until the request is in flight
+            if server.pending:
+                break
+            await asyncio.sleep(0.01)
+        assert server.pending
+        t0 = asyncio.get_running_loop().time()
+        await asyncio.wait_for(server.stop(), timeout=10)
+        assert asyncio.get_running_loop().time() - t0 < 5
+        status, data = await asyncio.wait_for(task, timeout=5)
+    assert status == 503 and "shutting down" in data["message"]

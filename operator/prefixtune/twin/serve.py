@@ -211,13 +211,17 @@ class TwinServer:
             self.catch_up()
             await asyncio.sleep(TICK_S)
 
-    def on_oom(self, reason: str) -> None:
-        self.oom_reason = reason
+    def _fail_pending(self, message: str, status: int) -> None:
+        """End every in-flight request with an error (its stream included)."""
         for p in self.pending.values():
             if not p.done.done():
-                p.done.set_exception(RequestError(f"engine crashed: {reason}", status=500))
+                p.done.set_exception(RequestError(message, status=status))
             p.chunks.put_nowait(0)
         self.pending.clear()
+
+    def on_oom(self, reason: str) -> None:
+        self.oom_reason = reason
+        self._fail_pending(f"engine crashed: {reason}", 500)
         print(f"torch.OutOfMemoryError: {reason}", file=sys.stderr, flush=True)
         if self._exit_task is None:
             self._exit_task = asyncio.get_running_loop().create_task(self._die())
@@ -256,6 +260,9 @@ class TwinServer:
         return f"http://{host}:{addr[1]}"
 
     async def stop(self) -> None:
+        # As an engine on SIGTERM: in-flight requests are aborted, so that the HTTP server's graceful
+        # shutdown does not wait (up to 60 s) for handlers whose engine no longer advances.
+        self._fail_pending("the server is shutting down", 503)
         for task in (self._ticker, self._exit_task):
             if task is not None:
                 task.cancel()
