@@ -572,10 +572,11 @@ class TwinEngine:
             pairs += p
             new += chunk
         n_seqs = n_dec + len(chunks)
-        if not self._check_memory(new, len(self._running)):
+        pressure = self.memory.pressure(new, len(self._running))
+        if pressure > 1.0 and not self._check_memory(new, len(self._running)):
             return
         dt = self.cost.step_time(n_seqs, new, read, pairs)
-        dt *= self.memory.step_penalty(self.memory.pressure(new, len(self._running)))
+        dt *= self.memory.step_penalty(pressure)
         if host_tokens:
             dt += self.cost.host_transfer_time(host_tokens)
         self._last_usage = float(self.cache.usage())
@@ -773,9 +774,10 @@ class TwinEngine:
         if self._pending and self._blocked:
             # arrivals join the queue at their time even when they cannot be admitted (gauges)
             deadline = min(deadline, self._pending[0][0])
-        if not self._check_memory(n, len(self._running)):
+        pressure = self.memory.pressure(n, len(self._running))
+        if pressure > 1.0 and not self._check_memory(n, len(self._running)):
             return
-        penalty = self.memory.step_penalty(self.memory.pressure(n, len(self._running)))
+        penalty = self.memory.step_penalty(pressure)
         run = self.cost.decode_run(n, self._dec_read_base + n * g)
         if deadline < _INF:
             k = min(k, run.steps_until((deadline - self.now) / penalty))

@@ -40,6 +40,31 @@ ROOT_KEY = 0
 _OFFSET_LIMIT = 1 << 32  # block_keys packs a token offset into 32 bits
 
 
+# Block keys of recently hashed sequences, by (block size, id of the last segment): a sequence that
+# extends one of them (the next turn of a conversation) computes only its new blocks. The entry keeps
+# the segments alive (so the id is not reused) and is checked by equality before use.
+_CHAIN_TRIES = 3  # how many of a sequence's longest proper prefixes are looked up
+_CHAIN_MAX_KEYS = 1 << 20  # memory bound: keys held by the memo in all
+_CHAIN_MEMO: dict[tuple[int, int], tuple[tuple[Segment, ...], int, list[int]]] = {}
+_chain_held = [0]
+
+
+def _remember_chain(block_size: int, segs: tuple[Segment, ...], length: int, keys: list[int]) -> None:
+    if not segs or len(keys) > _CHAIN_MAX_KEYS // 4:
+        return
+    memo = _CHAIN_MEMO
+    k = (block_size, id(segs[-1]))
+    old = memo.pop(k, None)
+    if old is not None:
+        _chain_held[0] -= len(old[2])
+    memo[k] = (segs, length, keys)
+    _chain_held[0] += len(keys)
+    while _chain_held[0] > _CHAIN_MAX_KEYS and memo:  # drop the oldest
+        dropped = memo.pop(next(iter(memo)), None)
+        if dropped is not None:
+            _chain_held[0] -= len(dropped[2])
+
+
 @dataclass(frozen=True, slots=True)
 class Segment:
     key: int
@@ -135,10 +160,22 @@ class TokenSeq:
         return {}
 
     def _compute_block_keys(self, block_size: int) -> list[int]:
+        segs = self.segments
+        n = len(segs)
+        # A conversation's turn extends the previous turn's sequence (its prompt and output): start
+        # from the keys memoised for the longest recent prefix of this one, when there is one.
         out: list[int] = []
+        first = 0
         start = 0
-        next_end = block_size
-        for seg in self.segments:
+        memo = _CHAIN_MEMO
+        for j in (*range(n - 1, max(1, n - _CHAIN_TRIES - 1), -1), 1) if n > 1 else ():
+            entry = memo.get((block_size, id(segs[j - 1])))
+            if entry is not None and entry[0] == segs[:j]:
+                out = entry[2][:]
+                first, start = j, entry[1]
+                break
+        next_end = (len(out) + 1) * block_size
+        for seg in segs[first:] if first else segs:
             seg_end = start + seg.length
             if next_end <= seg_end:
                 if seg.length >= _OFFSET_LIMIT:
@@ -147,6 +184,11 @@ class TokenSeq:
                 out.extend(range(base + next_end, base + seg_end + 1, block_size))
                 next_end += ((seg_end - next_end) // block_size + 1) * block_size
             start = seg_end
+        _remember_chain(block_size, segs, start, out)
+        if first != 1 and n > 1 and (block_size, id(segs[0])) not in memo:
+            # the first segment alone (a shared system prompt): the first turns of sessions share it
+            head = segs[:1]
+            _remember_chain(block_size, head, head[0].length, out[: head[0].length // block_size])
         return out
 
     def common_prefix(self, other: TokenSeq) -> int:

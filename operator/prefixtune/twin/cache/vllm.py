@@ -172,10 +172,17 @@ class VllmCache:
     def admit(self, req_id: int, seq: TokenSeq, prompt_len: int, num_tokens: int, now: float) -> Match | None:
         if req_id in self._reqs:
             raise ValueError(f"request {req_id} is already admitted")
-        _check_lengths(seq, prompt_len, num_tokens)
+        if not (1 <= prompt_len <= seq.length and num_tokens >= 1):
+            _check_lengths(seq, prompt_len, num_tokens)
         bs = self.block_size
-        ids = seq.block_keys(bs) if self.prefix_caching else None
-        hit = self._hit_blocks(ids, prompt_len) if ids is not None else []
+        if self.prefix_caching:
+            ids = seq.block_keys(bs)
+            # the longest run of cached hashes from the start (as _hit_blocks)
+            found: Iterator[int | None] = map(self._cached.get, islice(ids, (prompt_len - 1) // bs))
+            hit: list[int] = list(takewhile(_is_block, found))  # type: ignore[arg-type]
+        else:
+            ids = None
+            hit = []
         nh = len(hit)
         need = -(-num_tokens // bs) - nh
         ref = self._ref
@@ -260,14 +267,19 @@ class VllmCache:
         rev_blocks = blocks[k - 1 :: -1]
         rev_ids = ids[k - 1 :: -1]
         ref = self._ref
+        held = list(map(ref.__getitem__, rev_blocks))  # holders before this release
+        z = held.count(1)  # free after it
+        if held[:z].count(1) == z:  # the freed ones lead (usual: a shared prefix stays held)
+            for b in rev_blocks[:z]:
+                ref[b] = 0
+            for b in rev_blocks[z:]:
+                ref[b] -= 1
+            self._queue.extend(zip(rev_blocks[:z], rev_ids[:z], strict=True))
+            self._queued += z
+            return
         for b in rev_blocks:
             ref[b] -= 1
-        left = list(map(ref.__getitem__, rev_blocks))  # holders left: 0 = free now
-        z = left.count(0)
-        if z == k or not any(left[:z]):  # the freed ones lead (a shared prefix stays held)
-            self._queue.extend(zip(rev_blocks[:z], rev_ids[:z], strict=True))
-        else:
-            self._queue.extend([(b, h) for b, h, n in zip(rev_blocks, rev_ids, left, strict=True) if not n])
+        self._queue.extend([(b, h) for b, h, n in zip(rev_blocks, rev_ids, held, strict=True) if n == 1])
         self._queued += z
 
 
