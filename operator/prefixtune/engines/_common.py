@@ -1,8 +1,10 @@
-"""Behaviour shared by the three adapters: knob validation, owned-flag checks, option extraction."""
+"""Behaviour shared by the three adapters: knob tables and validation, the checks around render, the
+frame of parse (command head, scan, ParsedCommand), owned-flag checks, option and label extraction."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 
 from prefixtune.engines._argv import FlagTable, Role, Scan, owned_tokens
 from prefixtune.engines.base import (
@@ -15,6 +17,8 @@ from prefixtune.engines.base import (
     EngineName,
     KnobConfig,
     KnobSpec,
+    ParsedCommand,
+    RenderedCommand,
 )
 
 # Neutral option keys in ParsedCommand.options (read by the digital twin).
@@ -32,10 +36,38 @@ HOST = "host"
 DEFAULT_HOST = "0.0.0.0"
 
 
-class AdapterBase:
-    """Knob bookkeeping common to every engine; subclasses add render/parse/metrics."""
+def knob_table(*specs: KnobSpec) -> Mapping[str, KnobSpec]:
+    """An engine's knobs by name: every neutral knob once, in KNOB_NAMES order (listings follow it)."""
+    names = tuple(spec.name for spec in specs)
+    if names != KNOB_NAMES:
+        raise ValueError(f"knob specs must be {', '.join(KNOB_NAMES)} in this order, got {', '.join(names)}")
+    return {spec.name: spec for spec in specs}
+
+
+def memory_fraction_knob(default: float, flag: str, doc: str) -> KnobSpec:
+    """memory_fraction: a share of device memory in (0, 1] on every engine (what it is a share of differs)."""
+    return KnobSpec(
+        name=MEMORY_FRACTION, default=default, low=0.0, high=1.0, low_exclusive=True, flag=flag, doc=doc
+    )
+
+
+def prefix_caching_knob(flag: str, doc: str) -> KnobSpec:
+    """prefix_caching: an on/off switch, on by default on every engine."""
+    return KnobSpec(name=PREFIX_CACHING, default=True, choices=(True, False), flag=flag, doc=doc)
+
+
+class AdapterBase(ABC):
+    """What every engine shares: knob bookkeeping, the checks around render, the frame of parse.
+
+    A subclass states its engine's facts (command, port, flag table, knobs, metrics) and implements
+    ``render_args`` (the knobs as the engine's flags), ``parse`` and ``effective_config``.
+    """
 
     name: EngineName
+    command: tuple[str, ...]  # what the operator renders
+    command_aliases: tuple[tuple[str, ...], ...] = ()  # other spellings parse accepts, as long as ``command``
+    default_port: int
+    tp_dest: str  # the flag dest that carries the tensor-parallel degree
     table: FlagTable
     _knobs: Mapping[str, KnobSpec]
 
@@ -51,6 +83,77 @@ class AdapterBase:
     def owned_args(self, args: Sequence[str]) -> list[str]:
         """Tokens of ``args`` that set a flag the operator owns (``--x v`` and ``--x=v`` forms)."""
         return owned_tokens(self.table, args)
+
+    def normalize(self, config: KnobConfig) -> KnobConfig:
+        """Type coercion only; an engine where equivalent configs exist collapses them (SGLang)."""
+        return KnobConfig(
+            float(config.memory_fraction),
+            int(config.block_size),
+            bool(config.prefix_caching),
+            str(config.schedule_policy),
+        )
+
+    def render(
+        self,
+        model: str,
+        config: KnobConfig,
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        tensor_parallel: int = 1,
+    ) -> RenderedCommand:
+        """Check the inputs (model, config, extra args, port, TP, in this order), render, read back."""
+        require_model(model)
+        self.check_config(config)
+        self.check_extra_args(extra_args)
+        port = require_port(self.default_port if port is None else port)
+        rendered = self.render_args(model, config, extra_args, port, require_tensor_parallel(tensor_parallel))
+        # What we render must read back: unknown extra flags and bad values fail here.
+        self.parse(rendered.argv, rendered.files)
+        return rendered
+
+    @abstractmethod
+    def render_args(
+        self, model: str, config: KnobConfig, extra_args: Sequence[str], port: int, tensor_parallel: int
+    ) -> RenderedCommand:
+        """The command for already checked inputs: the engine's flags for the knobs, then ``extra_args``."""
+
+    def serving_args(self, port: int, tensor_parallel: int) -> tuple[str, ...]:
+        """Where the engine listens and its TP degree (the TP flag in its first, canonical spelling)."""
+        tp_flag = self.table.by_dest(self.tp_dest).names[0]
+        return ("--host", DEFAULT_HOST, "--port", str(port), tp_flag, str(tensor_parallel))
+
+    @abstractmethod
+    def parse(self, argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedCommand: ...
+
+    def command_args(self, argv: Sequence[str]) -> list[str]:
+        """The arguments after the command; ArgsError when ``argv`` does not start with an accepted one."""
+        tokens = list(argv)
+        head = tuple(tokens[: len(self.command)])
+        if head != self.command and head not in self.command_aliases:
+            raise ArgsError(
+                f"{self.name}: the command must start with {' '.join(self.command)!r}, got {' '.join(head)!r}"
+            )
+        return tokens[len(self.command) :]
+
+    def scan_args(self, args: Sequence[str], max_positionals: int = 0) -> Scan:
+        """Scan the arguments (unknown flags and bad values fail) and refuse the forbidden flags."""
+        scan = self.table.scan(args, max_positionals=max_positionals)
+        self.refuse_forbidden(scan)
+        return scan
+
+    def parsed(
+        self, scan: Scan, model: str, config: KnobConfig, options: Mapping[str, object]
+    ) -> ParsedCommand:
+        """The ParsedCommand for a scanned command: port, TP degree and untuned flags come from ``scan``."""
+        return ParsedCommand(
+            engine=self.name,
+            model=model,
+            config=config,
+            port=scan.int_value("port", self.default_port),
+            extra_args=self.extra_tokens(scan),
+            options=options,
+            tensor_parallel=scan.int_value(self.tp_dest, 1),
+        )
 
     def validate(self, config: KnobConfig) -> list[tuple[str, str]]:
         errors = []
@@ -156,6 +259,39 @@ def label_number(text: str) -> float | None:
     except ValueError:
         return None
     return value if value == value else None
+
+
+def label_int(text: str) -> int | None:
+    number = label_number(text)
+    return None if number is None else int(number)
+
+
+def first_labels(
+    samples: Sequence[tuple[str, Mapping[str, str], float]], series: str
+) -> Mapping[str, str] | None:
+    """The labels of the first sample of ``series`` (an engine's config-info gauge); None when absent."""
+    return next((labels for name, labels, _ in samples if name == series), None)
+
+
+def read_labels(
+    labels: Mapping[str, str], wanted: Sequence[tuple[str, str, Callable[[str], object]]]
+) -> dict[str, object]:
+    """``{key: read(label text)}`` for each (label, key, read), in order; a label that is missing or
+    unreadable (``read`` gives None) is left out."""
+    found: dict[str, object] = {}
+    for label, key, read in wanted:
+        value = read(labels.get(label, ""))
+        if value is not None:
+            found[key] = value
+    return found
+
+
+def with_kv_tokens(found: dict[str, object]) -> dict[str, object]:
+    """``found`` plus kv_tokens = kv_blocks x block_size where both are known (as ints)."""
+    blocks, block = found.get("kv_blocks"), found.get(BLOCK_SIZE)
+    if isinstance(blocks, int) and isinstance(block, int):
+        found["kv_tokens"] = blocks * block
+    return found
 
 
 def options_from(scan: Scan, keys: Mapping[str, str]) -> dict[str, object]:

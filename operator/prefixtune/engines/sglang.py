@@ -22,7 +22,6 @@ from prefixtune.engines._argv import (
 )
 from prefixtune.engines._common import (
     CHUNKED_PREFILL,
-    DEFAULT_HOST,
     EVICTION_POLICY,
     HOST,
     HOST_CACHE_BYTES,
@@ -33,11 +32,11 @@ from prefixtune.engines._common import (
     TENSOR_PARALLEL,
     AdapterBase,
     flag_name,
+    knob_table,
     label_number,
+    memory_fraction_knob,
     options_from,
-    require_model,
-    require_port,
-    require_tensor_parallel,
+    prefix_caching_knob,
 )
 from prefixtune.engines.base import (
     BLOCK_SIZE,
@@ -54,20 +53,15 @@ from prefixtune.engines.base import (
 )
 
 COMMAND = ("python3", "-m", "sglang.launch_server")
-ACCEPTED_COMMANDS = (COMMAND, ("python", "-m", "sglang.launch_server"))
 DEFAULT_PORT = 30000
 
 # Policies that read the radix tree. With the radix cache disabled SGLang runs them as fcfs
 # (reference §3.2: "All cache-aware policies become fcfs when the radix cache is disabled").
 CACHE_AWARE_POLICIES = frozenset({"lpm", "dfs-weight"})
 
-KNOBS: Mapping[str, KnobSpec] = {
-    MEMORY_FRACTION: KnobSpec(
-        name=MEMORY_FRACTION,
+KNOBS = knob_table(
+    memory_fraction_knob(
         default=0.88,
-        low=0.0,
-        high=1.0,
-        low_exclusive=True,
         flag="--mem-fraction-static",
         doc=(
             "share of GPU memory for weights + KV pool (activations are outside it). 0.88 is prefixtune's "
@@ -75,21 +69,18 @@ KNOBS: Mapping[str, KnobSpec] = {
             "that depends on the GPU, chunked prefill size and TP"
         ),
     ),
-    BLOCK_SIZE: KnobSpec(
+    KnobSpec(
         name=BLOCK_SIZE,
         default=1,
         choices=(1, 16, 32, 64, 128),
         flag="--page-size",
         doc="KV page size in tokens (1 on CUDA by default); only full pages are shared",
     ),
-    PREFIX_CACHING: KnobSpec(
-        name=PREFIX_CACHING,
-        default=True,
-        choices=(True, False),
+    prefix_caching_knob(
         flag="--disable-radix-cache",
         doc="the radix (prefix) cache; off renders --disable-radix-cache",
     ),
-    SCHEDULE_POLICY: KnobSpec(
+    KnobSpec(
         name=SCHEDULE_POLICY,
         default="fcfs",
         choices=("fcfs", "lpm", "dfs-weight", "lof", "random"),
@@ -99,7 +90,7 @@ KNOBS: Mapping[str, KnobSpec] = {
             "'priority' is not offered: argparse accepts it but the scheduler raises at init"
         ),
     ),
-}
+)
 
 # Every value SGLang's argparse accepts; the knob then narrows it to the supported ones.
 _ENGINE_POLICIES = (
@@ -254,6 +245,10 @@ METRICS = MetricNames(
 
 class SglangAdapter(AdapterBase):
     name = EngineName.SGLANG
+    command = COMMAND
+    command_aliases = (("python", "-m", "sglang.launch_server"),)
+    default_port = DEFAULT_PORT
+    tp_dest = "tp_size"
     default_image = "lmsysorg/sglang:v0.5.23"
     metrics_port = DEFAULT_PORT
     metrics_path = "/metrics"
@@ -274,27 +269,13 @@ class SglangAdapter(AdapterBase):
             float(config.memory_fraction), int(config.block_size), bool(config.prefix_caching), policy
         )
 
-    def render(
-        self,
-        model: str,
-        config: KnobConfig,
-        extra_args: Sequence[str] = (),
-        port: int | None = None,
-        tensor_parallel: int = 1,
+    def render_args(
+        self, model: str, config: KnobConfig, extra_args: Sequence[str], port: int, tensor_parallel: int
     ) -> RenderedCommand:
-        require_model(model)
-        self.check_config(config)
-        self.check_extra_args(extra_args)
-        port = require_port(DEFAULT_PORT if port is None else port)
         args = [
             "--model-path",
             model,
-            "--host",
-            DEFAULT_HOST,
-            "--port",
-            str(port),
-            "--tp-size",
-            str(require_tensor_parallel(tensor_parallel)),
+            *self.serving_args(port, tensor_parallel),
             "--mem-fraction-static",
             format_float(config.memory_fraction),
             "--page-size",
@@ -303,19 +284,10 @@ class SglangAdapter(AdapterBase):
         if not config.prefix_caching:
             args.append("--disable-radix-cache")
         args += ["--schedule-policy", str(config.schedule_policy), "--enable-metrics", *extra_args]
-        rendered = RenderedCommand(COMMAND, tuple(args))
-        self.parse(rendered.argv)  # what we render must read back: unknown extra flags fail here
-        return rendered
+        return RenderedCommand(COMMAND, tuple(args))
 
     def parse(self, argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedCommand:
-        tokens = list(argv)
-        if tuple(tokens[:3]) not in ACCEPTED_COMMANDS:
-            got = " ".join(tokens[:3])
-            raise ArgsError(
-                f"sglang: the command must start with 'python3 -m sglang.launch_server', got {got!r}"
-            )
-        scan = self.table.scan(tokens[3:])
-        self.refuse_forbidden(scan)
+        scan = self.scan_args(self.command_args(argv))
         model = scan.str_value("model_path", "")
         if not model:
             raise ArgsError("sglang: the following arguments are required: --model-path")
@@ -340,15 +312,7 @@ class SglangAdapter(AdapterBase):
         size = scan.value("hicache_size")
         if options.get("host_cache") and isinstance(size, int) and size > 0:
             options[HOST_CACHE_BYTES] = size * 10**9  # --hicache-size is in GB and overrides the ratio
-        return ParsedCommand(
-            engine=self.name,
-            model=model,
-            config=config,
-            port=scan.int_value("port", DEFAULT_PORT),
-            extra_args=self.extra_tokens(scan),
-            options=options,
-            tensor_parallel=scan.int_value("tp_size", 1),
-        )
+        return self.parsed(scan, model, config, options)
 
     def effective_config(self, samples: Sequence[tuple[str, Mapping[str, str], float]]) -> dict[str, object]:
         """From ``sglang:page_size`` (block_size), ``sglang:max_total_num_tokens`` (kv_tokens) and

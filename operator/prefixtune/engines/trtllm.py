@@ -31,7 +31,6 @@ from prefixtune.engines._argv import (
 )
 from prefixtune.engines._common import (
     CHUNKED_PREFILL,
-    DEFAULT_HOST,
     HOST,
     HOST_CACHE_BYTES,
     KV_CACHE_DTYPE,
@@ -41,13 +40,17 @@ from prefixtune.engines._common import (
     PARTIAL_REUSE,
     TENSOR_PARALLEL,
     AdapterBase,
+    first_labels,
     flag_name,
+    knob_table,
     label_bool,
+    label_int,
     label_number,
+    memory_fraction_knob,
     options_from,
-    require_model,
-    require_port,
-    require_tensor_parallel,
+    prefix_caching_knob,
+    read_labels,
+    with_kv_tokens,
 )
 from prefixtune.engines.base import (
     BLOCK_SIZE,
@@ -68,38 +71,31 @@ DEFAULT_PORT = 8000
 OPTIONS_PATH = "/etc/prefixtune/llm_api_options.yaml"
 _HEADER = "# LLM API options rendered by prefixtune (the operator owns this file)\n"
 
-KNOBS: Mapping[str, KnobSpec] = {
-    MEMORY_FRACTION: KnobSpec(
-        name=MEMORY_FRACTION,
+KNOBS = knob_table(
+    memory_fraction_knob(
         default=0.9,
-        low=0.0,
-        high=1.0,
-        low_exclusive=True,
         flag="--free_gpu_memory_fraction",
         doc="share of the memory FREE after weights and the activation peak that goes to the KV pool",
     ),
-    BLOCK_SIZE: KnobSpec(
+    KnobSpec(
         name=BLOCK_SIZE,
         default=32,
         choices=(8, 16, 32, 64, 128),
         flag="kv_cache_config.tokens_per_block",
         doc="tokens per KV block (a power of two); partial block reuse is on",
     ),
-    PREFIX_CACHING: KnobSpec(
-        name=PREFIX_CACHING,
-        default=True,
-        choices=(True, False),
+    prefix_caching_knob(
         flag="kv_cache_config.enable_block_reuse",
         doc="cross-request KV block reuse",
     ),
-    SCHEDULE_POLICY: KnobSpec(
+    KnobSpec(
         name=SCHEDULE_POLICY,
         default="guaranteed_no_evict",
         choices=("guaranteed_no_evict", "max_utilization"),
         flag="scheduler_config.capacity_scheduler_policy",
         doc="capacity scheduler: reserve KV for whole requests, or pack the batch and pause on shortage",
     ),
-}
+)
 
 _ENGINE_POLICIES = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH")
 
@@ -280,7 +276,13 @@ def _read_options(path: str, text: str) -> tuple[dict[str, object], dict[str, ob
 
 
 class TrtllmAdapter(AdapterBase):
+    """``normalize`` is type coercion only: with block reuse off the block size is still the KV page
+    and the capacity policy still decides admission, so every combination behaves differently."""
+
     name = EngineName.TRTLLM
+    command = COMMAND
+    default_port = DEFAULT_PORT
+    tp_dest = "tp_size"
     default_image = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0"
     metrics_port = DEFAULT_PORT
     metrics_path = "/prometheus/metrics"
@@ -289,57 +291,25 @@ class TrtllmAdapter(AdapterBase):
     table = FLAGS
     _knobs = KNOBS
 
-    def normalize(self, config: KnobConfig) -> KnobConfig:
-        """No collapse: with block reuse off the block size is still the KV page and the capacity
-        policy still decides admission, so every combination behaves differently."""
-        return KnobConfig(
-            float(config.memory_fraction),
-            int(config.block_size),
-            bool(config.prefix_caching),
-            str(config.schedule_policy),
-        )
-
-    def render(
-        self,
-        model: str,
-        config: KnobConfig,
-        extra_args: Sequence[str] = (),
-        port: int | None = None,
-        tensor_parallel: int = 1,
+    def render_args(
+        self, model: str, config: KnobConfig, extra_args: Sequence[str], port: int, tensor_parallel: int
     ) -> RenderedCommand:
-        require_model(model)
-        self.check_config(config)
-        self.check_extra_args(extra_args)
-        port = require_port(DEFAULT_PORT if port is None else port)
         args = (
             model,
-            "--host",
-            DEFAULT_HOST,
-            "--port",
-            str(port),
-            "--tp_size",
-            str(require_tensor_parallel(tensor_parallel)),
+            *self.serving_args(port, tensor_parallel),
             "--free_gpu_memory_fraction",
             format_float(config.memory_fraction),
             "--extra_llm_api_options",
             OPTIONS_PATH,
             *extra_args,
         )
-        rendered = RenderedCommand(COMMAND, args, {OPTIONS_PATH: options_yaml(config)})
-        self.parse(rendered.argv, rendered.files)  # what we render must read back
-        return rendered
+        return RenderedCommand(COMMAND, args, {OPTIONS_PATH: options_yaml(config)})
 
     def parse(self, argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedCommand:
-        tokens = list(argv)
-        if tuple(tokens[:1]) != COMMAND:
-            raise ArgsError(
-                f"trtllm: the command must start with 'trtllm-serve', got {' '.join(tokens[:1])!r}"
-            )
-        rest = tokens[1:]
+        rest = self.command_args(argv)
         if rest[:1] == ["serve"]:  # ``trtllm-serve serve MODEL`` is the same command
             rest = rest[1:]
-        scan = self.table.scan(rest, max_positionals=1)
-        self.refuse_forbidden(scan)
+        scan = self.scan_args(rest, max_positionals=1)
         if not scan.positionals:
             raise ArgsError("trtllm-serve: missing argument 'MODEL'")
         top: dict[str, object] = {}
@@ -361,15 +331,7 @@ class TrtllmAdapter(AdapterBase):
             raise ArgsError(f"{path}: kv_cache_config.dtype must be one of auto, fp8")
         if "return_perf_metrics" in top:
             options["metrics"] = bool(top["return_perf_metrics"]) and bool(top.get("enable_iter_perf_stats"))
-        return ParsedCommand(
-            engine=self.name,
-            model=scan.positionals[0],
-            config=config,
-            port=scan.int_value("port", DEFAULT_PORT),
-            extra_args=self.extra_tokens(scan),
-            options=options,
-            tensor_parallel=scan.int_value("tp_size", 1),
-        )
+        return self.parsed(scan, scan.positionals[0], config, options)
 
     def _config(
         self, scan: Scan, path: str, kv: Mapping[str, object], scheduler: Mapping[str, object]
@@ -414,35 +376,23 @@ class TrtllmAdapter(AdapterBase):
         Keys: block_size, prefix_caching, memory_fraction, partial_reuse, host_cache_bytes, kv_blocks,
         kv_tokens.
         """
-        found: dict[str, object] = {}
-        for name, labels, _ in samples:
-            if name != METRICS.config_info:
-                continue
-            block = label_number(labels.get("tokens_per_block", ""))
-            if block is not None:
-                found[BLOCK_SIZE] = int(block)
-            fraction = label_number(labels.get("free_gpu_memory_fraction", ""))
-            if fraction is not None:
-                found[MEMORY_FRACTION] = float(fraction)
-            for label, key in (
-                ("enable_block_reuse", PREFIX_CACHING),
-                ("enable_partial_reuse", PARTIAL_REUSE),
-            ):
-                flag = label_bool(labels.get(label, ""))
-                if flag is not None:
-                    found[key] = flag
-            host = label_number(labels.get("host_cache_size", ""))
-            if host is not None:
-                found[HOST_CACHE_BYTES] = int(host)
-            break
+        labels = first_labels(samples, METRICS.config_info)
+        found = read_labels(
+            labels or {},
+            (
+                ("tokens_per_block", BLOCK_SIZE, label_int),
+                ("free_gpu_memory_fraction", MEMORY_FRACTION, label_number),
+                ("enable_block_reuse", PREFIX_CACHING, label_bool),
+                ("enable_partial_reuse", PARTIAL_REUSE, label_bool),
+                ("host_cache_size", HOST_CACHE_BYTES, label_int),
+            ),
+        )
         for name, _, value in samples:
             if name == METRICS.extra["tokens_per_block"] and BLOCK_SIZE not in found:
                 found[BLOCK_SIZE] = int(value)
             elif name == METRICS.extra["max_blocks"] and "kv_blocks" not in found:
                 found["kv_blocks"] = int(value)
-        if "kv_blocks" in found and BLOCK_SIZE in found:
-            found["kv_tokens"] = int(found["kv_blocks"]) * int(found[BLOCK_SIZE])  # type: ignore[call-overload]
-        return found
+        return with_kv_tokens(found)
 
 
 ADAPTER = TrtllmAdapter()

@@ -23,7 +23,6 @@ from prefixtune.engines._argv import (
 )
 from prefixtune.engines._common import (
     CHUNKED_PREFILL,
-    DEFAULT_HOST,
     HOST,
     HOST_CACHE_BYTES,
     KV_CACHE_DTYPE,
@@ -32,12 +31,16 @@ from prefixtune.engines._common import (
     MAX_RUNNING,
     TENSOR_PARALLEL,
     AdapterBase,
+    first_labels,
+    knob_table,
     label_bool,
+    label_int,
     label_number,
+    memory_fraction_knob,
     options_from,
-    require_model,
-    require_port,
-    require_tensor_parallel,
+    prefix_caching_knob,
+    read_labels,
+    with_kv_tokens,
 )
 from prefixtune.engines.base import (
     BLOCK_SIZE,
@@ -56,31 +59,24 @@ from prefixtune.engines.base import (
 COMMAND = ("vllm", "serve")
 DEFAULT_PORT = 8000
 
-KNOBS: Mapping[str, KnobSpec] = {
-    MEMORY_FRACTION: KnobSpec(
-        name=MEMORY_FRACTION,
+KNOBS = knob_table(
+    memory_fraction_knob(
         default=0.92,
-        low=0.0,
-        high=1.0,
-        low_exclusive=True,
         flag="--gpu-memory-utilization",
         doc="share of TOTAL device memory for this instance (weights + activations + KV); (0, 1]",
     ),
-    BLOCK_SIZE: KnobSpec(
+    KnobSpec(
         name=BLOCK_SIZE,
         default=16,
         choices=(16, 32, 64, 128),
         flag="--block-size",
         doc="KV block size in tokens; multiples of 16 that FLASH_ATTN supports; only full blocks hit",
     ),
-    PREFIX_CACHING: KnobSpec(
-        name=PREFIX_CACHING,
-        default=True,
-        choices=(True, False),
+    prefix_caching_knob(
         flag="--enable-prefix-caching/--no-enable-prefix-caching",
         doc="automatic prefix caching (on by default for generative decoders)",
     ),
-    SCHEDULE_POLICY: KnobSpec(
+    KnobSpec(
         name=SCHEDULE_POLICY,
         default="fcfs",
         choices=("fcfs", "priority"),
@@ -88,7 +84,7 @@ KNOBS: Mapping[str, KnobSpec] = {
         flag="--scheduling-policy",
         doc="priority only reorders requests that carry a priority; without them it equals fcfs",
     ),
-}
+)
 
 
 def _vllm_name(name: str) -> str:
@@ -246,7 +242,14 @@ METRICS = MetricNames(
 
 
 class VllmAdapter(AdapterBase):
+    """``normalize`` is type coercion only: every vLLM knob changes behaviour on its own. Block size
+    still matters with prefix caching off (it is the KV page), and ``priority`` is kept as is (it is
+    not searched; with priorities on the requests it does differ from fcfs)."""
+
     name = EngineName.VLLM
+    command = COMMAND
+    default_port = DEFAULT_PORT
+    tp_dest = "tensor_parallel_size"
     default_image = "vllm/vllm-openai:v0.33.0"
     metrics_port = DEFAULT_PORT
     metrics_path = "/metrics"
@@ -260,39 +263,12 @@ class VllmAdapter(AdapterBase):
         base = super().tuned_flags()
         return base | {"--" + name[2:].replace("-", "_") for name in base if name.startswith("--")}
 
-    def normalize(self, config: KnobConfig) -> KnobConfig:
-        """Only type coercion: every vLLM knob changes behaviour on its own.
-
-        Block size still matters with prefix caching off (it is the KV page), and ``priority`` is kept
-        as is (it is not searched; with priorities on the requests it does differ from fcfs).
-        """
-        return KnobConfig(
-            float(config.memory_fraction),
-            int(config.block_size),
-            bool(config.prefix_caching),
-            str(config.schedule_policy),
-        )
-
-    def render(
-        self,
-        model: str,
-        config: KnobConfig,
-        extra_args: Sequence[str] = (),
-        port: int | None = None,
-        tensor_parallel: int = 1,
+    def render_args(
+        self, model: str, config: KnobConfig, extra_args: Sequence[str], port: int, tensor_parallel: int
     ) -> RenderedCommand:
-        require_model(model)
-        self.check_config(config)
-        self.check_extra_args(extra_args)
-        port = require_port(DEFAULT_PORT if port is None else port)
         args = (
             model,
-            "--host",
-            DEFAULT_HOST,
-            "--port",
-            str(port),
-            "--tensor-parallel-size",
-            str(require_tensor_parallel(tensor_parallel)),
+            *self.serving_args(port, tensor_parallel),
             "--gpu-memory-utilization",
             format_float(config.memory_fraction),
             "--block-size",
@@ -302,16 +278,10 @@ class VllmAdapter(AdapterBase):
             str(config.schedule_policy),
             *extra_args,
         )
-        rendered = RenderedCommand(COMMAND, args)
-        self.parse(rendered.argv)  # what we render must read back: unknown extra flags fail here
-        return rendered
+        return RenderedCommand(COMMAND, args)
 
     def parse(self, argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedCommand:
-        tokens = list(argv)
-        if tuple(tokens[:2]) != COMMAND:
-            raise ArgsError(f"vllm: the command must start with 'vllm serve', got {' '.join(tokens[:2])!r}")
-        scan = self.table.scan(tokens[2:], max_positionals=1)
-        self.refuse_forbidden(scan)
+        scan = self.scan_args(self.command_args(argv), max_positionals=1)
         # ``vllm serve MODEL`` puts the positional into --model; the positional wins when both are given.
         model = scan.positionals[0] if scan.positionals else scan.str_value("model", "")
         if not model:
@@ -329,15 +299,7 @@ class VllmAdapter(AdapterBase):
         offload = scan.value("kv_offloading_size")
         if isinstance(offload, float) and offload > 0:
             options[HOST_CACHE_BYTES] = int(offload * 2**30)  # GiB, total across TP ranks
-        return ParsedCommand(
-            engine=self.name,
-            model=model,
-            config=config,
-            port=scan.int_value("port", DEFAULT_PORT),
-            extra_args=self.extra_tokens(scan),
-            options=options,
-            tensor_parallel=scan.int_value("tensor_parallel_size", 1),
-        )
+        return self.parsed(scan, model, config, options)
 
     def effective_config(self, samples: Sequence[tuple[str, Mapping[str, str], float]]) -> dict[str, object]:
         """From ``vllm:cache_config_info`` labels (the first sample): knob values and the KV pool size.
@@ -345,26 +307,19 @@ class VllmAdapter(AdapterBase):
         Keys: block_size, memory_fraction, prefix_caching (knob names), kv_blocks and kv_tokens.
         Labels that are missing or unparseable ("None") are left out.
         """
-        for name, labels, _ in samples:
-            if name != METRICS.config_info:
-                continue
-            found: dict[str, object] = {}
-            block = label_number(labels.get("block_size", ""))
-            if block is not None:
-                found[BLOCK_SIZE] = int(block)
-            fraction = label_number(labels.get("gpu_memory_utilization", ""))
-            if fraction is not None:
-                found[MEMORY_FRACTION] = float(fraction)
-            caching = label_bool(labels.get("enable_prefix_caching", ""))
-            if caching is not None:
-                found[PREFIX_CACHING] = caching
-            blocks = label_number(labels.get("num_gpu_blocks", ""))
-            if blocks is not None:
-                found["kv_blocks"] = int(blocks)
-                if block is not None:
-                    found["kv_tokens"] = int(blocks) * int(block)
-            return found
-        return {}
+        labels = first_labels(samples, METRICS.config_info)
+        if labels is None:
+            return {}
+        found = read_labels(
+            labels,
+            (
+                ("block_size", BLOCK_SIZE, label_int),
+                ("gpu_memory_utilization", MEMORY_FRACTION, label_number),
+                ("enable_prefix_caching", PREFIX_CACHING, label_bool),
+                ("num_gpu_blocks", "kv_blocks", label_int),
+            ),
+        )
+        return with_kv_tokens(found)
 
 
 ADAPTER = VllmAdapter()
