@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -27,10 +28,19 @@ def test_suite_covers_engines_workloads_and_bounds() -> None:
     suite = bench().suite()
     assert len(suite) >= 8
     assert {s.engine for s in suite.values()} == {"vllm", "sglang", "trtllm"}
-    assert {s.workload for s in suite.values()} >= {"rag", "chatbot", "agent", "qa"}
+    assert {s.workload_type for s in suite.values()} >= {"rag", "chatbot", "agent", "qa"}
     assert {s.bound for s in suite.values()} == {"prefill", "decode"}
     for s in suite.values():
         assert not s.search_space().empty
+        assert s.description, f"{s.name}: say why the scenario is hard"
+
+
+def test_inline_workload_type_is_its_name_up_to_the_first_dash() -> None:
+    data: dict[str, object] = {"name": "x", "engine": "vllm", "model": "llama-3.1-8b", "gpu": "H100-80GB"}
+    data.update({"rate": 1.0, "workload": {"name": "rag-corpus", "suffix": 100, "output": 50}})
+    assert bench().parse_scenario(data, "x.yaml").workload_type == "rag"
+    data["workload"] = "chatbot"
+    assert bench().parse_scenario(data, "x.yaml").workload_type == "chatbot"
 
 
 @pytest.mark.parametrize(
@@ -40,6 +50,9 @@ def test_suite_covers_engines_workloads_and_bounds() -> None:
         ({"engine": "tgi"}, "known engines"),
         ({"space": {"block_size": [17]}}, "space.block_size: 17"),
         ({"objective": "latency"}, "allowed: goodput, throughput, ttft"),
+        ({"workload": "chat"}, "workload: unknown workload 'chat'; presets: rag"),
+        ({"workload": {"name": "w", "suffix": 10, "output": {"dist": "zipf"}}}, "output.dist"),
+        ({"workload": 3}, "workload: a preset name or an inline workload mapping"),
     ],
 )
 def test_bad_scenario_names_the_field(patch: dict[str, object], needle: str) -> None:
@@ -56,3 +69,77 @@ def test_cli_rejects_unknown_scenario_and_method(capsys: pytest.CaptureFixture[s
     assert "unknown nope" in capsys.readouterr().err
     assert bench().main(["--suite", "--methods", "bo,annealing"]) == 2
     assert "annealing" in capsys.readouterr().err
+
+
+def test_cli_rejects_zero_jobs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench().main(["--suite", "--jobs", "0"]) == 2
+    assert "--jobs >= 1" in capsys.readouterr().err
+
+
+def _scenario(bo: tuple[float, int], random: tuple[float, int | None], default: float) -> dict[str, object]:
+    def method(ratio: float, to95: int | None) -> dict[str, object]:
+        return {"median_ratio": ratio, "median_trials_to_95": to95}
+
+    return {"methods": {"bo": method(*bo), "random": method(*random), "default": method(default, None)}}
+
+
+def test_checks_count_discriminating_scenarios_and_bo_against_random() -> None:
+    result = {
+        "scenarios": {
+            "a": _scenario(bo=(0.97, 3), random=(0.9, 6), default=0.8),
+            "b": _scenario(bo=(0.93, 9), random=(0.96, 4), default=0.95),
+            "c": _scenario(bo=(0.99, 5), random=(0.7, None), default=0.9),
+        }
+    }
+    c = bench().checks(result)
+    assert c["default_ratio_le_0.90"] == {"a": True, "b": False, "c": True}
+    assert c["default_ratio_le_0.90_count"] == 2
+    assert c["bo_ratio_ge_0.95"] == {"a": True, "b": False, "c": True}
+    assert c["bo_ratio_ge_0.95_all"] is False
+    assert c["bo_trials_to_95_le_random"] == {"a": True, "b": False, "c": True}
+    assert c["bo_not_worse_than_random_count"] == 2
+
+
+class _SeededEnv:
+    """A fake twin: the score depends on the seed; one seed can fail."""
+
+    def __init__(self, fail_seed: int | None = None) -> None:
+        self.calls: list[int] = []
+        self.fail_seed = fail_seed
+
+    def run(self, config: object, warmup_s: float, measure_s: float, seed: int) -> object:
+        from prefixtune.metrics.signals import Signals
+        from prefixtune.tuning.drive import TrialRun
+
+        self.calls.append(seed)
+        if seed == self.fail_seed:
+            return TrialRun("oom_runtime")
+        value = 100.0 * (1 + seed - bench().ORACLE_SEED)
+        signals = Signals(
+            window_s=measure_s, requests=500, ttft_p99_s=0.1, itl_p99_s=0.01, goodput_tokens_per_s=value
+        )
+        return TrialRun("ok", signals)
+
+
+def _scenario_with(eval_seeds: int) -> Any:
+    data: dict[str, object] = {"name": "x", "engine": "vllm", "model": "llama-3.1-8b", "gpu": "H100-80GB"}
+    data.update({"workload": "qa", "rate": 1.0, "eval_seeds": eval_seeds})
+    return bench().parse_scenario(data, "x.yaml")
+
+
+def test_true_score_averages_eval_seeds_and_caches_each_seed(tmp_path: Path) -> None:
+    one, three = _scenario_with(1), _scenario_with(3)
+    assert one.digest() == three.digest()  # the cache holds one value per seed: shared
+    cfg = three.start_config()
+    env = _SeededEnv()
+    assert bench().TrueScores(one, env, tmp_path).get(cfg) == pytest.approx(100.0)
+    assert bench().TrueScores(three, env, tmp_path).get(cfg) == pytest.approx(200.0)  # mean of 100, 200, 300
+    seed = bench().ORACLE_SEED
+    assert env.calls == [seed, seed + 1, seed + 2]  # the first seed came from the cache file
+    failing = _SeededEnv(fail_seed=seed + 1)
+    assert bench().TrueScores(three, failing, tmp_path / "other").get(cfg) is None
+
+
+def test_eval_seeds_must_be_positive() -> None:
+    with pytest.raises(bench().ScenarioError, match="eval_seeds: 0; must be >= 1"):
+        _scenario_with(0)

@@ -14,6 +14,8 @@ tells it every finished trial in one batch, asks, and then applies what skopt do
   config (after normalize) is never suggested. Candidates are ranked by EI x P(feasible).
 - Repeated points: an asked point that normalizes to an already-measured config (or lands within
   ``SAME_FRACTION`` of one) is replaced by the best unseen candidate by acquisition.
+- Noise: the GP has a white-noise term, and EI is taken against the best posterior mean at a
+  measured feasible point (plug-in EI), not the best raw window, which noise inflates.
 - Convergence: after the initial design, when the largest EI x P(feasible) over the candidates is
   below ``convergence_ei`` of the best score, or no unseen feasible candidate is left.
 
@@ -221,14 +223,14 @@ def suggest(
     return _suggest_bo(space, history, seed, n_initial, convergence_ei)
 
 
-def _suggest_bo(
-    space: SearchSpace, history: Sequence[TrialResult], seed: int, n_initial: int, convergence_ei: float
-) -> Suggestion:
+def _fit(
+    space: SearchSpace, history: Sequence[TrialResult], seed: int, n_initial: int
+) -> tuple[Any, list[TrialResult]]:
+    """skopt's Optimizer told every finished trial in the space (infeasible ones at a penalty), and
+    those trials. Values are scaled by the largest one so that the GP sees O(1) numbers."""
     from skopt import Optimizer
-    from skopt.acquisition import gaussian_ei
     from skopt.sampler import Lhs
 
-    feas = Feasibility(space, history)
     told = [t for t in history if space.contains(space.normalize(t.config))]
     feasible_values = [float(t.value) for t in told if t.value is not None]
     scale = max((abs(v) for v in feasible_values), default=1.0) or 1.0
@@ -254,6 +256,31 @@ def _suggest_bo(
         warnings.simplefilter("ignore")
         if xs:
             opt.tell(xs, ys)
+    return opt, told
+
+
+def _posterior_means(opt: Any, space: SearchSpace, configs: Sequence[KnobConfig]) -> list[float]:
+    """The surrogate's mean at each config, in the fit's units (lower is better)."""
+    from threadpoolctl import threadpool_limits
+
+    points = [space.to_point(space.normalize(c)) for c in configs]
+    with threadpool_limits(limits=1):
+        mu = opt.models[-1].predict(opt.space.transform(points))
+    return [float(m) for m in mu]
+
+
+def _suggest_bo(
+    space: SearchSpace, history: Sequence[TrialResult], seed: int, n_initial: int, convergence_ei: float
+) -> Suggestion:
+    from skopt.acquisition import gaussian_ei
+
+    feas = Feasibility(space, history)
+    opt, told = _fit(space, history, seed, n_initial)
+    feasible_values = [float(t.value) for t in told if t.value is not None]
+    from threadpoolctl import threadpool_limits
+
+    with warnings.catch_warnings(), threadpool_limits(limits=1):
+        warnings.simplefilter("ignore")
         asked = space.to_config(opt.ask())
     seen = [space.normalize(t.config) for t in history if t.value is not None]
     candidates = _candidates(space, seed, first=[asked])
@@ -271,9 +298,13 @@ def _suggest_bo(
         return Suggestion(chosen, f"initial design ({len(told) + 1}/{n_initial}), substitute", p_feasible=p)
 
     model = opt.models[-1]
-    y_best = min(ys_ok) if ys_ok else min(ys)
     import numpy as np
 
+    # Plug-in EI for noisy measurements: the incumbent is the best POSTERIOR MEAN at a measured
+    # feasible point, not the best raw window. The raw best is biased by noise (the luckiest window
+    # wins), which shrinks EI everywhere and stops the search early around a lucky trial.
+    ok_configs = [t.config for t in told if t.value is not None]
+    y_best = min(_posterior_means(opt, space, ok_configs)) if ok_configs else 1.0  # 1.0: the penalty
     transformed = opt.space.transform([space.to_point(c) for c, _ in open_])
     ei = np.asarray(gaussian_ei(transformed, model, y_opt=y_best, xi=0.01), dtype=float)
     acq = [float(e) * p for e, (_, p) in zip(ei.tolist(), open_, strict=True)]
