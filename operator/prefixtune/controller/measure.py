@@ -26,7 +26,7 @@ from prefixtune.metrics.exposition import Snapshot
 from prefixtune.metrics.histogram import Slo
 from prefixtune.metrics.prometheus_source import PrometheusSource
 from prefixtune.metrics.promql import Selector
-from prefixtune.metrics.scrape_source import ScrapeSource, window_signals
+from prefixtune.metrics.scrape_source import ScrapeSource, Window, window_signals
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.state import Observation, PolicyState
 
@@ -104,9 +104,9 @@ class Meter:
             groups["canary"] = pods_of(pods, "canary", config_hash(want.canary))
         return groups
 
-    def _signals(
+    def _window(
         self, spec: ServingDeploymentSpec, start: _Start, end: Mapping[str, Snapshot], pods: Sequence[PodView]
-    ) -> Signals | None:
+    ) -> Window | None:
         chains = {
             name: [start.snaps[name], end[name]]
             for name in (p.name for p in pods)
@@ -117,7 +117,13 @@ class Meter:
         slo = Slo(float(spec.tuning.slo.ttft_p99), float(spec.tuning.slo.itl_p99))
         from prefixtune.metrics.recipe import for_engine
 
-        return window_signals(for_engine(spec.engine), chains, slo=slo).signals
+        return window_signals(for_engine(spec.engine), chains, slo=slo)
+
+    def _signals(
+        self, spec: ServingDeploymentSpec, start: _Start, end: Mapping[str, Snapshot], pods: Sequence[PodView]
+    ) -> Signals | None:
+        window = self._window(spec, start, end, pods)
+        return None if window is None else window.signals
 
     async def _scraped(
         self, uid: str, spec: ServingDeploymentSpec, state: PolicyState, pods: Sequence[PodView], now: float
@@ -160,6 +166,25 @@ class Meter:
             return None
         end = await self._scrape(spec, everyone)
         subject: Role = "canary" if "canary" in groups else "baseline"
+        gaps = _gaps(start.snaps, end, everyone)
+        if gaps:
+            # Series the window began with are missing now (an empty or NaN exposition): the data
+            # is not there, so hold; the policy re-measures once the metrics are back.
+            start.last_partial = now
+            return Observation(
+                kind="metrics_unavailable", reason=f"metrics missing or NaN: {'; '.join(gaps)}"
+            )
+        reset = self._window(spec, start, end, everyone)
+        if full and reset is not None and reset.resets:
+            # Counters went backwards without a pod restart (an exporter restart, a scrape of another
+            # process): what was counted before the reset is lost, so the window is not the trial's.
+            self.starts.pop(uid, None)
+            if key[0] == "trial":
+                return Observation(
+                    kind="trial_invalidated",
+                    reason=f"metrics counters reset inside the window ({', '.join(reset.resets)})",
+                )
+            return None  # a watching window: start a new one on the next tick
         signals = self._signals(spec, start, end, groups[subject])
         baseline = self._signals(spec, start, end, groups["baseline"]) if subject == "canary" else None
         total = self._signals(spec, start, end, everyone)
@@ -235,3 +260,19 @@ class Meter:
             baseline_pods=len(groups["baseline"]) or 1,
             offered_rps=signals.requests_per_s,
         )
+
+
+def _gaps(start: Mapping[str, Snapshot], end: Mapping[str, Snapshot], pods: Sequence[PodView]) -> list[str]:
+    """Pods whose end scrape lacks series their start scrape had, the pod not having restarted (a
+    restarted pod is the rollout observation's business): "pod: N of M series missing"."""
+    out = []
+    for pod in pods:
+        first, last = start.get(pod.name), end.get(pod.name)
+        if first is None or last is None:
+            continue
+        if first.identity and last.identity and dict(first.identity) != dict(last.identity):
+            continue  # a new process: its series come back as it serves
+        missing = [key for key in first.values if key not in last.values]
+        if missing:
+            out.append(f"{pod.name}: {len(missing)} of {len(first.values)} series missing")
+    return out

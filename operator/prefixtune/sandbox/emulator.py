@@ -32,6 +32,9 @@ with the server-side behaviour that kopf, the official ``kubernetes`` client and
   deleted in the background, transitively; dependents that still have a live owner only lose the
   dangling reference; ``propagationPolicy: Orphan`` strips the references instead.
 * Events (core v1 and events.k8s.io) are ordinary objects, so kopf's ``generateName`` events are stored.
+* Fault injection (``faults=ApiFaults(...)``, off by default; ``faults.py``): 500/503 answers, 409 on
+  status patches and dropped watches for the clients under test (by bearer token), and an audit of
+  their requests.
 
 What it does NOT emulate:
 
@@ -77,6 +80,7 @@ import yaml
 from kmock._internal import k8s_dicts, parsing, rendering
 
 from prefixtune.sandbox import _patches, _selectors
+from prefixtune.sandbox.faults import ApiFaults, bearer
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +181,7 @@ class RealisticEmulator(kmock.KubernetesEmulator):
     builtins: bool = True  # declare kmock's bundled built-in resources (core, apps, events, CRDs...)
     watch_log_size: int = 10_000  # events kept per resource for watches that resume from a resourceVersion
     namespaces: tuple[str, ...] = ("default", "kube-system", "kube-public")  # pre-created with builtins
+    faults: ApiFaults | None = None  # fault injection for the clients under test (off by default)
 
     _rv: int = attrs.field(default=0, init=False)
     _rng: random.Random = attrs.field(factory=random.Random, init=False)
@@ -278,7 +283,35 @@ class RealisticEmulator(kmock.KubernetesEmulator):
                 raw_request.rel_url.query
             )
             raw_request = raw_request.clone(rel_url=marked)
-        return await super().__call__(raw_request)
+        faults = self.faults
+        client = bearer(raw_request.headers) if faults is not None else ""
+        if faults is None or not client:
+            return await super().__call__(raw_request)
+        return await self._call_with_faults(faults, client, raw_request)
+
+    async def _call_with_faults(
+        self, faults: ApiFaults, client: str, raw_request: aiohttp.web.BaseRequest
+    ) -> aiohttp.web.StreamResponse:
+        """Serve a request of a client under test: maybe inject a fault, and audit it."""
+        method, path = raw_request.method.upper(), raw_request.path
+        if raw_request.query.get("watch") in ("true", "1"):
+            return await super().__call__(raw_request)  # watch drops: see _watch_stream
+        body = await raw_request.read() if method in ("POST", "PATCH", "PUT") else None
+        kind, code = faults.decide(client, method, path, watch=False)
+        if kind:
+            faults.record(client, method, path, code, kind, body)
+            message = (
+                f'Operation cannot be fulfilled on "{path}": the object has been modified (injected conflict)'
+                if code == 409
+                else f"injected fault: the server answered {code}"
+            )
+            reason = {409: "Conflict", 503: "ServiceUnavailable"}.get(code, "InternalError")
+            status = {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                      "message": message, "reason": reason, "code": code}  # fmt: skip
+            return aiohttp.web.json_response(status, status=code)
+        response = await super().__call__(raw_request)
+        faults.record(client, method, path, int(response.status), "", body)
+        return response
 
     @staticmethod
     def _namespace_request(request: rendering.Request) -> rendering.Request:
@@ -798,6 +831,13 @@ class RealisticEmulator(kmock.KubernetesEmulator):
         bus = self._buses[res]
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        drop_after = None if self.faults is None else self.faults.watch_deadline(bearer(request.headers))
+        if drop_after is not None:  # an injected dropped watch: the stream ends early
+            drop_at = loop.time() + drop_after
+            if deadline is None or drop_at < deadline:
+                deadline = drop_at
+            else:
+                drop_after = None
         async with self._lock:  # the snapshot and the subscription are atomic: nothing falls in between
             mark = await bus.mark()
             first: list[dict[str, Any]] = []
@@ -819,10 +859,14 @@ class RealisticEmulator(kmock.KubernetesEmulator):
             while True:
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
+                    if drop_after is not None and self.faults is not None:
+                        self.faults.count_watch_drop()
                     return
                 try:
                     change = await asyncio.wait_for(anext(changes_iter), remaining)
                 except TimeoutError:
+                    if drop_after is not None and self.faults is not None:
+                        self.faults.count_watch_drop()
                     return
                 wired = self._wire(change, request, selector)
                 if wired is not None:

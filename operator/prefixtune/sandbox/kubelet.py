@@ -25,6 +25,9 @@ Container lifecycle, in sandbox time (seconds divided by ``speedup``):
   10 s, 20 s, ... 300 s (kube's), reset after 10 minutes of running; ``restartCount`` counts restarts;
   the twin restarts from the same args. restartPolicy Never: the pod's phase becomes Failed.
 * Deleting a pod stops its twin at once (no graceful termination period) and frees its address.
+
+Fault injection (``faults.py``): ``Kubelet.crash`` kills a running engine (CUDA OOM or a crash), and
+``Kubelet.metrics_faults`` makes the pods' metrics endpoints unreachable, empty, NaN or reset.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import aiohttp
 from prefixtune.engines import ArgsError, get_adapter
 from prefixtune.sandbox import controllers as ctl
 from prefixtune.sandbox import pods as podlib
+from prefixtune.sandbox.faults import MetricsFaults, install_metrics_faults
 
 logger = logging.getLogger(__name__)
 
@@ -347,6 +351,7 @@ class PodWorker:
         self.restarts = 0
         self.start_time = podlib.now_iso()
         self._status: dict[str, Any] = {}
+        self.injected_exit = ""  # a crash injected by Kubelet.crash: the container's exit message
 
     @property
     def path(self) -> str:
@@ -436,6 +441,8 @@ class PodWorker:
             return _Exit(1, "Error", f"{OOM_STARTUP_PREFIX[plan.engine]}: {err}", started)
         except (ValueError, KeyError) as err:
             return _Exit(1, "Error", f"{type(err).__name__}: {err}", started)
+        if self.kubelet.metrics_faults is not None:
+            install_metrics_faults(server, self.kubelet.metrics_faults, self.name)
         try:
             await server.start()
         except OSError as err:
@@ -447,6 +454,9 @@ class PodWorker:
             await self._probe_until_exit(server, running, plan.engine.value)
         finally:
             await self._stop_server()
+        if self.injected_exit:
+            message, self.injected_exit = self.injected_exit, ""
+            return _Exit(1, "Error", message, started)
         reason = server.oom_reason or "the engine exited"
         return _Exit(server.exit_code or 1, "Error", f"torch.OutOfMemoryError: {reason}", started)
 
@@ -532,6 +542,23 @@ class Kubelet:
             "prefixtune.io/gpu-type": config.default_gpu,
         }
         self._probe_session: aiohttp.ClientSession | None = None
+        self.metrics_faults: MetricsFaults | None = None  # fault injection on the pods' metrics
+
+    def crash(self, namespace: str, name: str, *, oom: bool, message: str = "") -> bool:
+        """Make a running pod's engine die as if under load: a CUDA OOM (``oom``) or a crash (exit 1
+        with ``message``). False when the pod runs no engine now. (Fault injection.)"""
+        for worker, _ in self.workers.values():
+            if worker.namespace != namespace or worker.name != name or worker.server is None:
+                continue
+            server = worker.server
+            if oom:
+                server.on_oom(message or "CUDA out of memory (injected fault)")
+            else:
+                worker.injected_exit = message or "RuntimeError: engine crashed (injected fault)"
+                server.exit_code = 1
+                server.exited.set()
+            return True
+        return False
 
     def seed_for(self, uid: str, restarts: int) -> int:
         digest = hashlib.sha256(f"{self._seed}/{uid}/{restarts}".encode()).digest()

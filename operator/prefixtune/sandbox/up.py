@@ -28,6 +28,7 @@ from typing import Any, Literal
 import aiohttp
 
 from prefixtune.sandbox.emulator import RealisticEmulator, serve_emulator, write_kubeconfig
+from prefixtune.sandbox.faults import ApiFaults, MetricsFaults
 from prefixtune.sandbox.kubelet import (
     ApiClient,
     ApiStatusError,
@@ -160,11 +161,14 @@ async def sandbox(
     config: KubeletConfig | None = None,
     seed: int = 0,
     crds: list[dict[str, Any]] | None = None,
+    api_faults: ApiFaults | None = None,
+    metrics_faults: MetricsFaults | None = None,
 ) -> AsyncIterator[Sandbox]:
     """Run the sandbox in this event loop for the duration of the block.
 
     ``config`` sets the kubelet's timings (its ``speedup`` is replaced by ``speedup``); ``crds`` are
     CustomResourceDefinitions to install before anything starts (e.g. the ServingDeployment CRD).
+    ``api_faults`` and ``metrics_faults`` inject faults (``faults.py``; off when None).
     """
     if not speedup > 0:
         raise ValueError(f"speedup: must be > 0, got {speedup}")
@@ -176,7 +180,7 @@ async def sandbox(
             kubeconfig_path = Path(tmp) / "kubeconfig"
         else:
             kubeconfig_path = Path(kubeconfig)
-        emulator = SandboxEmulator(seed=seed)
+        emulator = SandboxEmulator(seed=seed, faults=api_faults)
         async with serve_emulator(port=port, host=host, emulator=emulator) as (emulator, url):
             write_kubeconfig(kubeconfig_path, url, namespace)
             session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
@@ -188,6 +192,7 @@ async def sandbox(
                     await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
                 controllers = ControllerManager(api, cfg)
                 kubelet = Kubelet(api, cfg)
+                kubelet.metrics_faults = metrics_faults
                 loads = LoadManager(api, speedup=cfg.speedup, seed=seed) if load else None
                 wakeups = [controllers.wakeup, kubelet.wakeup]
                 if run_prometheus:

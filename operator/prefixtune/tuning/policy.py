@@ -512,6 +512,15 @@ class _Ctx:
         self.s.extensions = 0
         self.s.measure_from = self.s.measure_until = self.s.warm_until = None
         self.actions.append(RecordTrial(trial.model_copy(deep=True)))
+        if self.s.metrics_held and outcome != "ok":
+            # The hold was for this trial's window, which is gone unscored (a crash, an abort, a spec
+            # change). Kept, it would block every decision while nothing measures that could clear
+            # it; the next window checks the metrics again (and holds again if they are still out).
+            self.s.metrics_held = False
+            self.condition(
+                "MetricsUnavailable", False, "WindowEnded",
+                f"the window held for missing metrics ended: trial {trial.id} {outcome}, not scored",
+            )  # fmt: skip
 
     # -- decisions -------------------------------------------------------------------------------
     def history(self) -> list[TrialResult]:
