@@ -403,13 +403,16 @@ def _ratio(objective: str, value: float, oracle: float) -> float:
 def _trials_to(
     scenario: Scenario, result: DriveResult, truth: TrueScores, space: SearchSpace, oracle: float
 ) -> tuple[int | None, int | None]:
-    best_value: float | None = None
+    # The incumbent as the policy ranks it: the config with the best mean over its windows (a config
+    # measured again to confirm it counts by its mean), the earliest on ties.
+    values: dict[KnobConfig, list[float]] = {}
     best_cfg: KnobConfig | None = None
     hit95: int | None = None
     hit98: int | None = None
     for k, t in enumerate(result.trials, start=1):
-        if t.outcome == "ok" and t.value is not None and (best_value is None or t.value > best_value):
-            best_value, best_cfg = t.value, t.config
+        if t.outcome == "ok" and t.value is not None:
+            values.setdefault(t.config, []).append(t.value)
+            best_cfg = max(values, key=lambda c: sum(values[c]) / len(values[c]))
         if best_cfg is None:
             continue
         true = truth.interpolated(space, best_cfg)

@@ -179,6 +179,26 @@ def test_phase_transitions_through_a_trial_to_converged() -> None:
     assert ids == sorted(set(ids)) == [0, 1, 2, 3]
 
 
+def test_a_lucky_window_is_demoted_by_its_confirmation() -> None:
+    # C1 looks best in one window (1200), C2 measures 1000; the confirmation of C1 measures 700: its
+    # mean (950) falls under C2's, so the policy converges on C2 and rolls it out.
+    r = Run(settings=replace(SETTINGS, min_interval_s=0, n_initial=1))
+    t = r.baseline(800.0)  # decides at once (no rate limit): C1 is rolled out
+    for cfg, goodput in ((C1, 1200.0), (C2, 1000.0), (C1, 700.0)):
+        assert of(r.actions, RollOut)[-1].config == cfg
+        r(Observation(kind="rollout_ready", config=cfg), t + 30)
+        r.tick(t + 90)
+        r.win(t + 390, goodput=goodput)
+        t += 400
+    rollouts = of(r.actions, RollOut)
+    assert "confirm the best (trial 1" in rollouts[2].reason
+    assert r.state.phase == "Converged" and r.state.best is not None
+    assert r.state.trial(r.state.best).config == C2
+    assert rollouts[-1].config == C2 and rollouts[-1].trial is None  # apply the best
+    scored = [a for a in of(r.actions, EmitEvent) if a.reason == "TrialScored"]
+    assert "best is trial 2" in scored[-1].message
+
+
 def test_rollouts_are_rate_limited() -> None:
     settings = replace(SETTINGS, max_trials=10, min_interval_s=1000)
     r = Run(settings, scripted([C1, C2, C3]))

@@ -21,6 +21,10 @@ Safety rules enforced here:
   ``MAX_STARVED_REPEATS`` times in an epoch ends the search: exploring always terminates.
 - A change of what is deployed (model, image, replicas, ...: ``deployment_key``) starts a new epoch.
 - Trial ids are assigned once and RecordTrial is emitted once per finished trial.
+- The best is the config with the best mean over its windows. A best seen in one window only is
+  measured again before the policy converges on it (near a capacity limit one lucky arrival sequence
+  can make a config look best); with a budget larger than the initial design the budget's last trial
+  is kept for that.
 """
 
 from __future__ import annotations
@@ -123,6 +127,27 @@ class _Ctx:
 
     def best_trial(self) -> Trial | None:
         return None if self.s.best is None else self.s.trial(self.s.best)
+
+    def measurements(self, config: KnobConfig) -> list[Trial]:
+        """This epoch's scored trials of ``config``, oldest first."""
+        return [
+            t for t in self.epoch_trials() if t.outcome == "ok" and t.value is not None and t.config == config
+        ]
+
+    def best_by_mean(self) -> Trial | None:
+        """The latest trial of the config with the best mean value over its windows this epoch (a
+        config measured again to confirm it counts once, by its mean); the earliest config wins ties."""
+        ok = [t for t in self.epoch_trials() if t.outcome == "ok" and t.value is not None]
+        by_config: dict[KnobConfig, list[Trial]] = {}
+        for t in ok:
+            by_config.setdefault(t.config, []).append(t)
+        if not by_config:
+            return None
+        ranked = max(
+            by_config.values(),
+            key=lambda ts: (sum(t.value or 0.0 for t in ts) / len(ts), -ts[0].id),
+        )
+        return ranked[-1]
 
     def best_config(self) -> KnobConfig:
         best = self.best_trial()
@@ -403,14 +428,16 @@ class _Ctx:
         trial.score = result.value
         trial.basis = result.basis
         self.finish_trial(trial, "ok", value=value, reason=_score_text(result))
-        best = self.best_trial()
-        is_best = best is None or (best.value is not None and value > best.value)
+        before = self.s.best
+        best_now = self.best_by_mean()
+        self.s.best = None if best_now is None else best_now.id
+        is_best = best_now is not None and best_now.id == trial.id
         if is_best:
-            self.s.best = trial.id
             self.s.reference = obs.signals
             if trial.role == "baseline" or self.s.reference_rps is None:
                 self.s.reference_rps = obs.offered_rps
-        best_now = self.best_trial()
+        elif best_now is not None and best_now.id != before and best_now.signals is not None:
+            self.s.reference = best_now.signals  # a confirmation demoted the old best
         self.event(
             "Normal",
             "BaselineMeasured" if trial.role == "baseline" else "TrialScored",
@@ -556,16 +583,40 @@ class _Ctx:
             return
         if self.rate_limited_until() is not None:
             return  # wait; the next tick decides again
+        unconfirmed = self.unconfirmed_best()
+        if unconfirmed is not None and settings.n_initial < self.explored() == settings.max_trials - 1:
+            # The last trial of the budget confirms the best rather than exploring once more (not in
+            # budgets within the initial design: there every trial is needed to explore).
+            self.start_trial(unconfirmed.config, self.confirm_reason(unconfirmed, "the budget's last trial"))
+            return
         space = space_of(self.s)
         seed = seed_from(settings.seed_key or self.s.engine, self.s.epoch)
         suggestion = self.suggester(space, self.history(), seed, settings)
         if suggestion.config is None or suggestion.converged:
+            if unconfirmed is not None:
+                self.start_trial(unconfirmed.config, self.confirm_reason(unconfirmed, suggestion.reason))
+                return
             self.converge(suggestion.reason)
             return
-        config = space.normalize(suggestion.config)
+        self.start_trial(space.normalize(suggestion.config), suggestion.reason)
+
+    def unconfirmed_best(self) -> Trial | None:
+        """The best trial when its config was measured in one window only (and not the baseline's):
+        near a capacity limit one lucky arrival sequence can make a config look best, so the policy
+        measures it once more before it converges on it (the best is then ranked by its mean)."""
+        best = self.best_trial()
+        if best is None or best.role == "baseline" or len(self.measurements(best.config)) > 1:
+            return None
+        return best
+
+    def confirm_reason(self, best: Trial, why: str) -> str:
+        return f"confirm the best (trial {best.id}, one window {best.value:.4g}) before converging: {why}"
+
+    def start_trial(self, config: KnobConfig, reason: str) -> None:
+        settings = self.s.settings
         t = Trial(
             id=self.s.next_trial_id, epoch=self.s.epoch, role="trial", config=config, started_at=self.now,
-            reason=suggestion.reason,
+            reason=reason,
         )  # fmt: skip
         self.s.next_trial_id += 1
         self.s.trials.append(t)
@@ -573,13 +624,13 @@ class _Ctx:
         self.s.target = config
         self.s.last_rollout_at = self.now
         self.goto(step="RollingOut")
-        self.actions.append(RollOut(config, settings.strategy, suggestion.reason, trial=t.id))
+        self.actions.append(RollOut(config, settings.strategy, reason, trial=t.id))
         best = self.best_trial()
         self.event(
             "Normal",
             "TrialStarted",
             f"trial {t.id} ({self.explored()}/{settings.max_trials}): {_cfg(config)} "
-            f"via {settings.strategy}; {suggestion.reason}"
+            f"via {settings.strategy}; {reason}"
             + (f"; best so far trial {best.id} {_cfg(best.config)} value {best.value:.4g}" if best else ""),
         )
 
