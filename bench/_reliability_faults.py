@@ -480,10 +480,22 @@ async def _inject_metrics(run: Run, sc: Scenario) -> None:
         run.metrics.set(mode)  # every pod of the scenario, new ones included
         injection = run.count(f"metrics_{mode}", trial=state.active)
         await asyncio.sleep(run.rng.uniform(4.0, 7.0))
+        # An outage outlasts a scrape: on a loaded machine the operator's next scrape can come later
+        # than the few seconds above, so the fault stays until the operator has seen it.
+        await run.wait(partial(_noticed, run, state.active), 90, "the operator to notice the metrics fault")
         run.metrics.clear()
         injection.until = time.time()
         run.result.notes.append(f"metrics {mode} for {injection.until - began:.1f}s")
         await asyncio.sleep(run.rng.uniform(3.0, 6.0))
+
+
+async def _noticed(run: Run, trial_id: int | None) -> bool:
+    """The operator holds for missing metrics, or re-measures the trial, or the trial is over."""
+    s = await run.state()
+    if s is None:
+        return False
+    trial = next((t for t in s.trials if t.id == trial_id), None)
+    return s.metrics_held or trial is None or trial.invalidations >= 1 or trial.outcome != "running"
 
 
 async def _inject_engine_crash(run: Run, sc: Scenario) -> None:

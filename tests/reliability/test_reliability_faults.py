@@ -388,6 +388,20 @@ async def test_the_meter_holds_when_series_go_missing_or_nan(mode: str) -> None:
     assert "missing or NaN" in obs.reason
 
 
+@pytest.mark.parametrize("mode", ["gap", "nan"])
+async def test_the_meter_does_not_start_a_window_from_an_empty_or_nan_scrape(mode: str) -> None:
+    # Found by the sandbox run: a window whose START scrape fell in the fault had no series at either
+    # end, read as zero requests, and was extended, invalidated and charged to the budget.
+    faults = MetricsFaults()
+    faults.set(mode)
+    spec, state = _measuring_state()
+    meter = _ScriptedMeter([faults.transform("pod-a", EXPOSITION) or "", EXPOSITION, EXPOSITION])
+    obs = await meter.observe("u", spec, state, [POD], 100.0)
+    assert obs is not None and obs.kind == "metrics_unavailable", obs
+    assert "pod-a: no sample" in obs.reason
+    assert await meter.observe("u", spec, state, [POD], 101.0) is None  # metrics back: the window starts
+
+
 async def test_the_meter_remeasures_a_window_whose_counters_reset() -> None:
     faults = MetricsFaults()
     faults.set("reset")

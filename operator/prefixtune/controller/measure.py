@@ -150,6 +150,9 @@ class Meter:
                 return Observation(
                     kind="metrics_unavailable", reason="no ready pod answered a metrics scrape"
                 )
+            if empty := _empty(snaps):
+                # A window must not start from nothing: it would read as zero traffic.
+                return Observation(kind="metrics_unavailable", reason=f"metrics missing or NaN: {empty}")
             self.starts[uid] = _Start(key, now, snaps, now)
             return None
         full = (
@@ -166,7 +169,7 @@ class Meter:
             return None
         end = await self._scrape(spec, everyone)
         subject: Role = "canary" if "canary" in groups else "baseline"
-        gaps = _gaps(start.snaps, end, everyone)
+        gaps = _gaps(start.snaps, end, everyone) or ([_empty(end)] if _empty(end) else [])
         if gaps:
             # Series the window began with are missing now (an empty or NaN exposition): the data
             # is not there, so hold; the policy re-measures once the metrics are back.
@@ -276,3 +279,10 @@ def _gaps(start: Mapping[str, Snapshot], end: Mapping[str, Snapshot], pods: Sequ
         if missing:
             out.append(f"{pod.name}: {len(missing)} of {len(first.values)} series missing")
     return out
+
+
+def _empty(snaps: Mapping[str, Snapshot]) -> str:
+    """Targets whose scrape had no usable sample (an empty or all-NaN exposition; NaN samples are
+    dropped at parse): an engine always exports its gauges, so this is missing data, not idleness."""
+    empty = sorted(name for name, snap in snaps.items() if not snap.values)
+    return "; ".join(f"{name}: no sample (empty or all NaN)" for name in empty)
