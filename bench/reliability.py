@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import platform
@@ -27,28 +26,12 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from prefixtune.benchcli import load_bench
+
 DEFAULT_FUZZ = 1000
 DEFAULT_FUZZ_LIVE = 100
-
-
-def _load(name: str) -> ModuleType:
-    """A module of bench/ by file name (bench/ is not a package)."""
-    path = HERE / f"{name}.py"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing")
-    module_name = f"prefixtune_bench_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _options(argv: Sequence[str]) -> argparse.Namespace:
-    faults = _load("_reliability_faults")
+    faults = load_bench("_reliability_faults")
     p = _parser()
     args = p.parse_args(list(argv))
     args.repeats = args.repeats if args.repeats is not None else (1 if args.quick else 2)
@@ -94,7 +77,7 @@ async def _fuzz(
     args: argparse.Namespace, errors: list[str]
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     try:
-        fuzz = _load("_reliability_fuzz")
+        fuzz = load_bench("_reliability_fuzz")
     except FileNotFoundError as err:
         errors.append(f"fuzzing not run: {err} (it provides fuzz_validation and fuzz_live)")
         return None, None
@@ -122,7 +105,7 @@ def _sum(per: list[dict[str, int]]) -> dict[str, int]:
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    faults = _load("_reliability_faults")
+    faults = load_bench("_reliability_faults")
     started = time.monotonic()
     errors: list[str] = []
     results = []

@@ -10,6 +10,7 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 
 def bench_dir() -> Path:
@@ -23,6 +24,22 @@ def bench_dir() -> Path:
 
 def available() -> list[str]:
     return sorted(p.stem for p in bench_dir().glob("*.py") if not p.stem.startswith("_"))
+
+
+def load_bench(name: str) -> ModuleType:
+    """The module ``bench/NAME.py`` (bench/ is not a package), loaded once per process."""
+    module_name = f"prefixtune_bench_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    path = bench_dir() / f"{name}.py"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv: Sequence[str]) -> int:
@@ -39,10 +56,4 @@ def main(argv: Sequence[str]) -> int:
     if name not in names:
         print(f"prefixtune bench: unknown benchmark {name!r}; available: {', '.join(names)}", file=sys.stderr)
         return 2
-    path = bench_dir() / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"prefixtune_bench_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return int(module.main(args[1:]) or 0)
+    return int(load_bench(name).main(args[1:]) or 0)

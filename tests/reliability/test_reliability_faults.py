@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.util
 import math
-import sys
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import aiohttp
 import pytest
 
 from prefixtune.api import validate_spec
+from prefixtune.benchcli import load_bench
 from prefixtune.controller.measure import Meter
 from prefixtune.controller.observe import PodView
 from prefixtune.controller.render import LABEL_CONFIG_HASH, config_hash
@@ -33,25 +30,12 @@ from prefixtune.sandbox.faults import ApiFaults, AuditEntry, MetricsFaults
 from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.state import PolicyState, Trial
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 CMS = "/api/v1/namespaces/default/configmaps"
 TOKEN = {"Authorization": "Bearer operator-0"}
 MERGE = {"Content-Type": "application/merge-patch+json"}
 
 
-def _bench(name: str) -> ModuleType:
-    module_name = f"prefixtune_bench_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-faults_bench = _bench("_reliability_faults")
+faults_bench = load_bench("_reliability_faults")
 
 
 # ----------------------------------------------------------------------------- ApiFaults (pure)

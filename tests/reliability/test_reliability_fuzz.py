@@ -6,32 +6,17 @@ The bench (``prefixtune bench reliability``) runs the 1,000 / 100 figures; these
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from types import ModuleType
 from typing import Any
 
 import pytest
-from tests.conftest import ROOT
 
 from prefixtune.api import rules
 from prefixtune.api.models import MAX_EXTRA_ARG_LENGTH, MAX_EXTRA_ARGS
 from prefixtune.api.validation import validate_spec
+from prefixtune.benchcli import load_bench
 from prefixtune.engines import get_adapter
 
-
-def _load() -> ModuleType:
-    name = "prefixtune_bench__reliability_fuzz"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "_reliability_fuzz.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-fuzz = _load()
+fuzz = load_bench("_reliability_fuzz")
 
 
 # --- the fuzz through validation -------------------------------------------------------------------

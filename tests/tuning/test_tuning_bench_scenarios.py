@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from prefixtune.benchcli import load_bench
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench() -> ModuleType:
-    name = "prefixtune_bench_tuner_under_test"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "tuner.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_bench("tuner")
 
 
 def test_suite_covers_engines_workloads_and_bounds() -> None:

@@ -93,3 +93,11 @@ class KVCache(Protocol):
     def usage(self) -> float:
         """The engine's KV-usage gauge: referenced blocks / pool (cached-but-free counts as free)."""
         ...
+
+
+def check_lengths(seq: TokenSeq, prompt_len: int, num_tokens: int) -> None:
+    """The admission arguments every cache model takes: a prompt within the sequence, >= 1 token."""
+    if not 1 <= prompt_len <= seq.length:
+        raise ValueError(f"prompt_len must be in 1..{seq.length} (the seq length), got {prompt_len}")
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")

@@ -26,7 +26,7 @@ import heapq
 from dataclasses import dataclass, field
 from itertools import count
 
-from prefixtune.twin.cache.base import CacheStats, Match
+from prefixtune.twin.cache.base import CacheStats, Match, check_lengths
 from prefixtune.twin.prompt import PrefixId, TokenSeq
 
 EVICTION_POLICIES = ("lru", "lfu")
@@ -258,7 +258,7 @@ class SglangCache:
     def admit(self, req_id: int, seq: TokenSeq, prompt_len: int, num_tokens: int, now: float) -> Match | None:
         if req_id in self._reqs:
             raise ValueError(f"request {req_id} is already admitted")
-        _check_lengths(seq, prompt_len, num_tokens)
+        check_lengths(seq, prompt_len, num_tokens)
         p = self.block_size
         if self.prefix_caching:
             node, _, child, hit = self._walk(seq, prompt_len - 1)
@@ -336,10 +336,3 @@ class SglangCache:
         if r is None:
             raise KeyError(f"request {req_id} is not admitted")
         return r
-
-
-def _check_lengths(seq: TokenSeq, prompt_len: int, num_tokens: int) -> None:
-    if not 1 <= prompt_len <= seq.length:
-        raise ValueError(f"prompt_len must be in 1..{seq.length} (the seq length), got {prompt_len}")
-    if num_tokens < 1:
-        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")

@@ -33,7 +33,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import count
 
-from prefixtune.twin.cache.base import CacheStats, Match
+from prefixtune.twin.cache.base import CacheStats, Match, check_lengths
 from prefixtune.twin.prompt import PrefixId, TokenSeq
 
 _SCAN_CHILDREN = 8  # up to this many children, partial matching compares with each; beyond, an index
@@ -437,7 +437,7 @@ class TrtllmCache:
     def admit(self, req_id: int, seq: TokenSeq, prompt_len: int, num_tokens: int, now: float) -> Match | None:
         if req_id in self._reqs:
             raise ValueError(f"request {req_id} is already admitted")
-        _check_lengths(seq, prompt_len, num_tokens)
+        check_lengths(seq, prompt_len, num_tokens)
         bs = self.block_size
         ids = seq.block_ids(bs) if self.prefix_caching else []
         plan = self._plan(seq, prompt_len, ids)
@@ -566,10 +566,3 @@ class TrtllmCache:
         if r is None:
             raise KeyError(f"request {req_id} is not admitted")
         return r
-
-
-def _check_lengths(seq: TokenSeq, prompt_len: int, num_tokens: int) -> None:
-    if not 1 <= prompt_len <= seq.length:
-        raise ValueError(f"prompt_len must be in 1..{seq.length} (the seq length), got {prompt_len}")
-    if num_tokens < 1:
-        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")

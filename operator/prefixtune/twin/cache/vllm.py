@@ -36,7 +36,7 @@ from functools import partial
 from itertools import islice, takewhile
 from operator import is_not
 
-from prefixtune.twin.cache.base import CacheStats, Match
+from prefixtune.twin.cache.base import CacheStats, Match, check_lengths
 from prefixtune.twin.prompt import TokenSeq
 
 BlockKey = int  # TokenSeq.block_keys: a block's chained hash as one int
@@ -173,7 +173,7 @@ class VllmCache:
         if req_id in self._reqs:
             raise ValueError(f"request {req_id} is already admitted")
         if not (1 <= prompt_len <= seq.length and num_tokens >= 1):
-            _check_lengths(seq, prompt_len, num_tokens)
+            check_lengths(seq, prompt_len, num_tokens)
         bs = self.block_size
         if self.prefix_caching:
             ids = seq.block_keys(bs)
@@ -281,10 +281,3 @@ class VllmCache:
             ref[b] -= 1
         self._queue.extend([(b, h) for b, h, n in zip(rev_blocks, rev_ids, held, strict=True) if n == 1])
         self._queued += z
-
-
-def _check_lengths(seq: TokenSeq, prompt_len: int, num_tokens: int) -> None:
-    if not 1 <= prompt_len <= seq.length:
-        raise ValueError(f"prompt_len must be in 1..{seq.length} (the seq length), got {prompt_len}")
-    if num_tokens < 1:
-        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
