@@ -170,3 +170,89 @@ def test_stale_entries_are_compacted_in_order() -> None:
         ref.release(rid)
     assert len(cache._queue) <= 2 * cache.free_blocks() + cache.num_blocks
     assert cache._allocate(cache.free_blocks()) == ref._allocate(len(ref.queue))
+
+
+def _same_state(fast: VllmCache, ref: NaiveVllm) -> None:
+    assert fast.free_blocks() == len(ref.queue)
+    assert fast.cached_blocks() == sum(len(h) for h in ref.holders.values())
+    assert fast.stats == ref.stats
+
+
+def test_duplicate_holders_evicted_in_one_allocation() -> None:
+    """Two blocks hold one hash (the capped last block of a fully cached prompt is recomputed);
+    both are free; evicting the first holder promotes the other, evicting that one forgets the hash."""
+    fast, ref = VllmCache(8, 2), NaiveVllm(8, 2, True)
+    head = Segment(chain_key(0, "a"), 4)
+    a = TokenSeq((head,))  # two full blocks
+    longer = TokenSeq((head, Segment(chain_key(head.key, "more"), 2)))  # looks both blocks up
+    for rid in (0, 1):  # the second admission hits block 0 and recomputes block 1: a duplicate
+        assert fast.admit(rid, a, 4, 4, 0.0) == ref.admit(rid, a, 4, 4)
+        fast.commit(rid, 4, 0.0)
+        ref.commit(rid, 4)
+    assert fast._dups  # the case under test
+    for rid in (0, 1):
+        fast.release(rid, 0.0)
+        ref.release(rid)
+    _same_state(fast, ref)
+    plain = len(ref.queue) - 3  # hashless blocks come first, then the three cached ones
+    b = TokenSeq((Segment(chain_key(0, "b"), 2 * (plain + 1)),))
+    assert fast.admit(2, b, 1, 2 * (plain + 1), 0.0) == ref.admit(2, b, 1, 2 * (plain + 1))  # one eviction
+    _same_state(fast, ref)
+    assert fast.lookup(longer, 6) == ref.lookup(longer, 6) == Match(4, hit_blocks=2)  # the duplicate hits
+    c = TokenSeq((Segment(chain_key(0, "c"), 4),))
+    assert fast.admit(3, c, 1, 4, 0.0) == ref.admit(3, c, 1, 4)  # evicts the promoted holder and block 0
+    _same_state(fast, ref)
+    assert not fast._dups
+    assert fast.lookup(longer, 6) == ref.lookup(longer, 6) == Match(0)
+
+
+def test_release_of_a_single_hashed_block() -> None:
+    fast, ref = VllmCache(4, 4), NaiveVllm(4, 4, True)
+    s = TokenSeq((Segment(chain_key(0, "x"), 6),))  # one full block and a partial one
+    assert fast.admit(0, s, 6, 6, 0.0) == ref.admit(0, s, 6, 6)
+    fast.commit(0, 6, 0.0)
+    ref.commit(0, 6)
+    fast.release(0, 0.0)
+    ref.release(0)
+    _same_state(fast, ref)
+    assert fast._allocate(fast.free_blocks()) == ref._allocate(len(ref.queue))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_long_runs_on_a_busy_pool_match_the_naive_free_queue(seed: int) -> None:
+    """Longer sequences and pools than the sweep above: allocations that evict many entries at once,
+    with stale and duplicate entries among them, and queues long enough to compact."""
+    rng = random.Random(1000 + seed)
+    nb, bs = rng.randint(24, 96), rng.choice([1, 2, 4])
+    fast, ref = VllmCache(nb, bs), NaiveVllm(nb, bs, True)
+    live: dict[int, list[int]] = {}
+    for rid in range(1500):
+        if rng.random() < 0.45 or not live:
+            segs, key = [], 0
+            for _ in range(rng.randint(1, 6)):
+                key = chain_key(key, rng.randrange(3))
+                segs.append(Segment(key, rng.randint(1, 3 * bs)))
+            s = TokenSeq(tuple(segs))
+            p = rng.randint(1, s.length)
+            n = rng.randint(p, s.length)
+            m = fast.admit(rid, s, p, n, 0.0)
+            assert m == ref.admit(rid, s, p, n)
+            if m is not None:
+                live[rid] = [s.length, n]
+                c = rng.randint(0, n)  # often partly committed, as a preempted request
+                fast.commit(rid, c, 0.0)
+                ref.commit(rid, c)
+        else:
+            r = rng.choice(list(live))
+            if rng.random() < 0.5:
+                t = rng.randint(1, live[r][0])
+                assert fast.grow(r, t, 0.0) == ref.grow(r, t)
+            else:
+                del live[r]
+                fast.release(r, 0.0)
+                ref.release(r)
+        _same_state(fast, ref)
+    for r in list(live):
+        fast.release(r, 0.0)
+        ref.release(r)
+    assert fast._allocate(fast.free_blocks()) == ref._allocate(len(ref.queue))

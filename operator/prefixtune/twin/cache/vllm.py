@@ -15,15 +15,18 @@ Semantics (reference/engines.md §3.1):
 
 How it is kept cheap (about 90 blocks move through the pool per request, so per-block work is what
 costs): the free queue is a stack of hashless free blocks (they all sit at the front; which one
-comes first is unobservable) and a ``deque`` of ``(block, hash)`` entries for cached free blocks,
-LRU at the left. A touch does not remove the block's entry: it counts it *stale* instead
-(``_stale[block]``); a block's stale entries are always older than its live one, so allocation pops
-from the left and skips an entry while its block has stale ones left. The entry carries the hash,
-so eviction needs no per-block hash table. A request's blocks are ``hashed`` leading blocks (hit or
-committed) followed by hashless ones, so a release sends the hashless tail to the stack in one
-slice and only reference-counts the hashed part. ``_ref`` counts holders of hashed blocks; a hashless
-block (one holder at most: hashless blocks are never hit) keeps 1, so committing a block writes no
-count, and an evicted block is set back to 1.
+comes first is unobservable) and, for cached free blocks, LRU at the left, two parallel deques of
+entries: ``_queue`` (the block) and ``_queue_h`` (the hash it held when queued; no tuple per entry,
+which the allocator would touch cold). A touch does not remove the block's entry: it counts it
+*stale* instead (``_stale[block]``); a block's stale entries are always older than its live one, so
+allocation pops from the left and skips an entry while its block has stale ones left. The entry
+carries the hash, so eviction needs no per-block hash table, and an allocation drops the evicted
+hashes from the hash map in one bulk pass (block by block only when one of them has duplicates).
+A request's blocks are ``hashed`` leading blocks (hit or committed) followed by hashless ones, so a
+release sends the hashless tail to the stack in one slice and only reference-counts the hashed
+part. ``_ref`` counts holders of hashed blocks; a hashless block (one holder at most: hashless
+blocks are never hit) keeps 1, so committing a block writes no count, and an evicted block is set
+back to 1.
 Prefix caching off: nothing is hashed, nothing hits, every freed block is hashless.
 """
 
@@ -33,8 +36,8 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import islice, takewhile
-from operator import is_not
+from itertools import compress, islice, takewhile
+from operator import eq, is_not, itemgetter
 
 from prefixtune.twin.cache.base import CacheStats, Match, check_lengths
 from prefixtune.twin.prompt import TokenSeq
@@ -42,6 +45,8 @@ from prefixtune.twin.prompt import TokenSeq
 BlockKey = int  # TokenSeq.block_keys: a block's chained hash as one int
 
 _is_block = partial(is_not, None)  # a hash-map lookup found a block (block 0 is falsy)
+_is_one = partial(eq, 1)  # a holder count that a release drops to 0
+_consume = deque[object](maxlen=0).extend  # runs an iterator of side effects at C speed
 
 
 @dataclass(slots=True)
@@ -75,7 +80,8 @@ class VllmCache:
         self._cached: dict[BlockKey, int] = {}
         self._dups: dict[BlockKey, list[int]] = {}
         # cached free blocks, LRU at the left; an entry is stale while its block has _stale left
-        self._queue: deque[tuple[int, BlockKey]] = deque()
+        self._queue: deque[int] = deque()  # blocks
+        self._queue_h: deque[BlockKey] = deque()  # the hash each entry's block held when queued
         self._stale: list[int] = [0] * n
         self._queued = 0  # live entries in _queue: free blocks that hold a hash
         self._free_plain: list[int] = list(range(n - 1, -1, -1))  # stack: pop() is the queue front
@@ -123,23 +129,32 @@ class VllmCache:
             self._queued -= m
             self.stats.evicted_blocks += m
             popleft = self._queue.popleft
+            popleft_h = self._queue_h.popleft
             stale = self._stale
             ref = self._ref
-            cached = self._cached
-            dups = self._dups
+            hashes: list[BlockKey] = []
+            keep = hashes.append
             append = out.append
             while m:
-                b, h = popleft()
+                b = popleft()
                 if stale[b]:  # touched since this entry was queued: its live entry is further back
                     stale[b] -= 1
+                    popleft_h()
                     continue
-                if dups and h in dups:
-                    self._uncache(b, h)
-                else:
-                    del cached[h]  # evict the hash the block still holds
+                keep(popleft_h())
                 ref[b] = 1  # hashless now
                 append(b)
                 m -= 1
+            dups = self._dups
+            if dups and not dups.keys().isdisjoint(hashes):
+                cached = self._cached
+                for b, h in zip(out[k:], hashes, strict=True):
+                    if h in dups:
+                        self._uncache(b, h)
+                    else:
+                        del cached[h]
+            else:
+                _consume(map(self._cached.pop, hashes))  # evict the hashes the blocks still hold
         return out
 
     def _uncache(self, block: int, h: BlockKey) -> None:
@@ -159,15 +174,18 @@ class VllmCache:
     def _compact(self) -> None:
         """Drop stale entries (touches pile them up while nothing is evicted); order is kept."""
         stale = self._stale
-        live: list[tuple[int, BlockKey]] = []
+        live: list[int] = []
+        live_h: list[BlockKey] = []
         keep = live.append
-        for e in self._queue:
-            b = e[0]
+        keep_h = live_h.append
+        for b, h in zip(self._queue, self._queue_h, strict=True):
             if stale[b]:
                 stale[b] -= 1
             else:
-                keep(e)
+                keep(b)
+                keep_h(h)
         self._queue = deque(live)
+        self._queue_h = deque(live_h)
 
     def admit(self, req_id: int, seq: TokenSeq, prompt_len: int, num_tokens: int, now: float) -> Match | None:
         if req_id in self._reqs:
@@ -267,17 +285,21 @@ class VllmCache:
         rev_blocks = blocks[k - 1 :: -1]
         rev_ids = ids[k - 1 :: -1]
         ref = self._ref
-        held = list(map(ref.__getitem__, rev_blocks))  # holders before this release
+        # holders before this release (one C-level gather)
+        held: tuple[int, ...] = itemgetter(*rev_blocks)(ref) if k > 1 else (ref[rev_blocks[0]],)
         z = held.count(1)  # free after it
         if held[:z].count(1) == z:  # the freed ones lead (usual: a shared prefix stays held)
             for b in rev_blocks[:z]:
                 ref[b] = 0
             for b in rev_blocks[z:]:
                 ref[b] -= 1
-            self._queue.extend(zip(rev_blocks[:z], rev_ids[:z], strict=True))
+            self._queue.extend(rev_blocks[:z])
+            self._queue_h.extend(rev_ids[:z])
             self._queued += z
             return
         for b in rev_blocks:
             ref[b] -= 1
-        self._queue.extend([(b, h) for b, h, n in zip(rev_blocks, rev_ids, held, strict=True) if n == 1])
+        freed = list(map(_is_one, held))
+        self._queue.extend(compress(rev_blocks, freed))
+        self._queue_h.extend(compress(rev_ids, freed))
         self._queued += z
