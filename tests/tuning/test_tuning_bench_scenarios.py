@@ -84,9 +84,13 @@ def test_checks_count_discriminating_scenarios_and_bo_against_random() -> None:
             "c": _scenario(bo=(0.99, 5), random=(0.7, None), default=0.9),
         }
     }
+    result["scenarios"]["b"]["deployed"] = {"ratio": 0.4}  # deployed far from the best: tuning matters
+    result["scenarios"]["c"]["deployed"] = {"ratio": 0.99}
     c = bench().checks(result)
     assert c["default_ratio_le_0.90"] == {"a": True, "b": False, "c": True}
     assert c["default_ratio_le_0.90_count"] == 2
+    assert c["deployed_ratio_le_0.90"] == {"b": True, "c": False}
+    assert c["tuning_matters_count"] == 3
     assert c["bo_ratio_ge_0.95"] == {"a": True, "b": False, "c": True}
     assert c["bo_ratio_ge_0.95_all"] is False
     assert c["bo_trials_to_95_le_random"] == {"a": True, "b": False, "c": True}

@@ -70,6 +70,18 @@ def test_slo_breach_is_penalised() -> None:
     assert not bad.slo_met and bad.breaches and bad.raw == ok.raw
 
 
+def test_goodput_charges_late_requests_once_not_the_window_tail_again() -> None:
+    # goodput already excludes every request that missed a target; a p99 over the SLO is reported
+    # but does not multiply the value again (it is the noisiest statistic of a window)
+    s = score(sig(ttft_p99_s=8.0, itl_p99_s=0.4, goodput_tokens_per_s=700.0), "goodput", SLO, 1)
+    assert isinstance(s, Score)
+    assert s.value == 700.0 and s.raw == 700.0
+    assert not s.slo_met and len(s.breaches) == 2
+    # fewer requests on time is a lower score, however the tail looks
+    fewer = score(sig(goodput_tokens_per_s=600.0), "goodput", SLO, 1)
+    assert isinstance(fewer, Score) and fewer.slo_met and fewer.value < s.value
+
+
 def test_ttft_is_negative_seconds_higher_is_better() -> None:
     fast = score(sig(ttft_p99_s=0.5), "ttft", SLO, 1)
     slow = score(sig(ttft_p99_s=1.5), "ttft", SLO, 1)
