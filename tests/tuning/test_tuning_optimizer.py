@@ -49,6 +49,27 @@ def test_initial_design_is_space_filling_and_deterministic() -> None:
         hist.append(TrialResult(s.config, value_of(s.config)))
 
 
+def test_initial_design_probes_the_top_of_the_memory_range_first() -> None:
+    sp = space_for("sglang")
+    fdim = sp.dimension("memory_fraction")
+    assert fdim is not None and fdim.low is not None and fdim.high is not None
+    base = sp.normalize(sp.base.with_(prefix_caching=False))  # deployed with the cache off
+    hist = [TrialResult(base, value_of(base))]
+    top = suggest(sp, hist, seed=5, n_initial=5)
+    base = sp.normalize(base.with_(prefix_caching=True))  # the probe turns it on
+    assert top.config == sp.normalize(base.with_(memory_fraction=fdim.high)), top.reason
+    # it does not start there: one level lower, same knobs
+    hist.append(TrialResult(top.config, None, "oom_startup"))
+    lower = suggest(sp, hist, seed=5, n_initial=5)
+    assert lower.config is not None and categorical_key(lower.config) == categorical_key(base)
+    assert lower.config.memory_fraction == fdim.high - (fdim.high - fdim.low) / 8
+    # that one works: the space-filling design takes over (no third level, nothing repeated)
+    hist.append(TrialResult(lower.config, value_of(lower.config)))
+    nxt = suggest(sp, hist, seed=5, n_initial=5)
+    assert nxt.config is not None and "near the top" not in nxt.reason
+    assert nxt.config not in (h.config for h in hist)
+
+
 def test_repeated_point_is_replaced_by_an_unseen_candidate() -> None:
     sp = space_for("vllm")
     hist = [TrialResult(c, value_of(c)) for c in sp.grid(2)]

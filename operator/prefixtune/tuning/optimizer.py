@@ -4,6 +4,11 @@ Nothing here keeps state between calls. ``suggest(space, history, seed)`` builds
 ``skopt.Optimizer`` (GP with a white-noise term, EI, Latin-hypercube initial design, fixed seed),
 tells it every finished trial in one batch, asks, and then applies what skopt does not know:
 
+- The initial design starts at the top: after the baseline, the deployed knobs with prefix caching
+  on at the highest memory fraction of the range (one level lower if that fails), then the
+  Latin hypercube. More KV memory is the first-order knob for prefix caching, and the optimum sits at
+  or just below the highest fraction that survives the load, a corner that space-filling samples
+  rarely (``_top_probe``).
 - Infeasible trials (crash, OOM, not ready in time) are told as a penalty value worse than the
   worst feasible one, AND feed a feasibility model. An OOM at memory fraction f makes every
   fraction >= f infeasible for the same other knobs (monotone rule; a feasible trial at f proves
@@ -291,6 +296,14 @@ def _suggest_bo(
         return Suggestion(None, "every candidate is measured or known infeasible", converged=True)
 
     if not opt.models:  # still in the space-filling initial design
+        probe = _top_probe(space, history, feas)
+        if probe is not None:
+            return Suggestion(
+                probe,
+                f"initial design ({len(told) + 1}/{n_initial}): the deployed knobs, caching on, at memory"
+                f" fraction {float(probe.memory_fraction):g}, near the top of the range (KV memory is the"
+                " first-order knob; a failed start there is cheap to learn from)",
+            )
         if any(c == asked for c, _ in open_):
             p = next(p for c, p in open_ if c == asked)
             return Suggestion(asked, f"initial design ({len(told) + 1}/{n_initial})", p_feasible=p)
@@ -318,6 +331,36 @@ def _suggest_bo(
     if converged:
         reason = f"converged: max expected improvement {relative:.3%} of best < {convergence_ei:.1%}"
     return Suggestion(chosen, reason, acquisition=float(relative), p_feasible=float(p), converged=converged)
+
+
+TOP_PROBE_STEPS = 2  # memory levels tried from the top (1/8 of the range apart) before giving up
+
+
+def _top_probe(space: SearchSpace, history: Sequence[TrialResult], feas: Feasibility) -> KnobConfig | None:
+    """The first trials after the baseline: the baseline's other knobs with prefix caching on (when
+    the space allows it) at the top of the memory range, one level lower if that fails (vLLM's
+    auto-tune starts the same way). A bigger KV pool is
+    the knob that matters first for prefix caching, and the optimum sits at or just below the
+    highest fraction that survives the load, a corner a space-filling design samples rarely. None
+    once a probe level ran feasibly, every level failed, or there is no memory dimension."""
+    fdim = space.dimension("memory_fraction")
+    if fdim is None or not history:
+        return None
+    assert fdim.low is not None and fdim.high is not None
+    base = history[0].config
+    caching = space.dimension("prefix_caching")
+    if caching is not None and True in caching.choices:
+        base = base.with_(prefix_caching=True)  # the product's premise: the cache on, as big as it gets
+    base = space.normalize(base)
+    step = (fdim.high - fdim.low) / 8
+    for i in range(TOP_PROBE_STEPS):
+        cfg = space.normalize(base.with_(memory_fraction=fdim.high - i * step))
+        ran = [t for t in history if _measured(space.normalize(t.config), [cfg])]
+        if any(t.value is not None for t in ran):
+            return None  # this level works: the probe is done
+        if not ran and not feas.known_infeasible(cfg):
+            return cfg
+    return None
 
 
 def _distance(space: SearchSpace, a: KnobConfig, b: KnobConfig) -> float:
