@@ -256,3 +256,153 @@ def test_long_runs_on_a_busy_pool_match_the_naive_free_queue(seed: int) -> None:
         fast.release(r, 0.0)
         ref.release(r)
     assert fast._allocate(fast.free_blocks()) == ref._allocate(len(ref.queue))
+
+
+# -- chains: a request's freed blocks of one prompt segment enter the queue together (tail first);
+# these cases put chain boundaries where a free queue is hardest to get right (a chain evicted in
+# part, a hit ending inside one, duplicates, gaps), step by step against the naive queue.
+
+
+class _Both:
+    """Drives VllmCache and NaiveVllm with the same calls and checks they agree after each."""
+
+    def __init__(self, nb: int, bs: int) -> None:
+        self.fast, self.ref = VllmCache(nb, bs), NaiveVllm(nb, bs, True)
+
+    def admit(self, rid: int, s: TokenSeq, p: int, n: int) -> Match | None:
+        assert self.fast.lookup(s, p) == self.ref.lookup(s, p)
+        m = self.fast.admit(rid, s, p, n, 0.0)
+        assert m == self.ref.admit(rid, s, p, n)
+        _same_state(self.fast, self.ref)
+        return m
+
+    def grow(self, rid: int, n: int) -> bool:
+        ok = self.fast.grow(rid, n, 0.0)
+        assert ok == self.ref.grow(rid, n)
+        _same_state(self.fast, self.ref)
+        return ok
+
+    def commit(self, rid: int, c: int) -> None:
+        self.fast.commit(rid, c, 0.0)
+        self.ref.commit(rid, c)
+        _same_state(self.fast, self.ref)
+
+    def release(self, rid: int) -> None:
+        self.fast.release(rid, 0.0)
+        self.ref.release(rid)
+        _same_state(self.fast, self.ref)
+
+    def lookup(self, s: TokenSeq, p: int) -> Match:
+        m = self.fast.lookup(s, p)
+        assert m == self.ref.lookup(s, p)
+        return m
+
+    def drain(self) -> None:
+        assert self.fast._allocate(self.fast.free_blocks()) == self.ref._allocate(len(self.ref.queue))
+        assert self.fast.stats == self.ref.stats
+
+
+def _one_segment(name: str, n: int) -> TokenSeq:
+    return TokenSeq((Segment(chain_key(0, name), n),))
+
+
+def test_partial_eviction_of_a_chain_takes_its_tail() -> None:
+    both = _Both(8, 1)
+    a = _one_segment("a", 6)
+    both.admit(0, a, 6, 6)
+    both.commit(0, 6)
+    both.release(0)  # one chain in the queue: blocks of slots 6..1
+    b = _one_segment("b", 4)
+    both.admit(1, b, 4, 4)  # 2 hashless blocks, then 2 evictions from the chain's front (slots 6, 5)
+    assert both.lookup(a, 6) == Match(4, hit_blocks=4)
+    assert both.grow(1, 5)  # one more: slot 4
+    assert both.lookup(a, 6) == Match(3, hit_blocks=3)
+    both.release(1)
+    both.drain()
+
+
+def test_hit_that_ends_inside_a_chain_leaves_its_front_queued() -> None:
+    both = _Both(12, 1)
+    a = _one_segment("a", 8)
+    both.admit(0, a, 8, 8)
+    both.commit(0, 8)
+    both.release(0)
+    head = TokenSeq((Segment(a.segments[0].key, 3), Segment(chain_key(a.segments[0].key, "x"), 2)))
+    assert both.admit(1, head, 5, 5) == Match(3, hit_blocks=3, miss_blocks=2)  # the chain's back 3
+    assert both.admit(2, _one_segment("c", 6), 6, 6)  # evicts 4 from the chain's front (slots 8..5)
+    both.release(1)
+    both.release(2)
+    both.drain()
+
+
+def test_touch_inside_a_chain_and_duplicates() -> None:
+    """A chain whose blocks alternate between first holders and duplicates: a hit takes blocks from
+    its middle and front; evicting the rest promotes and drops holders in queue order."""
+    both = _Both(16, 1)
+    p = _one_segment("p", 5)
+    both.admit(0, p, 5, 5)  # A
+    both.admit(1, p, 5, 5)  # B: nothing is cached yet, so it computes the same blocks
+    both.commit(0, 1)  # A: slot 1 first
+    both.commit(1, 2)  # B: slot 1 a duplicate, slot 2 first
+    both.commit(0, 3)  # A: slot 2 a duplicate, slot 3 first
+    both.commit(1, 4)  # B: slot 3 a duplicate, slot 4 first
+    assert both.fast._dups
+    both.release(1)  # B's chain: slots 4 (first), 3 (dup), 2 (first), 1 (dup)
+    assert both.admit(2, p, 5, 5) == Match(4, hit_blocks=4, miss_blocks=1)  # touches slots 2 and 4
+    both.release(0)
+    both.release(2)
+    big = _one_segment("big", 12)
+    assert both.admit(3, big, 12, 12)  # evicts across all of it
+    assert both.lookup(p, 5) == both.ref.lookup(p, 5)
+    both.release(3)
+    both.drain()
+
+
+def test_capped_last_block_is_recomputed_as_a_duplicate_then_promoted() -> None:
+    both = _Both(12, 2)
+    a = _one_segment("a", 6)  # three full blocks
+    both.admit(0, a, 6, 6)
+    both.commit(0, 6)
+    both.release(0)
+    assert both.admit(1, a, 6, 6) == Match(4, hit_blocks=2, miss_blocks=1)  # prompt - 1 cap
+    both.commit(1, 6)  # the third block again: a duplicate
+    both.release(1)
+    for rid, n in ((2, 9), (3, 1), (4, 1), (5, 1)):  # held: the plain blocks, then one eviction each
+        assert both.admit(rid, _one_segment(f"f{rid}", n * 2), 1, n * 2)
+        assert both.lookup(a, 6) == both.ref.lookup(a, 6)
+    both.drain()
+
+
+def test_gap_in_a_chain_stops_hits_but_the_later_blocks_stay_cached() -> None:
+    """A sequence whose middle block is not cached while later ones are (another sequence holds
+    them): the hit stops at the gap, and the later blocks occupy the pool until evicted."""
+    both = _Both(12, 1)
+    k1 = chain_key(0, "s")
+    k2 = chain_key(k1, "t")
+    short = TokenSeq((Segment(k1, 2), Segment(k2, 4)))
+    long = TokenSeq((Segment(k1, 3), Segment(k2, 4)))  # block keys of k2 shared with `short`
+    both.admit(0, short, 6, 6)
+    both.commit(0, 6)
+    both.release(0)
+    assert both.lookup(long, 7) == Match(2, hit_blocks=2)  # (k1, 3) is missing
+    assert both.admit(1, long, 7, 7) == Match(2, hit_blocks=2, miss_blocks=5)
+    both.commit(1, 7)  # k2's blocks again: duplicates of short's
+    both.release(1)
+    assert both.admit(2, _one_segment("z", 9), 9, 9)
+    assert both.lookup(short, 6) == both.ref.lookup(short, 6)
+    both.release(2)
+    both.drain()
+
+
+def test_preempted_request_releases_its_uncommitted_blocks_first() -> None:
+    both = _Both(10, 2)
+    a = _one_segment("a", 12)
+    both.admit(0, a, 12, 12)
+    both.commit(0, 5)  # two of six blocks hashed, then preempted
+    both.release(0)
+    assert both.admit(1, a, 12, 12) == Match(4, hit_blocks=2, miss_blocks=4)
+    both.commit(1, 12)
+    both.release(1)
+    assert both.admit(2, _one_segment("b", 14), 14, 14)
+    assert both.lookup(a, 12) == both.ref.lookup(a, 12)
+    both.drain()
