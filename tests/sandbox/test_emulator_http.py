@@ -456,6 +456,21 @@ async def test_owner_reference_garbage_collection_is_transitive(em: RealisticEmu
     assert all("ownerReferences" not in item["metadata"] for item in listing["items"])
 
 
+async def test_dependent_created_after_its_owner_is_gone_is_collected(em: RealisticEmulator) -> None:
+    # a controller acting on a stale list creates a pod for a ReplicaSet that was just deleted
+    owner = await make_cm(em, "owner")
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
+    await call(em, "DELETE", f"{CMS}/owner")
+    await em.settle()
+    await make_cm(em, "late", ownerReferences=[ref])
+    other = await make_cm(em, "other")
+    other_ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": other["metadata"]["uid"]}
+    await make_cm(em, "one-owner-left", ownerReferences=[ref, other_ref])  # kept: an owner lives
+    await em.settle()
+    _, listing = await call(em, "GET", CMS)
+    assert {item["metadata"]["name"] for item in listing["items"]} == {"other", "one-owner-left"}
+
+
 async def test_events_with_generate_name_are_stored(em: RealisticEmulator) -> None:
     for path in ("/api/v1/namespaces/default/events", "/apis/events.k8s.io/v1/namespaces/default/events"):
         for _ in range(2):

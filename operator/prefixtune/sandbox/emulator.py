@@ -460,7 +460,25 @@ class RealisticEmulator(kmock.KubernetesEmulator):
         if res == CRD_RESOURCE:
             self.register_crd(obj)
         await self._emit(res, "ADDED", obj, None)
+        self._collect_if_dangling(obj)
         return obj
+
+    def _collect_if_dangling(self, obj: Mapping[str, Any]) -> None:
+        """A dependent created after all its owners are gone is collected, as kube's garbage
+        collector does with dangling owner references: a controller acting on a stale list (a
+        ReplicaSet replacing a crashed pod while its Deployment is being deleted) must not leave a
+        pod behind that nothing will ever delete."""
+        uids = [str(r["uid"]) for r in _meta(obj).get("ownerReferences") or [] if r.get("uid")]
+        if not uids:
+            return
+        live = {_meta(o.raw).get("uid") for o in self._objects.values() if not o.deleted}
+        if any(uid in live for uid in uids):
+            return
+        loop = asyncio.get_running_loop()
+        for uid in uids:
+            task = loop.create_task(self._collect_garbage(uid, False))
+            self._gc_tasks.add(task)
+            task.add_done_callback(self._gc_tasks.discard)
 
     def _apply_patch(self, res: kmock.resource, request: rendering.Request, current: dict[str, Any]) -> Any:
         ctype = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
