@@ -339,10 +339,10 @@ TOP_PROBE_STEPS = 2  # memory levels tried from the top (1/8 of the range apart)
 def _top_probe(space: SearchSpace, history: Sequence[TrialResult], feas: Feasibility) -> KnobConfig | None:
     """The first trials after the baseline: the baseline's other knobs with prefix caching on (when
     the space allows it) at the top of the memory range, one level lower if that fails (vLLM's
-    auto-tune starts the same way). A bigger KV pool is
-    the knob that matters first for prefix caching, and the optimum sits at or just below the
-    highest fraction that survives the load, a corner a space-filling design samples rarely. None
-    once a probe level ran feasibly, every level failed, or there is no memory dimension."""
+    auto-tune starts the same way). A bigger KV pool is the knob that matters first for prefix
+    caching, and the optimum sits at or just below the highest fraction that survives the load, a
+    corner a space-filling design samples rarely. None once a probe level ran feasibly, every level
+    failed, or there is no memory dimension."""
     fdim = space.dimension("memory_fraction")
     if fdim is None or not history:
         return None
