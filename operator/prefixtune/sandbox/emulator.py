@@ -463,6 +463,9 @@ class RealisticEmulator(kmock.KubernetesEmulator):
         self._collect_if_dangling(obj)
         return obj
 
+    def _live_uids(self) -> set[Any]:
+        return {_meta(o.raw).get("uid") for o in self._objects.values() if not o.deleted}
+
     def _collect_if_dangling(self, obj: Mapping[str, Any]) -> None:
         """A dependent created after all its owners are gone is collected, as kube's garbage
         collector does with dangling owner references: a controller acting on a stale list (a
@@ -471,7 +474,7 @@ class RealisticEmulator(kmock.KubernetesEmulator):
         uids = [str(r["uid"]) for r in _meta(obj).get("ownerReferences") or [] if r.get("uid")]
         if not uids:
             return
-        live = {_meta(o.raw).get("uid") for o in self._objects.values() if not o.deleted}
+        live = self._live_uids()
         if any(uid in live for uid in uids):
             return
         loop = asyncio.get_running_loop()
@@ -663,7 +666,7 @@ class RealisticEmulator(kmock.KubernetesEmulator):
 
     async def _collect_garbage(self, owner_uid: str, orphan: bool) -> None:
         async with self._lock:
-            live_uids = {_meta(obj.raw).get("uid") for obj in self._objects.values() if not obj.deleted}
+            live_uids = self._live_uids()
             for key, stored in list(self._objects.items()):
                 if stored.deleted:
                     continue
