@@ -54,6 +54,7 @@ from prefixtune.sandbox.emulator import kubeconfig
 from prefixtune.sandbox.faults import ApiFaults, AuditEntry, MetricsFaults
 from prefixtune.sandbox.kubelet import ApiStatusError, KubeletConfig
 from prefixtune.sandbox.up import Sandbox, sandbox
+from prefixtune.sandbox.waiting import wait_until
 from prefixtune.tuning.state import PolicyState
 
 SPEEDUP = 10.0
@@ -351,14 +352,7 @@ class Run:
         return policy_state_of((obj or {}).get("status"))
 
     async def wait(self, check: Callable[[], Awaitable[T | None]], timeout_s: float, what: str) -> T:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            got = await check()
-            if got:
-                return got
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
-            await asyncio.sleep(0.25)
+        return await wait_until(check, timeout_s, what, every_s=0.25)
 
     async def acted(self, client: str, since: float = 0.0) -> bool:
         """Whether operator ``client`` has acted (written something besides peering keep-alives)."""
@@ -498,13 +492,21 @@ async def _noticed(run: Run, trial_id: int | None) -> bool:
     return s.metrics_held or trial is None or trial.invalidations >= 1 or trial.outcome != "running"
 
 
+async def _measured_pods(
+    run: Run, measuring: Callable[[], Awaitable[PolicyState | None]], what: str, max_delay_s: float
+) -> tuple[PolicyState, list[dict[str, Any]]]:
+    """Wait for ``what`` in its measurement window, then, at a random point up to ``max_delay_s``
+    into it, the pods that run the measured config (maybe none: the window may have ended)."""
+    state = await run.wait(measuring, 150, f"{what} in its measurement window")
+    assert state.active is not None
+    digest = config_hash(state.trial(state.active).config)
+    await asyncio.sleep(run.rng.uniform(0.0, max_delay_s))
+    return state, await run.pods(digest)
+
+
 async def _inject_engine_crash(run: Run, sc: Scenario) -> None:
     for i in range(sc.repeats):
-        state = await run.wait(partial(run.measuring, "trial"), 150, "a trial in its measurement window")
-        assert state.active is not None
-        digest = config_hash(state.trial(state.active).config)
-        await asyncio.sleep(run.rng.uniform(0.0, 2.0))
-        pods = await run.pods(digest)
+        state, pods = await _measured_pods(run, partial(run.measuring, "trial"), "a trial", max_delay_s=2.0)
         if not pods:
             continue
         oom = (i + run.rng.randrange(2)) % 2 == 0
@@ -521,11 +523,7 @@ async def _not_active(run: Run, trial_id: int | None) -> bool:
 
 async def _inject_pod_delete(run: Run, sc: Scenario) -> None:
     for _ in range(sc.repeats):
-        state = await run.wait(run.measuring, 150, "a measurement window")
-        assert state.active is not None
-        digest = config_hash(state.trial(state.active).config)
-        await asyncio.sleep(run.rng.uniform(0.0, 1.5))
-        pods = await run.pods(digest)
+        state, pods = await _measured_pods(run, run.measuring, "a trial or baseline", max_delay_s=1.5)
         if not pods:
             continue
         name = pods[0]["metadata"]["name"]

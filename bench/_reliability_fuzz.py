@@ -45,6 +45,7 @@ from prefixtune.controller.settings import tuning_settings
 from prefixtune.engines import get_adapter
 from prefixtune.engines._argv import Kind, Role
 from prefixtune.engines.base import KNOB_NAMES, EngineAdapter, EngineName, KnobSpec
+from prefixtune.sandbox.waiting import wait_until
 from prefixtune.tuning.policy import initial_state
 
 ENGINES: tuple[str, ...] = tuple(e.value for e in EngineName)
@@ -837,16 +838,12 @@ async def _api_ok(api: Any) -> bool:
 
 
 async def _wait(check: Callable[[], Any], timeout_s: float, what: str, strict: bool = True) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            if strict:
-                raise TimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
-            return None
-        await asyncio.sleep(1.0)
+    try:
+        return await wait_until(check, timeout_s, what)
+    except TimeoutError:
+        if strict:
+            raise
+        return None
 
 
 async def _deployment(api: Any, name: str) -> dict[str, Any] | None:

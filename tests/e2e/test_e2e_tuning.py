@@ -33,6 +33,7 @@ from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig
 from prefixtune.sandbox.kubelet import KubeletConfig
 from prefixtune.sandbox.up import Sandbox, sandbox
+from prefixtune.sandbox.waiting import wait_until
 from prefixtune.tuning.state import PolicyState
 from prefixtune.twin.run import simulate
 from prefixtune.twin.workloads import generate
@@ -100,14 +101,7 @@ class Cluster:
 async def wait_for(
     check: Callable[[], Awaitable[T | None]], timeout_s: float, what: str, every_s: float = 1.0
 ) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
-        await asyncio.sleep(every_s)
+    return await wait_until(check, timeout_s, what, every_s)
 
 
 def resource(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -14,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prefixtune.engines import get_adapter
 from prefixtune.sandbox.kubelet import KubeletConfig
 from prefixtune.sandbox.up import Sandbox, sandbox
+from prefixtune.sandbox.waiting import wait_until
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SPEEDUP = 50.0
@@ -65,14 +64,7 @@ def service(name: str, **annotations: str) -> dict[str, Any]:
 
 
 async def wait_for(check: Callable[[], Any], timeout_s: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.05)
+    return await wait_until(check, timeout_s, what, every_s=0.05)
 
 
 async def pods_of(sb: Sandbox, app: str) -> list[dict[str, Any]]:
