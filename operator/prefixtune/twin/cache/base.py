@@ -8,8 +8,9 @@ evicted on demand (each engine in its own order) when a block is needed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from prefixtune.twin.prompt import TokenSeq
 
@@ -93,6 +94,17 @@ class KVCache(Protocol):
     def usage(self) -> float:
         """The engine's KV-usage gauge: referenced blocks / pool (cached-but-free counts as free)."""
         ...
+
+
+R = TypeVar("R")
+
+
+def admitted(reqs: Mapping[int, R], req_id: int) -> R:
+    """The running request ``req_id``; KeyError naming it when it was never admitted (or released)."""
+    r = reqs.get(req_id)
+    if r is None:
+        raise KeyError(f"request {req_id} is not admitted")
+    return r
 
 
 def check_lengths(seq: TokenSeq, prompt_len: int, num_tokens: int) -> None:

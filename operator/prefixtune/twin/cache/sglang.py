@@ -26,7 +26,7 @@ import heapq
 from dataclasses import dataclass, field
 from itertools import count
 
-from prefixtune.twin.cache.base import CacheStats, Match, check_lengths
+from prefixtune.twin.cache.base import CacheStats, Match, admitted, check_lengths
 from prefixtune.twin.prompt import PrefixId, TokenSeq
 
 EVICTION_POLICIES = ("lru", "lfu")
@@ -332,7 +332,4 @@ class SglangCache:
         self._unlock(r.node)
 
     def _req(self, req_id: int) -> _Running:
-        r = self._reqs.get(req_id)
-        if r is None:
-            raise KeyError(f"request {req_id} is not admitted")
-        return r
+        return admitted(self._reqs, req_id)

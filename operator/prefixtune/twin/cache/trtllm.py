@@ -33,7 +33,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import count
 
-from prefixtune.twin.cache.base import CacheStats, Match, check_lengths
+from prefixtune.twin.cache.base import CacheStats, Match, admitted, check_lengths
 from prefixtune.twin.prompt import PrefixId, TokenSeq
 
 _SCAN_CHILDREN = 8  # up to this many children, partial matching compares with each; beyond, an index
@@ -562,7 +562,4 @@ class TrtllmCache:
         self._private -= r.private
 
     def _req(self, req_id: int) -> _Running:
-        r = self._reqs.get(req_id)
-        if r is None:
-            raise KeyError(f"request {req_id} is not admitted")
-        return r
+        return admitted(self._reqs, req_id)
