@@ -11,6 +11,8 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
 WORKDIR /src
+# setup.py (the twin's optional C block pool) stays out: the operator never runs the twin, so the
+# wheel stays pure Python and the image needs no compiler.
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
 

@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml setup.py operator/prefixtune/twin/cache/_vllm_pool.c | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,sandbox]'
 	touch $(STAMP)
 

@@ -3,7 +3,8 @@
 Each case generates its requests (not timed), then times ``simulate`` (engine boot, the run and the
 summary): ``speedup`` is simulated seconds per wall second, ``speedup_cpu`` per CPU second of this
 process (steadier on a shared machine). The ``chatbot`` case is the speed target: Llama-3.1-8B BF16
-on one H100, vLLM default flags, the chatbot workload at 20 req/s, >= 500x.
+on one H100, vLLM default flags, the chatbot workload at 20 req/s, >= 500x. The setup says which
+vLLM block pool ran (the C one, or the Python one and why).
 
     prefixtune bench twin [--json] [--cases chatbot,rag-sglang] [--duration S]
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefixtune.twin.cache import native_pool_status
 from prefixtune.twin.request import Request
 from prefixtune.twin.run import simulate
 
@@ -195,6 +197,8 @@ def main(argv: Sequence[str]) -> int:
             "python": platform.python_version(),
             "machine": platform.machine(),
             "target": "chatbot speedup >= 500",
+            # "native" (the C block pool) or "python (<why>)": the vLLM cases' speed depends on it
+            "vllm_pool": native_pool_status(),
         },
         "target": _target(results),
         "cases": results,
@@ -203,6 +207,7 @@ def main(argv: Sequence[str]) -> int:
         print(json.dumps(report, indent=2))
     else:
         t = report["target"]
+        print(f"vllm pool: {report['setup']['vllm_pool']}")
         if t["measured"]:
             print(
                 f"target: chatbot >= {t['required_speedup']:.0f}x; measured {t['speedup']}x wall, "

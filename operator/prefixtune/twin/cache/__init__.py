@@ -4,7 +4,8 @@
 use the engine-neutral names of the adapters' ``ParsedCommand`` options; ``None`` means "engine
 default". Per engine:
 
-- vllm: none.
+- vllm: none. The block pool in C (``vllm_native.py``) when it is built, else the Python one
+  (``vllm.py``); the same answers either way.
 - sglang: ``eviction_policy`` (``lru`` default, ``lfu``).
 - trtllm: ``partial_reuse`` (bool, default True), ``copy_on_partial_reuse`` (bool, default True),
   ``host_cache_bytes`` (int, default 0) with ``kv_bytes_per_token`` (bytes of KV per token, needed
@@ -20,16 +21,19 @@ from prefixtune.twin.cache.base import CacheStats, KVCache, Match
 from prefixtune.twin.cache.sglang import EVICTION_POLICIES, SglangCache
 from prefixtune.twin.cache.trtllm import TrtllmCache
 from prefixtune.twin.cache.vllm import VllmCache
+from prefixtune.twin.cache.vllm_native import NativeVllmCache, native_pool_status, use_native_pool
 
 __all__ = [
     "ENGINE_OPTIONS",
     "CacheStats",
     "KVCache",
     "Match",
+    "NativeVllmCache",
     "SglangCache",
     "TrtllmCache",
     "VllmCache",
     "make_cache",
+    "native_pool_status",
 ]
 
 ENGINE_OPTIONS: Mapping[EngineName, tuple[str, ...]] = {
@@ -89,6 +93,8 @@ def make_cache(
         allowed = ", ".join(ENGINE_OPTIONS[name]) or "none"
         raise ValueError(f"unknown {name.value} cache option(s) {', '.join(unknown)} (allowed: {allowed})")
     if name is EngineName.VLLM:
+        if use_native_pool():
+            return NativeVllmCache(num_blocks, block_size, prefix_caching)
         return VllmCache(num_blocks, block_size, prefix_caching)
     if name is EngineName.SGLANG:
         policy = str(opts.get("eviction_policy", "lru"))

@@ -28,6 +28,10 @@ part. ``_ref`` counts holders of hashed blocks; a hashless block (one holder at 
 blocks are never hit) keeps 1, so committing a block writes no count, and an evicted block is set
 back to 1.
 Prefix caching off: nothing is hashed, nothing hits, every freed block is hashless.
+
+This is the reference model and the fallback: ``make_cache`` runs the same semantics in C
+(``_vllm_pool.c`` behind ``NativeVllmCache``, about a fifth of the cost per request) when that
+is built.
 """
 
 from __future__ import annotations
@@ -47,6 +51,17 @@ BlockKey = int  # TokenSeq.block_keys: a block's chained hash as one int
 _is_block = partial(is_not, None)  # a hash-map lookup found a block (block 0 is falsy)
 _is_one = partial(eq, 1)  # a holder count that a release drops to 0
 _consume = deque[object](maxlen=0).extend  # runs an iterator of side effects at C speed
+
+
+def count_admission(stats: CacheStats, prompt_len: int, hit_blocks: int, block_size: int) -> Match:
+    """vLLM's counters for one admitted request (its prompt, the full blocks it hit), and its Match."""
+    hit_tokens = hit_blocks * block_size
+    miss = -(-prompt_len // block_size) - hit_blocks
+    stats.query_tokens += prompt_len
+    stats.hit_tokens += hit_tokens
+    stats.hit_blocks += hit_blocks
+    stats.miss_blocks += miss
+    return Match(hit_tokens, hit_blocks=hit_blocks, miss_blocks=miss)
 
 
 @dataclass(slots=True)
@@ -224,14 +239,7 @@ class VllmCache:
                     self._compact()
         blocks = hit + self._allocate(need) if need > 0 else hit
         self._reqs[req_id] = _Running(seq, prompt_len, blocks, ids, nh)
-        hit_tokens = nh * bs
-        miss = -(-prompt_len // bs) - nh
-        st = self.stats
-        st.query_tokens += prompt_len
-        st.hit_tokens += hit_tokens
-        st.hit_blocks += nh
-        st.miss_blocks += miss
-        return Match(hit_tokens, hit_blocks=nh, miss_blocks=miss)
+        return count_admission(self.stats, prompt_len, nh, bs)
 
     def grow(self, req_id: int, num_tokens: int, now: float) -> bool:
         r = self._reqs.get(req_id)
