@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from prefixtune.engines.base import EngineName
 from prefixtune.twin.catalog import GpuSpec, ModelSpec
@@ -113,9 +114,11 @@ class CostModel:
         return DecodeRun(base, m0, m1, c0, c1)
 
 
-@dataclass(frozen=True)
-class DecodeRun:
-    """Step times ``t(j) = base + max(m0 + m1*j, c0 + c1*j)`` for ``j = 0, 1, ...``."""
+class DecodeRun(NamedTuple):
+    """Step times ``t(j) = base + max(m0 + m1*j, c0 + c1*j)`` for ``j = 0, 1, ...``.
+
+    A named tuple: the engine makes one per decode run, and a tuple is the cheapest immutable record.
+    """
 
     base: float
     m0: float

@@ -40,13 +40,16 @@ overhead beyond the per-step/per-sequence constants of the cost model.
 
 from __future__ import annotations
 
+import bisect
 import gc
 import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import attrgetter
 
 from prefixtune.engines.base import EngineName, ParsedCommand
 from prefixtune.twin.cache.base import CacheStats, KVCache
@@ -56,12 +59,13 @@ from prefixtune.twin.memory import MemoryPlan, StartupOOM, plan_memory
 from prefixtune.twin.observer import EngineObserver, Gauges, NullObserver
 from prefixtune.twin.request import Request
 
-__all__ = ["EngineLimits", "StartupOOM", "TwinEngine", "engine_limits"]
+__all__ = ["EngineLimits", "StartupOOM", "TwinEngine", "engine_limits", "gc_paused"]
 
 LPM_MAX_WAITING = 128  # SGLang WAITING_QUEUE_PREFIX_MATCH_MAX
 SGLANG_NEW_TOKEN_RATIO = 0.3  # share of running requests' remaining output SGLang keeps free
 LOOKAHEAD_TOKENS = 128  # decode blocks allocated ahead while a quarter of the pool is free
 _INF = math.inf
+_by_order = attrgetter("order")
 
 # A cache factory: (engine, num_blocks, block_size, prefix_caching, **engine options) -> KVCache.
 CacheFactory = Callable[..., KVCache]
@@ -123,6 +127,22 @@ def engine_limits(parsed: ParsedCommand, gpu: GpuSpec, model: ModelSpec) -> Engi
         host_cache_bytes=_positive_int(opts.get("host_cache_bytes", 0), "host_cache_bytes", allow_zero=True),
         policy=policy,
     )
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (restored after; nests).
+
+    A simulation holds many long-lived objects (requests, block hashes) and makes almost no cyclic
+    garbage: the collector's repeated scans of them cost more than the simulation itself.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _positive_int(value: object, name: str, allow_zero: bool = False) -> int:
@@ -260,7 +280,9 @@ class TwinEngine:
         self._no_evict = self.engine is EngineName.TRTLLM and self.policy == "guaranteed_no_evict"
         self._rng = random.Random(self.seed)
         self._order = 0
-        self._pending: list[tuple[float, int, _Seq]] = []  # heap of not-yet-arrived requests
+        # Not-yet-arrived requests, sorted by (arrival, submission order): requests come sorted, so
+        # a queue beats a heap.
+        self._pending: deque[tuple[float, int, _Seq]] = deque()
         self._waiting: deque[_Seq] = deque()
         self._running: dict[_Seq, None] = {}  # admission order (newest last)
         self._prefill: dict[_Seq, None] = {}  # running requests still in prefill, admission order
@@ -269,6 +291,8 @@ class TwinEngine:
         self._dec_read_base = 0  # sum over decoding requests of (base + 1): reads at G = this + n*G
         self._dec_finish_sum = 0  # sum of finish_g over decoding requests
         self._finish_heap: list[tuple[int, int, int, _Seq]] = []
+        # Decoding requests by the step G at which they need another block; a request whose blocks
+        # already reach its last token has no entry.
         self._need_heap: list[tuple[int, int, int, _Seq]] = []
         self._blocked = False  # the last admission attempt stopped on memory: wait for a release
         self._lookahead = max(LOOKAHEAD_TOKENS, self.block_size)
@@ -322,11 +346,17 @@ class TwinEngine:
             self.counters.rejected += 1
             s.state = "done"
             return
-        heapq.heappush(self._pending, (req.arrival_s, s.order, s))
+        entry = (req.arrival_s, s.order, s)
+        pend = self._pending
+        if not pend or pend[-1][0] <= req.arrival_s:
+            pend.append(entry)
+        else:  # arrives before requests already queued
+            pend.insert(bisect.bisect_right(pend, entry), entry)
 
     def submit_all(self, reqs: Iterable[Request]) -> None:
-        for r in reqs:
-            self.submit(r)
+        with gc_paused():
+            for r in reqs:
+                self.submit(r)
 
     def idle(self) -> bool:
         return not (self._pending or self._waiting or self._running)
@@ -359,15 +389,8 @@ class TwinEngine:
 
     def advance(self, until_s: float) -> None:
         """Run until simulated time ``until_s`` (``math.inf``: until every submitted request is done)."""
-        # The engine holds many long-lived objects (requests, block hashes) and makes almost no
-        # cyclic garbage: the cyclic collector's repeated scans cost more than the simulation.
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():
             self._advance(until_s)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
 
     def _advance(self, until_s: float) -> None:
         while self.now < until_s:
@@ -398,14 +421,15 @@ class TwinEngine:
 
     def _arrive(self) -> None:
         pend = self._pending
-        arrived = False
-        while pend and pend[0][0] <= self.now:
-            s = heapq.heappop(pend)[2]
+        now = self.now
+        if not pend or pend[0][0] > now:
+            return
+        waiting = self._waiting
+        while pend and pend[0][0] <= now:
+            s = pend.popleft()[2]
             s.state = "waiting"
-            self._waiting.append(s)
-            arrived = True
-        if arrived:
-            self._blocked = False
+            waiting.append(s)
+        self._blocked = False
 
     def _account(self, duration: float, steps: int, prefill_tokens: int, decode_tokens: int) -> None:
         c = self.counters
@@ -424,14 +448,15 @@ class TwinEngine:
         """``s`` has KV for ``s.known`` tokens and ``s.generated`` outputs: it decodes from the next step."""
         g = self._g
         s.state = "decode"
-        s.epoch += 1
-        s.base = s.known - g
-        s.finish_g = g + (s.out - s.generated)
+        epoch = s.epoch = s.epoch + 1
+        base = s.base = s.known - g
+        finish_g = s.finish_g = g + (s.out - s.generated)
         self._n_dec += 1
-        self._dec_read_base += s.base + 1
-        self._dec_finish_sum += s.finish_g
-        heapq.heappush(self._finish_heap, (s.finish_g, s.order, s.epoch, s))
-        heapq.heappush(self._need_heap, (s.cap - s.base, s.order, s.epoch, s))
+        self._dec_read_base += base + 1
+        self._dec_finish_sum += finish_g
+        heapq.heappush(self._finish_heap, (finish_g, s.order, epoch, s))
+        if s.cap - base < finish_g:  # otherwise its blocks already hold its last token
+            heapq.heappush(self._need_heap, (s.cap - base, s.order, epoch, s))
 
     def _stop_decode(self, s: _Seq) -> int:
         """Take ``s`` out of the decode set; returns its computed tokens and output count now."""
@@ -446,15 +471,16 @@ class TwinEngine:
 
     def _finish(self, s: _Seq, computed: int) -> None:
         now = self.now
+        r = s.req
+        cache = self.cache
         if self.prefix_caching:
-            self.cache.commit(s.req.req_id, computed, now)
-        self.cache.release(s.req.req_id, now)
+            cache.commit(r.req_id, computed, now)
+        cache.release(r.req_id, now)
         del self._running[s]
         s.state = "done"
         s.epoch += 1
         self._blocked = False
         self.counters.finished += 1
-        r = s.req
         self.observer.finished(
             r,
             now,
@@ -517,21 +543,23 @@ class TwinEngine:
         g = self._g
         # 1. Decoding requests that need a block for this step's token, oldest first.
         need = self._need_heap
-        due: list[_Seq] = []
-        while need and need[0][0] <= g:
-            _, _, epoch, s = heapq.heappop(need)
-            if s.epoch == epoch and s.state == "decode":
-                due.append(s)
-        due.sort(key=lambda s: s.order)
-        ahead = self._lookahead if self.cache.free_blocks() > self._spare + len(due) * self._lookahead else 0
-        for s in due:
-            if s.state != "decode":
-                continue  # preempted while making room for an older one
-            target = s.base + g + 1
-            if ahead:
-                target = max(target, min(target + ahead, s.base + s.finish_g))
-            if self._grow(s, target):
-                heapq.heappush(need, (s.cap - s.base, s.order, s.epoch, s))
+        if need and need[0][0] <= g:
+            due: list[_Seq] = []
+            while need and need[0][0] <= g:
+                _, _, epoch, s = heapq.heappop(need)
+                if s.epoch == epoch and s.state == "decode":
+                    due.append(s)
+            due.sort(key=_by_order)
+            lookahead = self._lookahead
+            ahead = lookahead if self.cache.free_blocks() > self._spare + len(due) * lookahead else 0
+            for s in due:
+                if s.state != "decode":
+                    continue  # preempted while making room for an older one
+                target = s.base + g + 1
+                if ahead:
+                    target = max(target, min(target + ahead, s.base + s.finish_g))
+                if self._grow(s, target) and s.cap - s.base < s.finish_g:
+                    heapq.heappush(need, (s.cap - s.base, s.order, s.epoch, s))
         # 2. Prefill chunks of running requests, then admissions. Mixed engines (vLLM, TRT-LLM) put
         # decode tokens and prefill chunks in one step; SGLang runs a prefill-only batch instead of a
         # decode batch whenever there is prefill work it can start.
@@ -541,6 +569,8 @@ class TwinEngine:
             if self._mixed:
                 budget -= self._n_dec
             chunked = self.limits.chunked_prefill
+            grow = self._grow
+            chunk_tokens = 0
             for s in list(self._prefill):
                 if budget <= 0:
                     break
@@ -550,12 +580,13 @@ class TwinEngine:
                 chunk = min(left, budget) if chunked else left
                 if not chunked and chunk > budget and chunks:
                     break
-                if not self._grow(s, s.prefilled + chunk):
+                if not grow(s, s.prefilled + chunk):
                     continue
                 chunks.append((s, chunk))
+                chunk_tokens += chunk
                 budget -= chunk
-            if self._mixed:
-                budget = self.limits.max_batched_tokens - self._n_dec - sum(c for _, c in chunks)
+            if self._mixed:  # the budget left after the chunks (a preemption may have ended decodes)
+                budget = self.limits.max_batched_tokens - self._n_dec - chunk_tokens
             if budget > 0 and not self._blocked and self._waiting:
                 host_tokens = self._admit(chunks, budget)
         n_dec = self._n_dec if (self._mixed or not chunks) else 0
@@ -622,12 +653,11 @@ class TwinEngine:
     def _finish_due(self) -> None:
         heap = self._finish_heap
         g = self._g
+        pop = heapq.heappop
         while heap and heap[0][0] <= g:
-            _, _, epoch, s = heapq.heappop(heap)
-            if s.epoch != epoch or s.state != "decode":
-                continue
-            computed = self._stop_decode(s)
-            self._finish(s, computed)
+            _, _, epoch, s = pop(heap)
+            if s.epoch == epoch and s.state == "decode":
+                self._finish(s, self._stop_decode(s))
 
     def _check_memory(self, step_tokens: int, running: int) -> bool:
         if self.memory.pressure(step_tokens, running) <= 1.0:
@@ -692,58 +722,66 @@ class TwinEngine:
             remaining = self._dec_finish_sum - self._n_dec * self._g
             remaining += sum(s.out - s.generated for s in self._prefill)
             reserve = math.ceil(remaining * SGLANG_NEW_TOKEN_RATIO / bs)
-        for s in self._ordered_waiting():
-            if budget <= 0 or len(self._running) >= self.max_running:
+        no_evict = self._no_evict
+        cache = self.cache
+        now = self.now
+        running = self._running
+        prefill = self._prefill
+        counters = self.counters
+        ordered = self._ordered_waiting()
+        for s in ordered:
+            if budget <= 0 or len(running) >= self.max_running:
                 break
-            rid = s.req.req_id
-            if s.known <= budget and not reserve and not self._no_evict:
+            req = s.req
+            known = s.known
+            if known <= budget and not reserve and not no_evict:
                 # the whole prompt fits the budget whatever the hit: no need to look it up first
-                hit, chunk = 0, s.known
+                hit, chunk = 0, known
             else:
-                match = self.cache.lookup(s.req.seq, s.known)
-                hit = min(match.hit_tokens, s.known - 1)
-                left = s.known - hit
+                match = cache.lookup(req.seq, known)
+                hit = min(match.hit_tokens, known - 1)
+                left = known - hit
                 if chunked:
                     chunk = min(left, budget)
                 else:
                     chunk = left
                     if chunk > budget and (chunks or admitted):
                         break
-            if self._no_evict:
-                alloc = s.prompt_len + s.out - 1 if s.generated == 0 else s.known + (s.out - s.generated) - 1
+            if no_evict:
+                alloc = s.prompt_len + s.out - 1 if s.generated == 0 else known + (s.out - s.generated) - 1
                 alloc = max(alloc, hit + chunk)
             else:
                 alloc = hit + chunk
-            if reserve or self._no_evict:
+            if reserve or no_evict:
                 new_blocks = -(-alloc // bs) - hit // bs
-                if self.cache.free_blocks() < new_blocks + reserve:
+                if cache.free_blocks() < new_blocks + reserve:
                     self._blocked = True
                     break
-            m = self.cache.admit(rid, s.req.seq, s.known, alloc, self.now)
+            m = cache.admit(req.req_id, req.seq, known, alloc, now)
             if m is None:
                 self._blocked = True
                 break
-            hit = min(m.hit_tokens, s.known - 1)
-            chunk = min(s.known - hit, budget) if chunked else s.known - hit
+            hit = min(m.hit_tokens, known - 1)
+            chunk = min(known - hit, budget) if chunked else known - hit
             host += m.host_tokens
             s.state = "prefill"
             s.hit = hit
             s.prefilled = hit
             s.cap = _round_up(max(alloc, hit + chunk), bs)
-            s.admit_s = self.now
+            s.admit_s = now
             if s.first_admit_s < 0:
-                s.first_admit_s = self.now
-                self.counters.prompt_tokens += s.prompt_len
-                self.counters.saved_prefill_tokens += min(hit, s.prompt_len)
-            self._running[s] = None
-            self._prefill[s] = None
+                s.first_admit_s = now
+                counters.prompt_tokens += s.prompt_len
+                counters.saved_prefill_tokens += min(hit, s.prompt_len)
+            running[s] = None
+            prefill[s] = None
             admitted.append(s)
             chunks.append((s, chunk))
             budget -= chunk
-            self.observer.admitted(s.req, m, self.now)
+            self.observer.admitted(req, m, now)
         if admitted:
             w = self._waiting
-            if all(w[i] is s for i, s in enumerate(admitted)):  # fcfs: admitted from the front
+            if ordered is w or all(w[i] is s for i, s in enumerate(admitted)):  # from the front
                 for _ in admitted:
                     w.popleft()
             else:
@@ -767,13 +805,12 @@ class TwinEngine:
         while heap and (heap[0][3].epoch != heap[0][2] or heap[0][3].state != "decode"):
             heapq.heappop(heap)
         k = heap[0][0] - g
-        # Next admissible arrival, or the horizon.
+        # Next admissible arrival, or the horizon. While admission is blocked the next arrival ends
+        # the run too: it joins the queue at its time even when it cannot be admitted (gauges).
         deadline = until_s
-        if self._pending and len(self._running) < self.max_running and not self._blocked:
-            deadline = min(deadline, self._pending[0][0])
-        if self._pending and self._blocked:
-            # arrivals join the queue at their time even when they cannot be admitted (gauges)
-            deadline = min(deadline, self._pending[0][0])
+        pend = self._pending
+        if pend and (self._blocked or len(self._running) < self.max_running):
+            deadline = min(deadline, pend[0][0])
         pressure = self.memory.pressure(n, len(self._running))
         if pressure > 1.0 and not self._check_memory(n, len(self._running)):
             return
@@ -785,14 +822,16 @@ class TwinEngine:
         # Blocks for k steps: every request must hold base + g + k tokens at the end.
         need = self._need_heap
         due: list[_Seq] = []
-        while need and need[0][0] < g + k:
-            _, _, epoch, s = heapq.heappop(need)
+        gk = g + k
+        pop = heapq.heappop
+        while need and need[0][0] < gk:
+            _, _, epoch, s = pop(need)
             if s.epoch == epoch and s.state == "decode":
                 due.append(s)
         bs = self.block_size
         new_blocks = 0
         for s in due:
-            new_blocks += -(-(s.base + g + k) // bs) - s.cap // bs
+            new_blocks += -(-(s.base + gk) // bs) - s.cap // bs
         free = self.cache.free_blocks()
         if new_blocks > free:
             for s in due:  # not enough for the whole run: step exactly (and preempt) instead
@@ -803,16 +842,19 @@ class TwinEngine:
         # reads at most LOOKAHEAD_TOKENS per request high). Never near a full pool.
         ahead = self._lookahead if free - new_blocks - len(due) * self._lookahead // bs > self._spare else 0
         grow = self.cache.grow
+        push = heapq.heappush
         now = self.now
         for s in due:
-            target = s.base + g + k
+            base = s.base
+            target = needed = base + gk
             if ahead:
-                target = min(target + ahead, s.base + s.finish_g)
-                target = max(target, s.base + g + k)
+                target = min(target + ahead, base + s.finish_g)
+                target = max(target, needed)
             if not grow(s.req.req_id, target, now):  # pragma: no cover - counted above
                 raise RuntimeError("KV cache refused a growth that fits its free blocks")
-            s.cap = -(-target // bs) * bs
-            heapq.heappush(need, (s.cap - s.base, s.order, s.epoch, s))
+            cap = s.cap = -(-target // bs) * bs
+            if cap - base < s.finish_g:
+                push(need, (cap - base, s.order, s.epoch, s))
         dt = run.total(k) * penalty
         self._last_usage = float(self.cache.usage())
         self._account(dt, k, 0, n * k)

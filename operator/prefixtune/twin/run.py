@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from prefixtune.engines.base import ArgsError, ParsedCommand
-from prefixtune.twin.engine import CacheFactory, TwinEngine
+from prefixtune.twin.engine import CacheFactory, TwinEngine, gc_paused
 from prefixtune.twin.memory import StartupOOM
-from prefixtune.twin.observer import FanOut
 from prefixtune.twin.request import Request
 from prefixtune.twin.summary import Summary, SummaryCollector, failed_summary, summarize
 
@@ -109,9 +109,41 @@ def simulate(
         raise ValueError(f"warmup_s must be >= 0; got {warmup_s}")
     if horizon_s is not None and horizon_s <= warmup_s:
         raise ValueError(f"horizon_s ({horizon_s}) must be after warmup_s ({warmup_s})")
+    # The cyclic collector stays off for the whole replay (see gc_paused) and comes back after the
+    # engine is gone: its objects die by reference counting instead of being scanned first.
+    with gc_paused():
+        return _replay(
+            parsed,
+            gpu,
+            requests,
+            info,
+            t0,
+            seed=seed,
+            slo_ttft_s=slo_ttft_s,
+            slo_itl_s=slo_itl_s,
+            warmup_s=warmup_s,
+            horizon_s=horizon_s,
+            cache_factory=cache_factory,
+        )
+
+
+def _replay(
+    parsed: ParsedCommand,
+    gpu: str,
+    requests: Sequence[Request],
+    info: dict[str, Any],
+    t0: float,
+    *,
+    seed: int,
+    slo_ttft_s: float | None,
+    slo_itl_s: float | None,
+    warmup_s: float,
+    horizon_s: float | None,
+    cache_factory: CacheFactory | None,
+) -> Summary:
     collector = SummaryCollector(warmup_s)
     try:
-        eng = TwinEngine(parsed, gpu, seed, FanOut([collector]), cache_factory=cache_factory)
+        eng = TwinEngine(parsed, gpu, seed, collector, cache_factory=cache_factory)
     except StartupOOM as exc:
         return failed_summary("oom_startup", str(exc), info, time.perf_counter() - t0)
     info["memory"] = eng.memory.to_dict()
@@ -121,7 +153,7 @@ def simulate(
         "chunked_prefill": bool(eng.limits.chunked_prefill),
         "schedule_policy": eng.policy,
     }
-    eng.submit_all(sorted(requests, key=lambda r: (r.arrival_s, r.req_id)))
+    eng.submit_all(sorted(requests, key=attrgetter("arrival_s", "req_id")))
     if warmup_s > 0:
         eng.advance(warmup_s)
     start = eng.now if warmup_s > 0 else 0.0

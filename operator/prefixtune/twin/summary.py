@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from prefixtune.twin.cache.base import Match
@@ -21,7 +22,7 @@ from prefixtune.twin.observer import NullObserver
 from prefixtune.twin.request import Request
 
 
-@dataclass
+@dataclass(slots=True)
 class _Done:
     arrival_s: float
     end_s: float
@@ -73,9 +74,18 @@ class SummaryCollector(NullObserver):
 
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-quantile (0..1) by linear interpolation; 0.0 for no values."""
+    return percentiles(values, (q,))[0]
+
+
+def percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float]:
+    """``percentile`` for each of ``qs``, sorting the values once."""
     if not values:
-        return 0.0
+        return [0.0 for _ in qs]
     xs = sorted(values)
+    return [_interpolated(xs, q) for q in qs]
+
+
+def _interpolated(xs: list[float], q: float) -> float:
     pos = q * (len(xs) - 1)
     lo = int(pos)
     hi = min(lo + 1, len(xs) - 1)
@@ -84,16 +94,27 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def weighted_percentile(pairs: Sequence[tuple[float, int]], q: float) -> float:
     """The q-quantile of values given as (value, count) pairs; 0.0 for none."""
+    return weighted_percentiles(pairs, (q,))[0]
+
+
+def weighted_percentiles(pairs: Sequence[tuple[float, int]], qs: Sequence[float]) -> list[float]:
+    """``weighted_percentile`` for each of ``qs``, sorting the pairs once."""
     total = sum(c for _, c in pairs)
     if total <= 0:
-        return 0.0
-    target = q * total
+        return [0.0 for _ in qs]
+    # by value only (cheaper than by pair): the quantile is the same whatever the order of equal values
+    ordered = sorted(pairs, key=itemgetter(0))
+    return [_weighted_quantile(ordered, q * total) for q in qs]
+
+
+def _weighted_quantile(ordered: list[tuple[float, int]], target: float) -> float:
+    """The first value whose cumulative count reaches ``target`` (the largest when none does)."""
     acc = 0
-    for value, count in sorted(pairs):
+    for value, count in ordered:
         acc += count
         if acc >= target:
             return float(value)
-    return float(max(v for v, _ in pairs))
+    return float(max(v for v, _ in ordered))
 
 
 @dataclass
@@ -190,7 +211,8 @@ def summarize(
     """Combine the collector with the engine's counter deltas over the window ``[start_s, end_s]``."""
     window = max(end_s - start_s, 1e-12)
     in_window = [d for d in collector.done if d.end_s >= start_s]
-    ttfts = collector.ttfts
+    ttft_p50, ttft_p99 = percentiles(collector.ttfts, (0.50, 0.99))
+    itl_p50, itl_p99 = weighted_percentiles(collector.gaps, (0.50, 0.99))
     good = 0
     for d in in_window:
         ok_ttft = slo_ttft_s is None or d.ttft_s <= slo_ttft_s
@@ -206,10 +228,10 @@ def summarize(
         wall_seconds=float(wall_seconds),
         hit_rate=float(hit_tokens / query_tokens) if query_tokens else 0.0,
         prefill_tokens_saved_fraction=float(saved_prefill_tokens / prompt_tokens) if prompt_tokens else 0.0,
-        ttft_p50_s=percentile(ttfts, 0.50),
-        ttft_p99_s=percentile(ttfts, 0.99),
-        itl_p50_s=weighted_percentile(collector.gaps, 0.50),
-        itl_p99_s=weighted_percentile(collector.gaps, 0.99),
+        ttft_p50_s=ttft_p50,
+        ttft_p99_s=ttft_p99,
+        itl_p50_s=itl_p50,
+        itl_p99_s=itl_p99,
         output_tokens_per_s=float(collector.window_tokens / window),
         input_tokens_per_s=float(sum(d.prompt_len for d in in_window) / window),
         requests_per_s=float(len(in_window) / window),
