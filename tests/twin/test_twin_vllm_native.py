@@ -182,6 +182,13 @@ def test_native_pool_errors_name_the_request_and_leave_the_pool_unchanged() -> N
     with pytest.raises(OverflowError, match="64-bit"):
         cache.admit(10, huge, 8, 8, 0.0)
     assert cache.free_order() == before[1]
+    from prefixtune.twin.cache._vllm_pool import Pool
+
+    bare = Pool.__new__(Pool)  # no __init__: refused, not a crash
+    with pytest.raises(RuntimeError, match="__init__ was not called"):
+        bare.admit(1, s.segments, 10, 10)
+    with pytest.raises(RuntimeError, match="__init__ was not called"):
+        bare.release(1)
 
 
 @needs_native

@@ -264,7 +264,15 @@ static Py_ssize_t hit_run(const Pool *p, const BlockHash *h, Py_ssize_t n, Py_ss
     return i;
 }
 
+/* A Pool made by Pool.__new__ alone has no arrays yet. */
+static int ready(const Pool *p) {
+    if (p->table) return 1;
+    PyErr_SetString(PyExc_RuntimeError, "Pool.__init__ was not called");
+    return 0;
+}
+
 static Req *find_req(Pool *p, PyObject *req_id) {
+    if (!ready(p)) return NULL;
     PyObject *slot = PyDict_GetItemWithError(p->req_index, req_id);
     if (!slot) {
         if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "request %S is not admitted", req_id);
@@ -351,6 +359,7 @@ static PyObject *Pool_admit(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "admit(req_id, segments, prompt_len, num_tokens)");
         return NULL;
     }
+    if (!ready(p)) return NULL;
     PyObject *req_id = args[0];
     Py_ssize_t prompt_len = PyLong_AsSsize_t(args[2]);
     Py_ssize_t num_tokens = PyLong_AsSsize_t(args[3]);
@@ -415,6 +424,7 @@ static PyObject *Pool_lookup(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "lookup(segments, prompt_len)");
         return NULL;
     }
+    if (!ready(p)) return NULL;
     Py_ssize_t prompt_len = PyLong_AsSsize_t(args[1]);
     if (prompt_len == -1 && PyErr_Occurred()) return NULL;
     if (!p->prefix_caching || prompt_len < 2) return PyLong_FromLong(0);
@@ -459,6 +469,7 @@ static PyObject *Pool_commit(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 static PyObject *Pool_release(Pool *p, PyObject *req_id) {
+    if (!ready(p)) return NULL;
     PyObject *slot = PyDict_GetItemWithError(p->req_index, req_id);
     if (!slot) {
         if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "request %S is not admitted", req_id);
@@ -492,6 +503,7 @@ static PyObject *Pool_usage(Pool *p, PyObject *unused) {
 static PyObject *Pool_cached_blocks(Pool *p, PyObject *unused) { return PyLong_FromSsize_t(p->n_hashed); }
 
 static PyObject *Pool_free_order(Pool *p, PyObject *unused) {
+    if (!ready(p)) return NULL;
     PyObject *out = PyList_New(free_count(p));
     if (!out) return NULL;
     Py_ssize_t k = 0;
