@@ -9,9 +9,11 @@ converged (or the deadline), then prints baseline vs best per resource.
 Demo timings: the twins run ``--speedup`` x faster than the wall clock (default 10: an 8 s window
 is 80 simulated seconds); warm-up 2 s and measurement 8 s of wall time per trial, at most 5 trials;
 a light load per Service (``--rate`` requests per simulated second, default 1: 30-90 requests per
-window) so that a 2-core machine keeps up. At 0.3 (the default before the twin's C block pool) a
-window held 8-16 requests and the winner was mostly counting noise: one run ended the RAG example
-on prefix caching off, with 8x the TTFT.
+window) so that a 2-core machine keeps up (at 2 it no longer does: the demo takes twice as long).
+Scores still carry +-10-20% counting noise, and at such light loads every config meets the SLOs,
+so goodput alone cannot tell caching on from off: the SGLang chat example sometimes ends on caching
+off. At 0.3 (the default before the twin's C block pool) a window held 8-16 requests and one run
+ended the RAG example on caching off with 8x the TTFT.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 /* vLLM V1's block pool in C: the twin's hot path (issue #3), with exactly the semantics of
- * VllmCache in vllm.py (tests/twin/test_twin_vllm_native.py drives both, and a naive reference,
- * with the same calls and compares every answer and the final free-queue order).
+ * VllmCache in vllm.py (tests/twin/test_twin_vllm_native.py drives both with the same calls and
+ * compares every answer, counter and the whole free queue after each; VllmCache itself is checked
+ * against a naive free queue).
  *
  * - A block's hash names the whole prefix ending at it: the pair (segment key, token offset in that
  *   segment) of its last token, as TokenSeq.block_keys (which packs the pair into one int).

@@ -1,8 +1,9 @@
 """vLLM's cache model with its block pool in C (``_vllm_pool.c``): the twin's speed path.
 
 Same semantics, answers and counters as ``VllmCache`` (``vllm.py`` documents them; the C file says
-how it keeps them), call for call: ``tests/twin/test_twin_vllm_native.py`` drives both and a naive
-reference with the same calls. The pure-Python model stays the reference and the fallback.
+how it keeps them), call for call and block id for block id: ``tests/twin/test_twin_vllm_native.py``
+drives both with the same calls (and ``VllmCache`` is checked against a naive free queue in
+``test_twin_vllm_queue.py``). The pure-Python model stays the reference and the fallback.
 
 The extension is built by ``pip install`` when a C compiler is there (it is optional, so an install
 without one still works, on the Python pool). ``make_cache`` uses it when it imports, unless
