@@ -330,3 +330,25 @@ def test_recreate_scales_old_to_zero_before_the_new_replicaset_grows() -> None:
     assert _scales(ctl.reconcile_deployment(dep, [old_draining, new], 0.0)) == {}
     old_gone = _rs(dep, "old", 0, 0, 0, 1)
     assert _scales(ctl.reconcile_deployment(dep, [old_gone, new], 0.0)) == {new["metadata"]["name"]: 2}
+
+
+def test_concurrent_sandboxes_never_share_a_pod_address_octet() -> None:
+    """Two sandboxes with the same octet would give two pods one address: the second pod then fails
+    to bind (seen once in the reliability tests, which run six sandboxes at once, and blamed on the
+    config under trial). The octet is claimed with a socket, exclusive across processes."""
+    from prefixtune.sandbox.kubelet import AddressPool
+
+    pools = [AddressPool.claim() for _ in range(20)]
+    try:
+        assert len({p.octet for p in pools}) == 20
+        taken = pools[0].octet
+        with pytest.raises(RuntimeError, match=f"ip_octet {taken}: another sandbox on this machine uses"):
+            AddressPool.claim(taken)
+        pools[0].close()
+        pools[0].close()  # idempotent
+        again = AddressPool.claim(taken)  # released: free to claim
+        assert again.octet == taken and again.allocate() == AddressPool(taken).allocate()
+        again.close()
+    finally:
+        for p in pools:
+            p.close()

@@ -39,6 +39,7 @@ import hashlib
 import json
 import logging
 import random
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -209,6 +210,41 @@ class AddressPool:
         self.octet = octet
         self._free_from = 1
         self._used: set[int] = set()
+        self._claim: socket.socket | None = None
+
+    @classmethod
+    def claim(cls, octet: int = 0) -> AddressPool:
+        """A pool whose octet no other sandbox on this machine holds while this one lives.
+
+        Sandboxes run side by side (the reliability tests start six at once); two that picked the
+        same octet would hand out the same addresses, and a pod would fail to bind its port, a
+        failure the operator blames on the config under trial. The claim is a socket listening on
+        127.S.255.1 (never a pod address): the kernel makes it exclusive across processes and
+        drops it when the process dies. ``octet`` 0 tries the octets 16..250 in random order.
+        """
+        candidates = [octet] if octet else random.SystemRandom().sample(range(16, 251), 235)
+        for candidate in candidates:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((f"127.{candidate}.255.1", _OCTET_CLAIM_PORT))
+                sock.listen(1)
+            except OSError as err:
+                sock.close()
+                if err.errno != errno.EADDRINUSE:
+                    raise
+                continue
+            pool = cls(candidate)
+            pool._claim = sock
+            return pool
+        if octet:
+            raise RuntimeError(f"ip_octet {octet}: another sandbox on this machine uses 127.{octet}.x.y")
+        raise RuntimeError("every pod address octet (16..250) is taken by other sandboxes on this machine")
+
+    def close(self) -> None:
+        """Give up the octet's claim (idempotent)."""
+        if self._claim is not None:
+            self._claim.close()
+            self._claim = None
 
     def allocate(self) -> str:
         n = self._free_from
@@ -228,6 +264,9 @@ class AddressPool:
 
     def _address(self, n: int) -> str:
         return f"127.{self.octet}.{n // 254}.{n % 254 + 1}"
+
+
+_OCTET_CLAIM_PORT = 65000  # on 127.S.255.1: no pod gets that address (pods get 127.S.x.y, x <= 254)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -532,7 +571,7 @@ class Kubelet:
         self.api = api
         self.config = config
         rng = random.Random(config.seed)
-        self.addresses = AddressPool(config.ip_octet or random.SystemRandom().randint(16, 250))
+        self.addresses = AddressPool.claim(config.ip_octet)
         self._seed = rng.randrange(2**31)
         self.wakeup = Wakeup()
         self.workers: dict[str, tuple[PodWorker, asyncio.Task[None]]] = {}  # pod uid ->
@@ -651,6 +690,10 @@ class Kubelet:
         if self._probe_session is not None:
             await self._probe_session.close()
             self._probe_session = None
+
+    def close(self) -> None:
+        """Release what outlives the pods: the claim on the address octet."""
+        self.addresses.close()
 
     def pod_url(self, namespace: str, name: str) -> str:
         """The base URL of a running pod's engine ("" when none runs)."""

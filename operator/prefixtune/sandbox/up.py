@@ -192,6 +192,7 @@ async def sandbox(
                     await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
                 controllers = ControllerManager(api, cfg)
                 kubelet = Kubelet(api, cfg)
+                files.callback(kubelet.close)  # its address octet is claimed until the sandbox ends
                 kubelet.metrics_faults = metrics_faults
                 loads = LoadManager(api, speedup=cfg.speedup, seed=seed) if load else None
                 wakeups = [controllers.wakeup, kubelet.wakeup]
