@@ -78,6 +78,9 @@ def _plain(v: object) -> object:
     return str(v)
 
 
+# The cyclic collector stays off for the whole run (see gc_paused) and comes back once simulate has
+# returned, when the engine is gone: its objects die by reference counting instead of being scanned.
+@gc_paused()
 def simulate(
     engine: str,
     argv: Sequence[str] | ParsedCommand,
@@ -109,38 +112,6 @@ def simulate(
         raise ValueError(f"warmup_s must be >= 0; got {warmup_s}")
     if horizon_s is not None and horizon_s <= warmup_s:
         raise ValueError(f"horizon_s ({horizon_s}) must be after warmup_s ({warmup_s})")
-    # The cyclic collector stays off for the whole replay (see gc_paused) and comes back after the
-    # engine is gone: its objects die by reference counting instead of being scanned first.
-    with gc_paused():
-        return _replay(
-            parsed,
-            gpu,
-            requests,
-            info,
-            t0,
-            seed=seed,
-            slo_ttft_s=slo_ttft_s,
-            slo_itl_s=slo_itl_s,
-            warmup_s=warmup_s,
-            horizon_s=horizon_s,
-            cache_factory=cache_factory,
-        )
-
-
-def _replay(
-    parsed: ParsedCommand,
-    gpu: str,
-    requests: Sequence[Request],
-    info: dict[str, Any],
-    t0: float,
-    *,
-    seed: int,
-    slo_ttft_s: float | None,
-    slo_itl_s: float | None,
-    warmup_s: float,
-    horizon_s: float | None,
-    cache_factory: CacheFactory | None,
-) -> Summary:
     collector = SummaryCollector(warmup_s)
     try:
         eng = TwinEngine(parsed, gpu, seed, collector, cache_factory=cache_factory)
