@@ -272,14 +272,28 @@ static int ready(const Pool *p) {
     return 0;
 }
 
-static Req *find_req(Pool *p, PyObject *req_id) {
-    if (!ready(p)) return NULL;
+/* The slot of an admitted request; -1 with KeyError when it is not admitted. */
+static Py_ssize_t find_slot(Pool *p, PyObject *req_id) {
+    if (!ready(p)) return -1;
     PyObject *slot = PyDict_GetItemWithError(p->req_index, req_id);
     if (!slot) {
         if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "request %S is not admitted", req_id);
+        return -1;
+    }
+    return PyLong_AsSsize_t(slot);
+}
+
+/* The (req_id, count) calls: the admitted request, and the count in *n; NULL with an error. */
+static Req *req_and_count(Pool *p, PyObject *const *args, Py_ssize_t nargs, const char *usage,
+                          Py_ssize_t *n) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
     }
-    return &p->reqs[PyLong_AsSsize_t(slot)];
+    *n = PyLong_AsSsize_t(args[1]);
+    if (*n == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t si = find_slot(p, args[0]);
+    return si < 0 ? NULL : &p->reqs[si];
 }
 
 /* -- the Python type ------------------------------------------------------------------------- */
@@ -436,13 +450,8 @@ static PyObject *Pool_lookup(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 static PyObject *Pool_grow(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "grow(req_id, num_tokens)");
-        return NULL;
-    }
-    Py_ssize_t num_tokens = PyLong_AsSsize_t(args[1]);
-    if (num_tokens == -1 && PyErr_Occurred()) return NULL;
-    Req *r = find_req(p, args[0]);
+    Py_ssize_t num_tokens;
+    Req *r = req_and_count(p, args, nargs, "grow(req_id, num_tokens)", &num_tokens);
     if (!r) return NULL;
     Py_ssize_t need = (num_tokens + p->block_size - 1) / p->block_size - r->n_blocks;
     if (need <= 0) Py_RETURN_TRUE;
@@ -452,13 +461,8 @@ static PyObject *Pool_grow(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 static PyObject *Pool_commit(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "commit(req_id, computed_tokens)");
-        return NULL;
-    }
-    Py_ssize_t computed = PyLong_AsSsize_t(args[1]);
-    if (computed == -1 && PyErr_Occurred()) return NULL;
-    Req *r = find_req(p, args[0]);
+    Py_ssize_t computed;
+    Req *r = req_and_count(p, args, nargs, "commit(req_id, computed_tokens)", &computed);
     if (!r) return NULL;
     if (!p->prefix_caching) Py_RETURN_NONE;
     Py_ssize_t full = computed / p->block_size;
@@ -470,13 +474,8 @@ static PyObject *Pool_commit(Pool *p, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 static PyObject *Pool_release(Pool *p, PyObject *req_id) {
-    if (!ready(p)) return NULL;
-    PyObject *slot = PyDict_GetItemWithError(p->req_index, req_id);
-    if (!slot) {
-        if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "request %S is not admitted", req_id);
-        return NULL;
-    }
-    Py_ssize_t si = PyLong_AsSsize_t(slot);
+    Py_ssize_t si = find_slot(p, req_id);
+    if (si < 0) return NULL;
     Req *r = &p->reqs[si];
     /* hashless blocks go to the front, the first of them on top; then the hashed ones that nobody
        else holds join the LRU tail, tail block first (so a chain's tail is evicted first) */
