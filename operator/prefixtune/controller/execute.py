@@ -21,6 +21,7 @@ from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.controller.api_calls import require
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
 from prefixtune.controller.observe import Desired, PodView, pod_view
+from prefixtune.controller.ownership import Claim, Foreign, claim, foreign
 from prefixtune.controller.render import (
     ROLES,
     Owner,
@@ -51,18 +52,34 @@ COMPONENT = "prefixtune-operator"
 class Children:
     deployments: dict[Role, dict[str, Any] | None] = field(default_factory=dict)
     pods: list[PodView] = field(default_factory=list)
+    foreign: list[Foreign] = field(default_factory=list)  # objects of our names that are not ours
+
+
+@dataclass
+class Ensured:
+    """What one ensure did: a line per change, and the objects it left alone (not ours)."""
+
+    changes: list[str] = field(default_factory=list)
+    foreign: list[Foreign] = field(default_factory=list)
 
 
 async def read_children(client: KubeClient, owner: Owner) -> Children:
+    """The resource's Deployments (a Deployment of our name that is not ours reads as absent: its
+    pods are not ours to measure or judge) and the pods of our selector."""
     require("apps", "deployments", "get")
     require("", "pods", "list")
     deployments: dict[Role, dict[str, Any] | None] = {}
+    found: list[Foreign] = []
     for role in ROLES:
-        deployments[role] = await client.get(
+        got = await client.get(
             ns_path(APPS, owner.namespace, "deployments", deployment_name(owner.name, role))
         )
+        if got is not None and claim(got, owner) is Claim.FOREIGN:
+            found.append(foreign(got, "Deployment", owner))
+            got = None
+        deployments[role] = got
     pods = await client.list(ns_path(CORE, owner.namespace, "pods"), selector_labels(owner.name))
-    return Children(deployments, [pod_view(p) for p in pods])
+    return Children(deployments, [pod_view(p) for p in pods], found)
 
 
 RENDERED_HASH = "prefixtune.io/rendered-hash"
@@ -76,10 +93,19 @@ def rendered_hash(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 
+class NotOurs(Exception):
+    """An object of the name the operator wants exists and is not controlled by the resource."""
+
+    def __init__(self, found: Foreign) -> None:
+        super().__init__(found.message())
+        self.found = found
+
+
 async def _apply(
-    client: KubeClient, path: str, body: dict[str, Any], group: str, resource: str
+    client: KubeClient, path: str, body: dict[str, Any], group: str, resource: str, owner: Owner
 ) -> str | None:
-    """Create ``body`` at ``path`` or merge-patch the existing object; returns what was done."""
+    """Create ``body`` at ``path`` or merge-patch the existing object if it is ours (an orphan with
+    our markers is adopted: our controller reference is added); raises ``NotOurs`` otherwise."""
     name = body["metadata"]["name"]
     digest = rendered_hash(body)
     body = {**body, "metadata": {**body["metadata"]}}
@@ -90,19 +116,38 @@ async def _apply(
         require(group, resource, "create")
         await client.create(path, body)
         return f"created {body['kind']} {name}"
+    relation = claim(existing, owner)
+    if relation is Claim.FOREIGN:
+        raise NotOurs(foreign(existing, str(body["kind"]), owner))
     have = ((existing.get("metadata") or {}).get("annotations") or {}).get(RENDERED_HASH)
-    if have == digest:
+    if have == digest and relation is Claim.OURS:
         return None
     patch: dict[str, Any] = {k: body[k] for k in ("spec", "data") if k in body}
     patch["metadata"] = {"labels": body["metadata"]["labels"], "annotations": body["metadata"]["annotations"]}
+    if relation is Claim.ORPHAN:
+        refs = list((existing.get("metadata") or {}).get("ownerReferences") or [])
+        patch["metadata"]["ownerReferences"] = [*refs, owner.reference()]
+        # Guarded: if the object changed hands since the read, the API server refuses the patch.
+        patch["metadata"]["resourceVersion"] = (existing.get("metadata") or {}).get("resourceVersion")
     require(group, resource, "patch")
     await client.merge_patch(f"{path}/{name}", patch)
-    return f"updated {body['kind']} {name}"
+    return f"{'adopted' if relation is Claim.ORPHAN else 'updated'} {body['kind']} {name}"
 
 
-async def _delete(client: KubeClient, path: str, group: str, resource: str) -> bool:
+async def _delete(
+    client: KubeClient, path: str, group: str, resource: str, kind: str, owner: Owner
+) -> bool | Foreign:
+    """Delete the object at ``path`` only if this resource controls it (the uid is a precondition
+    of the DELETE, so an object replaced since the read is not deleted either)."""
+    require(group, resource, "get")
+    existing = await client.get(path)
+    if existing is None:
+        return False
+    if claim(existing, owner) is not Claim.OURS:
+        return foreign(existing, kind, owner)
     require(group, resource, "delete")
-    return await client.delete(path)
+    uid = str((existing.get("metadata") or {}).get("uid") or "")
+    return await client.delete(path, preconditions={"uid": uid} if uid else None)
 
 
 async def monitoring_installed(client: KubeClient) -> bool:
@@ -120,55 +165,66 @@ async def ensure_children(
     want: Desired,
     *,
     monitoring: bool = False,
-) -> list[str]:
-    """Make the children match ``want``; returns a line per change (for the log)."""
-    done: list[str] = []
+) -> Ensured:
+    """Make the children match ``want``; objects of our names that are not ours are left alone and
+    reported in ``Ensured.foreign``."""
+    done = Ensured()
     ns = owner.namespace
+
+    async def apply(path: str, body: dict[str, Any], group: str, resource: str) -> None:
+        try:
+            change = await _apply(client, path, body, group, resource, owner)
+        except NotOurs as err:
+            done.foreign.append(err.found)
+            return
+        if change:
+            done.changes.append(change)
+
+    async def delete(path: str, group: str, resource: str, kind: str) -> None:
+        result = await _delete(client, path, group, resource, kind, owner)
+        if isinstance(result, Foreign):
+            done.foreign.append(result)
+        elif result:
+            done.changes.append(f"deleted {kind} {path.rsplit('/', 1)[-1]}")
+
     canary_active = want.canary is not None
     for role in ROLES:
         config = want.config_of(role)
         dep_path = ns_path(APPS, ns, "deployments")
         cm_path = ns_path(CORE, ns, "configmaps")
         if config is None:
-            if await _delete(
-                client, f"{dep_path}/{deployment_name(owner.name, role)}", "apps", "deployments"
-            ):
-                done.append(f"deleted Deployment {deployment_name(owner.name, role)}")
+            await delete(
+                f"{dep_path}/{deployment_name(owner.name, role)}", "apps", "deployments", "Deployment"
+            )
             if render_configmap(owner, spec, want.baseline, role) is not None:
-                await _delete(client, f"{cm_path}/{configmap_name(owner.name, role)}", "", "configmaps")
+                await delete(f"{cm_path}/{configmap_name(owner.name, role)}", "", "configmaps", "ConfigMap")
             continue
         configmap = render_configmap(owner, spec, config, role)
         if configmap is not None:
-            change = await _apply(client, cm_path, configmap, "", "configmaps")
-            if change:
-                done.append(change)
+            await apply(cm_path, configmap, "", "configmaps")
         deployment = render_deployment(owner, spec, config, role, replicas_for(spec, role, canary_active))
-        change = await _apply(client, dep_path, deployment, "apps", "deployments")
-        if change:
-            done.append(change)
-    change = await _apply(client, ns_path(CORE, ns, "services"), render_service(owner, spec), "", "services")
-    if change:
-        done.append(change)
+        await apply(dep_path, deployment, "apps", "deployments")
+    await apply(ns_path(CORE, ns, "services"), render_service(owner, spec), "", "services")
     if monitoring:
-        monitor = render_service_monitor(owner, spec)
         try:
-            change = await _apply(
-                client,
+            await apply(
                 ns_path(MONITORING, ns, "servicemonitors"),
-                monitor,
+                render_service_monitor(owner, spec),
                 "monitoring.coreos.com",
                 "servicemonitors",
             )
         except KubeError as err:  # the CRD went away, or no RBAC for it: not fatal for serving
             logger.warning("ServiceMonitor %s/%s not applied: %s", ns, owner.name, err)
-            change = None
-        if change:
-            done.append(change)
     return done
 
 
-def ready_condition(spec: ServingDeploymentSpec, children: Children) -> tuple[bool, str, str]:
-    """(ready, reason, message) for the Ready condition: all serving replicas ready."""
+def ready_condition(
+    spec: ServingDeploymentSpec, children: Children, found: Sequence[Foreign] = ()
+) -> tuple[bool, str, str]:
+    """(ready, reason, message) for the Ready condition: all serving replicas ready; an object of
+    our names that is not ours comes first (``ResourceExists``, naming it)."""
+    if found:
+        return False, "ResourceExists", "; ".join(f.message() for f in found)[:1024]
     ready = sum(1 for p in children.pods if p.ready and not p.deleting)
     if children.deployments.get("baseline") is None:
         return False, "Creating", "the engine Deployment does not exist yet"

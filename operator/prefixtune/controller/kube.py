@@ -139,11 +139,15 @@ class KubeClient:
     async def merge_patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.call("PATCH", path, dict(body), content_type=MERGE_PATCH)
 
-    async def delete(self, path: str) -> bool:
+    async def delete(self, path: str, *, preconditions: Mapping[str, str] | None = None) -> bool:
+        """DELETE; False when it was gone, or (409) when ``preconditions`` (uid) no longer hold."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if preconditions:
+            body["preconditions"] = dict(preconditions)
         try:
-            await self.call("DELETE", path, {"propagationPolicy": "Background"})
+            await self.call("DELETE", path, body)
         except KubeError as err:
-            if err.status == 404:
+            if err.status == 404 or (err.status == 409 and preconditions):
                 return False
             raise
         return True

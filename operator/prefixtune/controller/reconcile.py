@@ -23,6 +23,7 @@ from prefixtune.api import validate_spec
 from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL, ServingDeploymentSpec
 from prefixtune.controller.api_calls import require
 from prefixtune.controller.execute import (
+    Children,
     ensure_children,
     monitoring_installed,
     post_events,
@@ -32,10 +33,11 @@ from prefixtune.controller.execute import (
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
 from prefixtune.controller.measure import Meter
 from prefixtune.controller.observe import deployment_ready, desired, rollout_observation
+from prefixtune.controller.ownership import Foreign, name_errors
 from prefixtune.controller.render import Owner, config_hash
 from prefixtune.controller.selfmetrics import SelfMetrics
 from prefixtune.controller.settings import tuning_settings
-from prefixtune.controller.status import build_status, invalid_status, policy_state_of
+from prefixtune.controller.status import build_status, invalid_status, merge_conditions, policy_state_of
 from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.tuning.actions import Action, EmitEvent
 from prefixtune.tuning.policy import initial_state, step
@@ -62,6 +64,8 @@ class OperatorContext:
     # A cache, not state: what was last ensured per resource, to skip re-applying an unchanged
     # rendering on every tick (a full ensure still runs every ENSURE_EVERY_S).
     ensured: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # Objects of a resource's child names that are not its own, found by the last ensure (by uid).
+    foreign: dict[str, list[Foreign]] = field(default_factory=dict)
 
     def lock(self, key: str) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
@@ -78,6 +82,7 @@ class Outcome:
     phase: str = ""
     actions: list[Action] = field(default_factory=list)
     changes: list[str] = field(default_factory=list)
+    foreign: list[Foreign] = field(default_factory=list)  # objects of our names left alone
     conflict: bool = False
     invalid: list[str] = field(default_factory=list)
 
@@ -139,8 +144,9 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
     now = ctx.clock()
 
     spec, errors = validate_spec(body.get("spec"))
-    if spec is None or errors:
-        return await _invalid(ctx, body, previous, [str(e) for e in errors], now, generation)
+    refused = name_errors(name) + [str(e) for e in errors]
+    if spec is None or refused:
+        return await _invalid(ctx, body, previous, refused, now, generation)
 
     owner = Owner.of(body)
     settings = tuning_settings(spec, namespace, name, ready_timeout=ctx.ready_timeout_s)
@@ -177,14 +183,15 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
     diagnosis = (
         diagnose(signals, prefix_caching=state.current.prefix_caching) if signals is not None else None
     )
+    found = _unique([*children.foreign, *ctx.foreign.get(uid, [])])
     status = build_status(
         state, actions, previous, now=now, generation=generation,
-        ready=ready_condition(spec, children), diagnosis=diagnosis,
+        ready=ready_condition(spec, children, found), diagnosis=diagnosis,
     )  # fmt: skip
     outcome = Outcome(phase=state.phase, actions=actions)
     try:
         require(API_GROUP, f"{PLURAL}/status", "patch")
-        await client.merge_patch(
+        written = await client.merge_patch(
             resource_path(namespace, name) + "/status",
             {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
         )
@@ -201,15 +208,61 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
     want = desired(state)
     key = f"{generation}/{want}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
     last = ctx.ensured.get(uid)
-    if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S:
-        outcome.changes = await ensure_children(client, owner, spec, want, monitoring=ctx.monitoring)
+    if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found:
+        ensured = await ensure_children(client, owner, spec, want, monitoring=ctx.monitoring)
+        outcome.changes = ensured.changes
         ctx.ensured[uid] = (key, now)
+        outcome.foreign = _unique([*children.foreign, *ensured.foreign])
+        known = set(ctx.foreign.pop(uid, []))
+        if outcome.foreign:
+            ctx.foreign[uid] = outcome.foreign
+        if outcome.foreign != found:
+            await _patch_ready(ctx, body, written, status, spec, children, outcome.foreign, now, generation)
+        new = [EmitEvent("Warning", "ResourceExists", f.message()) for f in outcome.foreign if f not in known]
+        await post_events(client, body, new, now)
     for change in outcome.changes:
         logger.info("%s/%s: %s", namespace, name, change)
     ctx.metrics.record(namespace, name, actions)
     best = state.trial(state.best).value if state.best is not None else None
     ctx.metrics.set_state(namespace, name, state.phase, best)
     return outcome
+
+
+def _unique(found: list[Foreign]) -> list[Foreign]:
+    return sorted(set(found), key=lambda f: (f.kind, f.name))
+
+
+async def _patch_ready(
+    ctx: OperatorContext,
+    body: dict[str, Any],
+    written: dict[str, Any],
+    status: dict[str, Any],
+    spec: ServingDeploymentSpec,
+    children: Children,
+    found: list[Foreign],
+    now: float,
+    generation: int,
+) -> None:
+    """The ensure found objects of our names that are not ours (or they went away) after the status
+    was written: say so now in the Ready condition (a 409 leaves it to the next tick)."""
+    meta = body["metadata"]
+    namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
+    ok, reason, message = ready_condition(spec, children, found)
+    conditions = merge_conditions(
+        status.get("conditions") or [],
+        [("Ready", "True" if ok else "False", reason, message)],
+        now,
+        generation,
+    )
+    version = (written.get("metadata") or {}).get("resourceVersion")
+    try:
+        await ctx.client.merge_patch(
+            resource_path(namespace, name) + "/status",
+            {"metadata": {"resourceVersion": version}, "status": {"conditions": conditions}},
+        )
+    except KubeError as err:
+        if err.status != 409:
+            raise
 
 
 async def _invalid(
