@@ -59,6 +59,8 @@ Spec = dict[str, Any]
 
 # --- valid specs -------------------------------------------------------------------------------------
 
+PROM = "prometheus.monitoring:9090"  # the Prometheus host the fuzzed specs name
+
 
 def pick(draw: st.DrawFn, options: Sequence[Any]) -> Any:
     """One of ``options``, by an index drawn as such (see ``fuzz_case``: drawn first, it spreads evenly)."""
@@ -152,7 +154,7 @@ def valid_spec(draw: st.DrawFn, engine: str | None = None, max_replicas: int = 8
     }
     metrics = st.one_of(
         st.just({"source": MetricsSource.SCRAPE.value}),
-        st.just({"source": MetricsSource.PROMETHEUS.value, "url": "http://prometheus.monitoring:9090"}),
+        st.just({"source": MetricsSource.PROMETHEUS.value, "url": f"http://{PROM}"}),
     )
     tuning = _optional(
         {
@@ -436,15 +438,15 @@ def fuzz_case(draw: st.DrawFn, max_replicas: int = 8) -> Case:
         return Case(f"extra-args:{family}", spec, target)
     if kind == "cross-field":
         which = draw(
-            st.sampled_from(["canary-one-replica", "prometheus-no-url", "space-min-max", "space-dup"])
+            st.sampled_from(["canary-one-replica", "prometheus-url-query", "space-min-max", "space-dup"])
         )
         tuning = spec.setdefault("tuning", {})
         if which == "canary-one-replica":
             spec["replicas"] = 1
             tuning.setdefault("rollout", {})["strategy"] = "canary"
             return Case(f"cross-field:{which}", spec, "spec.tuning.rollout.strategy")
-        if which == "prometheus-no-url":
-            tuning["metrics"] = {"source": "prometheus"}
+        if which == "prometheus-url-query":
+            tuning["metrics"] = {"source": "prometheus", "url": f"http://{PROM}/api?x=1"}
             return Case(f"cross-field:{which}", spec, "spec.tuning.metrics.url")
         if which == "space-min-max":
             low = draw(st.integers(40, 90)) / 100
@@ -742,7 +744,14 @@ async def fuzz_live(n: int, seed: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="prefixtune-fuzz-") as tmp:
         async with sandbox(speedup=1.0, crds=[build_crd()], config=cfg, load=False) as sb:
-            argv = operator_argv(str(sb.kubeconfig), tick_s=5.0, ready_timeout_s=3600.0)
+            # The admin allows the Prometheus host the fuzzed specs name (issue #17: a spec's URL is
+            # used only on an allowed host); the images are the engines' own (the default policy).
+            argv = operator_argv(
+                str(sb.kubeconfig),
+                tick_s=5.0,
+                ready_timeout_s=3600.0,
+                extra=[f"--prometheus-allowed-hosts={PROM}"],
+            )
             log_path = str(Path(tmp) / "operator.log")
             proc = spawn_operator(argv, log_path)
             crashes = 0

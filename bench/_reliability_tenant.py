@@ -17,6 +17,7 @@ what the operator did to the cluster can be read back exactly:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import time
@@ -80,8 +81,8 @@ class Harness:
 
 
 @contextlib.asynccontextmanager
-async def harness(**meter: Any) -> AsyncIterator[Harness]:
-    async with sandbox(load=False, crds=[build_crd()], speedup=20.0) as sb:
+async def harness(metrics_faults: Any = None, **meter: Any) -> AsyncIterator[Harness]:
+    async with sandbox(load=False, crds=[build_crd()], speedup=20.0, metrics_faults=metrics_faults) as sb:
         client = KubeClient(Connection(server=sb.url))
         ctx = OperatorContext(client=client, meter=Meter(**meter), ready_timeout_s=60.0)
         try:
@@ -184,3 +185,225 @@ class Latencies:
 
     def worst(self) -> float:
         return max(self.values, default=0.0)
+
+
+# --- SSRF --------------------------------------------------------------------------------------------
+
+SECRET = "admin-password=hunter2-7f3a9c"  # what an internal page would show the operator
+
+
+@dataclass
+class FakePage:
+    """An HTTP server answering every request 403 with a "credentials" page, counting hits."""
+
+    hits: list[str] = field(default_factory=list)
+    url: str = ""
+    _runner: Any = None
+
+    async def start(self) -> FakePage:
+        from aiohttp import web
+
+        async def answer(request: web.Request) -> web.Response:
+            self.hits.append(request.path_qs)
+            return web.Response(status=403, text=f"<html><h1>Router admin</h1>{SECRET}</html>" * 200)
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", answer)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+def _measuring(spec: dict[str, Any] | None = None, **metrics: Any) -> dict[str, Any]:
+    """A spec that measures at once (no warm-up, 3 s windows) with the given metrics settings."""
+    out: dict[str, Any] = {
+        "engine": "vllm",
+        "model": MODEL,
+        "tuning": {"trial": {"warmup": "0s", "measure": "3s", "minRequests": 1}},
+        **(spec or {}),
+    }
+    if metrics:
+        out["tuning"]["metrics"] = metrics
+    return out
+
+
+async def _everything_said(h: Harness, names: list[str]) -> str:
+    """Every status and Event message about ``names`` (where a reflected answer would show)."""
+    import json
+
+    parts = []
+    for name in names:
+        parts.append(json.dumps(await h.status(name)))
+        parts += [str(e.get("message", "")) for e in await h.events(name)]
+    return "\n".join(parts)
+
+
+async def ssrf(timeout_s: float = 60.0) -> dict[str, Any]:
+    """Tenants name internal addresses as their Prometheus; the admin's Prometheus answers 403 with
+    a body. Counts: requests to the tenant-chosen addresses, and secrets shown back anywhere."""
+    from prefixtune.controller.admin import AdminPolicy
+
+    internal = await FakePage().start()  # what a tenant points at
+    admins = await FakePage().start()  # the operator's own (misbehaving) Prometheus
+    try:
+        async with harness(time_scale=20.0) as h:
+            h.ctx.admin = AdminPolicy(prometheus_url=admins.url)
+            attempts = {
+                "ssrf-plain": internal.url,
+                "ssrf-path": f"{internal.url}/admin/users",
+                "ssrf-query": f"{internal.url}/admin?x=",
+                "ssrf-creds": internal.url.replace("http://", "http://root:toor@"),
+            }
+            for name, url in attempts.items():
+                await h.apply(resource(name, _measuring(source="prometheus", url=url)))
+            await h.apply(resource("own-prom", _measuring(source="prometheus")))
+            names = [*attempts, "own-prom"]
+            deadline = time.monotonic() + timeout_s
+            unavailable: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                for name in names:
+                    await h.reconcile(name)
+                conditions = (await h.status("own-prom")).get("conditions") or []
+                unavailable = next((c for c in conditions if c.get("type") == "MetricsUnavailable"), {})
+                if unavailable.get("status") == "True" and admins.hits:
+                    break
+                await asyncio.sleep(0.5)
+            said = await _everything_said(h, names)
+            refused = {n: (await h.ready(n)).get("reason") for n in attempts}
+            return {
+                "attempts": len(attempts),
+                "tenant_url_requests": len(internal.hits),
+                "operator_prometheus_requests": len(admins.hits),
+                "reflected": said.count(SECRET),
+                "refused": refused,
+                "metrics_unavailable": unavailable.get("message", ""),
+            }
+    finally:
+        await internal.stop()
+        await admins.stop()
+
+
+# --- one tenant stalls everyone ----------------------------------------------------------------------
+
+STALLERS = 6  # as many as the old shared pool had threads (min(32, cpus + 4) on 2 cores)
+
+
+@dataclass
+class Loop:
+    """One resource reconciled every ``every_s`` (like kopf's timer), its latencies and errors."""
+
+    name: str
+    latencies: list[tuple[float, float]] = field(default_factory=list)  # (started, seconds)
+    errors: list[str] = field(default_factory=list)
+
+
+async def _reconcile_forever(h: Harness, loop: Loop, every_s: float) -> None:
+    while True:
+        began = time.perf_counter()
+        try:
+            await h.reconcile(loop.name)
+        except Exception as err:  # what kopf's timer would log and retry
+            loop.errors.append(f"{type(err).__name__}: {str(err)[:200]}")
+        loop.latencies.append((began, time.perf_counter() - began))
+        await asyncio.sleep(every_s)
+
+
+def _stats(values: list[float]) -> dict[str, float | int]:
+    ordered = sorted(values)
+    if not ordered:
+        return {"n": 0}
+    return {
+        "n": len(ordered),
+        "p50_s": round(ordered[len(ordered) // 2], 3),
+        "max_s": round(ordered[-1], 3),
+    }
+
+
+async def stall(
+    quiet_s: float = 6.0, hostile_s: float = 14.0, read_deadline_s: float = 5.0
+) -> dict[str, Any]:
+    """A well-behaved tenant beside ``STALLERS`` tenants whose pods drip one byte every 2 s, one that
+    sends an 8 MiB page and one with a malformed line. First ``quiet_s`` with every pod healthy,
+    then ``hostile_s`` with the hostile pods on. The good tenant's decision latency (each reconcile)
+    in both phases; the hostile tenants' own reconciles (bounded by the read deadline); errors
+    raised by any reconcile (a malformed line used to fail every one)."""
+    from prefixtune.controller.selfmetrics import heartbeat
+    from prefixtune.sandbox.faults import MetricsFaults, TenantMode
+
+    faults = MetricsFaults(drip_every_s=2.0, huge_bytes=8 * 1024 * 1024)
+    hostile: dict[str, TenantMode] = {f"slow-{i}": "drip" for i in range(STALLERS)}
+    hostile |= {"big": "huge", "bad": "malformed"}
+    async with harness(time_scale=20.0, timeout_s=read_deadline_s, metrics_faults=faults) as h:
+        loops = {name: Loop(name) for name in ["good", *hostile]}
+        for name in loops:
+            await h.apply(resource(name, _measuring()))
+        server = h.ctx.metrics.serve(free_port())
+        beating = asyncio.create_task(heartbeat(h.ctx.metrics.liveness, every_s=0.5))
+        health: list[int] = []
+
+        async def probe() -> None:
+            import aiohttp
+
+            url = f"http://127.0.0.1:{server.server_address[1]}/healthz"
+            async with aiohttp.ClientSession() as http:
+                while True:
+                    async with http.get(url) as resp:
+                        health.append(resp.status)
+                    await asyncio.sleep(0.5)
+
+        tasks = [asyncio.create_task(_reconcile_forever(h, lp, 0.5)) for lp in loops.values()]
+        tasks.append(asyncio.create_task(probe()))
+        try:
+            await _ready(h, list(loops), 60.0)
+            split = time.perf_counter()
+            await asyncio.sleep(quiet_s)
+            faults.tenants.update(hostile)
+            turned = time.perf_counter()
+            await asyncio.sleep(hostile_s)
+        finally:
+            for task in [*tasks, beating]:
+                task.cancel()
+            await asyncio.gather(*tasks, beating, return_exceptions=True)
+            server.shutdown()
+        good = loops["good"].latencies
+        quiet = [d for t, d in good if split <= t < turned]
+        loud = [d for t, d in good if t >= turned]
+        hostile_latency = [d for n in hostile for t, d in loops[n].latencies if t >= turned]
+        bad_condition = ""
+        for c in (await h.status("bad")).get("conditions") or []:
+            if c.get("type") == "MetricsUnavailable":
+                bad_condition = str(c.get("message", ""))
+        big_condition = ""
+        for c in (await h.status("big")).get("conditions") or []:
+            if c.get("type") == "MetricsUnavailable":
+                big_condition = str(c.get("message", ""))
+        return {
+            "stalled_tenants": STALLERS,
+            "served": dict(faults.served),
+            "good_quiet": _stats(quiet),
+            "good_beside_stalled": _stats(loud),
+            "hostile_own": _stats(hostile_latency),
+            "read_deadline_s": read_deadline_s,
+            "errors": {n: lp.errors[:3] for n, lp in loops.items() if lp.errors},
+            "health": {"probes": len(health), "not_ok": sum(1 for s in health if s != 200)},
+            "bad_condition": bad_condition,
+            "big_condition": big_condition,
+        }
+
+
+async def _ready(h: Harness, names: list[str], timeout_s: float) -> None:
+    """Until every resource is measuring (its baseline Deployment serves)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        phases = [(await h.status(n)).get("phase") for n in names]
+        if all(p not in (None, "Pending") for p in phases):
+            return
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"not every resource left Pending within {timeout_s:g}s")

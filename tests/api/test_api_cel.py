@@ -80,7 +80,6 @@ BASE = {"engine": "vllm", "model": "m"}
             {**BASE, "replicas": 1, "tuning": {"rollout": {"strategy": "canary"}}},
             "canary needs replicas >= 2",
         ),
-        ({**BASE, "tuning": {"metrics": {"source": "prometheus"}}}, "url is required"),
         ({**BASE, "tuning": {"slo": {"ttftP99": "0s"}}}, "positive duration"),
         (
             {**BASE, "tuning": {"space": {"memoryFraction": {"min": 0.9, "max": 0.5}}}},

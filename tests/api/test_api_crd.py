@@ -219,7 +219,8 @@ def test_canary_and_metrics_rules() -> None:
     (canary,) = [r for r in _rules() if r.get("fieldPath") == ".tuning.rollout.strategy"]
     assert "self.replicas >= 2" in canary["rule"]
     metrics = _root_schema()["properties"]["spec"]["properties"]["tuning"]["properties"]["metrics"]
-    assert "has(self.url)" in metrics["x-kubernetes-validations"][0]["rule"]
+    # No url is required: the operator's own Prometheus (--prometheus-url) is the default (issue #17).
+    assert "x-kubernetes-validations" not in metrics
 
 
 def test_range_rules_only_where_the_engine_narrows_the_range() -> None:

@@ -258,10 +258,10 @@ CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...], bool]] = [
         False,
     ),
     (
-        "prometheus-without-url",
-        _with("vllm", tuning={"metrics": {"source": "prometheus"}}),
+        "url-with-query",
+        _with("vllm", tuning={"metrics": {"source": "prometheus", "url": "http://10.0.0.1/admin?x="}}),
         "spec.tuning.metrics.url",
-        ("required when source is prometheus", "http://"),
+        ("?query", "http://"),
         False,
     ),
     (
@@ -356,7 +356,7 @@ def test_rule_problems_are_all_reported_at_once() -> None:
         "vllm",
         config={"blockSize": 17},
         extraArgs=["--block-size", "32"],
-        tuning={"space": {"blockSize": [24]}, "metrics": {"source": "prometheus"}},
+        tuning={"space": {"blockSize": [24]}, "metrics": {"url": "http://a:b@prom:9090"}},
     )
     _, errors = validate_spec(raw)
     assert [e.path for e in errors] == [

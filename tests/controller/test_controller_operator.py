@@ -59,7 +59,7 @@ def test_every_call_site_is_listed() -> None:
 
 
 def test_self_metrics_count_decisions_and_serve() -> None:
-    m = SelfMetrics()
+    m = SelfMetrics(per_resource=True)
     cfg = KnobConfig(0.9, 16, True, "fcfs")
     trial = Trial(id=1, epoch=0, role="trial", config=cfg, outcome="infeasible", started_at=1.0)
     m.record("ns", "a", [RollOut(cfg, "rolling", "x", 1), RollBack(cfg, "y"), RecordTrial(trial)])

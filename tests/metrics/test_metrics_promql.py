@@ -161,3 +161,42 @@ def test_matcher_escapes_quotes_and_backslashes_in_promql() -> None:
     m = Matcher("pod", "=", 'a"b\\c')
     assert m.promql() == 'pod="a\\"b\\\\c"'
     assert Selector.parse("{" + m.promql() + "}").matchers == (m,)
+
+
+def test_a_pod_scraped_by_several_jobs_is_counted_once() -> None:
+    """Issue #17: a ServiceMonitor job and an annotation-based job both scrape the pod; every series
+    comes twice (job differs, instance may too). Counted once: the same signals as with one job."""
+
+    def rows(job: str, instance: str) -> dict[str, list[dict[str, Any]]]:
+        labels = {"job": job, "instance": instance, "namespace": "team-a", "pod": "llama-0"}
+        return {
+            "vllm:prefix_cache_hits_total": [series("h", [(0, 100), (60, 220)], **labels)],
+            "vllm:prefix_cache_queries_total": [series("q", [(0, 1000), (60, 1300)], **labels)],
+            "vllm:request_success_total": [
+                series("r", [(0, 10), (60, 70)], finished_reason="stop", **labels)
+            ],
+            "vllm:generation_tokens_total": [series("g", [(0, 0), (60, 6000)], **labels)],
+        }
+
+    one = PrometheusSource(FakeClient(rows("pods", "10.0.0.1:8000"), {}), "vllm").measure(SEL, 60, end=1e3)
+    twice = rows("pods", "10.0.0.1:8000")
+    for name, extra in rows("serviceMonitor/team-a/llama", "10.0.0.1:8000").items():
+        twice[name] = twice[name] + extra
+    for name, extra in rows("kubernetes-pods", "llama.team-a.svc:8000").items():
+        twice[name] = twice[name] + extra
+    dup = PrometheusSource(FakeClient(twice, {}), "vllm").measure(SEL, 60, end=1e3)
+    assert one.signals.requests == 60
+    assert dup.signals.requests == one.signals.requests
+    assert dup.signals.requests_per_s == pytest.approx(one.signals.requests_per_s or 0.0)
+    assert dup.signals.output_tokens_per_s == pytest.approx(one.signals.output_tokens_per_s or 0.0)
+    assert dup.signals.hit_rate == pytest.approx(one.signals.hit_rate or 0.0)
+
+
+def test_the_operator_selects_by_namespace_and_pod() -> None:
+    """A same-named pod in another namespace must not inject series: the selector names both."""
+    sel = Selector.pods(["llama-abc-1"], namespace="team-a")
+    text = sel.render()
+    assert 'namespace="team-a"' in text and "llama" in text
+    client = FakeClient({}, {})
+    PrometheusSource(client, "vllm").measure(sel, 60, end=1000.0)
+    assert client.asked and all('namespace="team-a"' in q for q in client.asked if "{" in q)

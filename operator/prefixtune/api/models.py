@@ -34,7 +34,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
-from prefixtune.api import rules
+from prefixtune.api import references, rules
 from prefixtune.api.durations import (
     DURATION_EXAMPLES,
     DURATION_MAX_LENGTH,
@@ -78,7 +78,9 @@ MAX_EXTRA_ARG_LENGTH = 1024
 SHELL_METACHARACTERS = (";", "|", "&", "`", "$", "(", ")", "<", ">", "\n", "\r")
 SHELL_METACHARACTERS_TEXT = "; | & ` $ ( ) < > newline"
 EXTRA_ARG_PATTERN = r"^[^;|&`$()<>\n\r]*$"
-MODEL_PATTERN = r"^[^\s-]\S*$"
+# C0/C1 control characters too (``\xhh`` is read alike by Python and by the API server's Go regexp);
+# invisible format characters are refused by the operator's check (references.model_problem).
+MODEL_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f-][^\s\x00-\x1f\x7f-\x9f]*$"
 URL_PATTERN = r"^https?://[^\s/?#]+[^\s]*$"
 
 
@@ -195,16 +197,17 @@ ExtraArg = Annotated[
 
 
 def _check_model(name: str) -> str:
-    if not name.strip():
-        raise ValueError(
-            "must not be empty; give a model name or path, e.g. meta-llama/Llama-3.1-8B-Instruct"
-        )
-    if name.startswith("-") or any(c.isspace() for c in name):
-        raise ValueError(
-            f"{name!r} is not a model name or path: it may not start with '-' or contain spaces "
-            "(e.g. meta-llama/Llama-3.1-8B-Instruct)"
-        )
+    problem = references.model_problem(name)
+    if problem:
+        raise ValueError(problem)
     return name
+
+
+def _check_image(image: str) -> str:
+    problem = references.image_problem(image)
+    if problem:
+        raise ValueError(problem)
+    return image
 
 
 def _check_url(url: str) -> str:
@@ -334,19 +337,9 @@ class DriftSpec(_Model):
 
 
 class MetricsSpec(_Model):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "self.source != 'prometheus' || has(self.url)",
-                    "message": "url is required when source is prometheus",
-                }
-            ]
-        }
-    )
-
     source: MetricsSource = Field(
-        MetricsSource.SCRAPE, description="scrape (the pods' /metrics directly) or prometheus (query url)."
+        MetricsSource.SCRAPE,
+        description="scrape (the pods' /metrics directly) or prometheus (the operator's Prometheus).",
     )
     url: (
         Annotated[
@@ -356,7 +349,10 @@ class MetricsSpec(_Model):
             WithJsonSchema({"type": "string", "maxLength": 2048, "pattern": URL_PATTERN}),
         ]
         | None
-    ) = _omittable("Prometheus base URL, e.g. http://prometheus.monitoring:9090.")
+    ) = _omittable(
+        "Prometheus base URL; used only when the admin allowed its host (prefixtune run "
+        "--prometheus-allowed-hosts), else the operator's own Prometheus (--prometheus-url) is queried."
+    )
 
 
 class TuningSpec(_Model):
@@ -382,9 +378,17 @@ class ServingDeploymentSpec(_Model):
         Field(min_length=1, max_length=512, json_schema_extra={"pattern": MODEL_PATTERN}),
         AfterValidator(_check_model),
     ] = Field(description="Model name or path, passed to the engine.")
-    image: Annotated[str, Field(min_length=1, max_length=512)] | None = _omittable(
-        "Container image; defaults to the engine's image."
-    )
+    image: (
+        Annotated[
+            str,
+            Field(min_length=1, max_length=512),
+            AfterValidator(_check_image),
+            WithJsonSchema(
+                {"type": "string", "minLength": 1, "maxLength": 512, "pattern": references.IMAGE_PATTERN}
+            ),
+        ]
+        | None
+    ) = _omittable("Container image; defaults to the engine's image.")
     replicas: StrictInt = Field(1, ge=1, le=1000, description="Serving replicas.")
     gpu: GpuSpec = _section(GpuSpec, "GPUs per replica.")
     extra_args: Annotated[list[ExtraArg], Field(max_length=MAX_EXTRA_ARGS)] = Field(

@@ -12,10 +12,11 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from pydantic.alias_generators import to_camel
 
-from prefixtune.api.enums import MetricsSource, RolloutStrategy
+from prefixtune.api.enums import RolloutStrategy
 from prefixtune.engines import get_adapter
 from prefixtune.engines._argv import looks_like_flag
 from prefixtune.engines.base import KNOB_NAMES, EngineAdapter, KnobConfig, KnobSpec
@@ -366,13 +367,19 @@ def _check_rollout(spec: ServingDeploymentSpec) -> list[Problem]:
 
 
 def _check_metrics(spec: ServingDeploymentSpec) -> list[Problem]:
-    metrics = spec.tuning.metrics
-    if metrics.source is MetricsSource.PROMETHEUS and metrics.url is None:
+    """A spec's metrics.url is optional: the operator's own Prometheus is the default (a URL the
+    admin did not allow is refused by the operator, ``controller/admin.py``). It may carry no
+    credentials, query string or fragment (the operator appends the API path and the query)."""
+    url = spec.tuning.metrics.url
+    if url is None:
+        return []
+    parts = urlsplit(url)
+    if parts.username or parts.password or parts.query or parts.fragment:
         return [
             (
                 "tuning.metrics.url",
-                "required when source is prometheus; give the Prometheus base URL, e.g. "
-                "http://prometheus.monitoring:9090 (or use source: scrape)",
+                "a Prometheus base URL has no user:password@, ?query or #fragment, e.g. "
+                "http://prometheus.monitoring:9090",
             )
         ]
     return []

@@ -19,9 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prefixtune.api.models import ServingDeploymentSpec
+from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.observe import PodView, desired, pods_of
 from prefixtune.controller.render import Role, config_hash
 from prefixtune.engines import get_adapter
+from prefixtune.metrics.bounded import METRICS_POOL, BoundedPrometheus
 from prefixtune.metrics.exposition import Snapshot
 from prefixtune.metrics.histogram import Slo
 from prefixtune.metrics.prometheus_source import PrometheusSource
@@ -46,11 +48,13 @@ class Meter:
     """Per-operator memory of window starts (by resource uid); everything else comes from the state."""
 
     time_scale: float = 1.0
-    timeout_s: float = 5.0
+    timeout_s: float = 5.0  # one scrape of one pod, in all (a dripping server is cut off here)
+    budget_s: float = 20.0  # one resource's Prometheus queries of one window, in all
     born: float = field(default_factory=time.time)  # windows that began before this are not ours
     starts: dict[str, _Start] = field(default_factory=dict)
     watch_from: dict[str, tuple[tuple[object, ...], float]] = field(default_factory=dict)  # Prometheus
     last_signals: dict[str, Signals] = field(default_factory=dict)
+    scrape_errors: list[str] = field(default_factory=list)  # of the last scrape (for the reason)
 
     def forget(self, uid: str) -> None:
         self.starts.pop(uid, None)
@@ -70,17 +74,35 @@ class Meter:
 
     async def _scrape(self, spec: ServingDeploymentSpec, pods: Sequence[PodView]) -> dict[str, Snapshot]:
         targets = self._targets(spec, pods)
+        self.scrape_errors = []
         if not targets:
             return {}
         source = ScrapeSource(spec.engine, targets, timeout_s=self.timeout_s, clock=self._clock)
-        return await source.snapshot()
+        snaps = await source.snapshot()
+        self.scrape_errors = list(source.errors)
+        return snaps
+
+    def _unanswered(self, what: str) -> str:
+        """A reason for metrics_unavailable: what is missing, and the scrapes' short errors."""
+        errors = "; ".join(self.scrape_errors[:3])
+        return f"{what} ({errors})" if errors else what
 
     async def observe(
-        self, uid: str, spec: ServingDeploymentSpec, state: PolicyState, pods: Sequence[PodView], now: float
+        self,
+        uid: str,
+        spec: ServingDeploymentSpec,
+        state: PolicyState,
+        pods: Sequence[PodView],
+        now: float,
+        *,
+        admin: AdminPolicy | None = None,
+        namespace: str | None = None,
     ) -> Observation | None:
-        """The window observation due now (or a partial one, or trial_invalidated); None if none."""
+        """The window observation due now (or a partial one, or trial_invalidated); None if none.
+        ``admin`` names the Prometheus to query; ``namespace`` is the resource's (series of a
+        same-named pod elsewhere are not its)."""
         if spec.tuning.metrics.source.value == "prometheus":
-            return await self._prometheus(uid, spec, state, pods, now)
+            return await self._prometheus(uid, spec, state, pods, now, admin or AdminPolicy(), namespace)
         return await self._scraped(uid, spec, state, pods, now)
 
     def _window_key(self, state: PolicyState) -> tuple[tuple[object, ...], float] | None:
@@ -148,7 +170,8 @@ class Meter:
             snaps = await self._scrape(spec, everyone)
             if not snaps:
                 return Observation(
-                    kind="metrics_unavailable", reason="no ready pod answered a metrics scrape"
+                    kind="metrics_unavailable",
+                    reason=self._unanswered("no ready pod answered a metrics scrape"),
                 )
             if empty := _empty(snaps):
                 # A window must not start from nothing: it would read as zero traffic.
@@ -200,7 +223,8 @@ class Meter:
             start.last_partial = now
         if signals is None:
             return Observation(
-                kind="metrics_unavailable", reason=f"no {subject} pod answered a metrics scrape"
+                kind="metrics_unavailable",
+                reason=self._unanswered(f"no {subject} pod answered a metrics scrape"),
             )
         if full:
             self.last_signals[uid] = total or signals
@@ -215,10 +239,18 @@ class Meter:
         )
 
     async def _prometheus(
-        self, uid: str, spec: ServingDeploymentSpec, state: PolicyState, pods: Sequence[PodView], now: float
+        self,
+        uid: str,
+        spec: ServingDeploymentSpec,
+        state: PolicyState,
+        pods: Sequence[PodView],
+        now: float,
+        admin: AdminPolicy,
+        namespace: str | None,
     ) -> Observation | None:
         found = self._window_key(state)
-        if found is None or spec.tuning.metrics.url is None:
+        url = admin.prometheus_for(spec)
+        if found is None or url is None:
             return None
         key, began = found
         if key[0] == "trial":
@@ -236,8 +268,9 @@ class Meter:
             self.watch_from[uid] = (key, now)
         groups = self._groups(state, pods)
         subject: Role = "canary" if "canary" in groups else "baseline"
+        client = BoundedPrometheus(url, ca_file=admin.prometheus_ca_file, budget_s=self.budget_s)
         source = PrometheusSource(
-            spec.tuning.metrics.url,
+            client,
             spec.engine,
             slo=Slo(float(spec.tuning.slo.ttft_p99), float(spec.tuning.slo.itl_p99)),
         )
@@ -246,13 +279,19 @@ class Meter:
             names = [p.name for p in group]
             if not names:
                 return None
-            return source.measure(Selector.pods(names), window, end=now).signals
+            return source.measure(Selector.pods(names, namespace=namespace), window, end=now).signals
 
+        loop = asyncio.get_running_loop()
         try:
-            signals = await asyncio.to_thread(measure, groups[subject])
-            baseline = await asyncio.to_thread(measure, groups["baseline"]) if subject == "canary" else None
-        except Exception as err:
-            return Observation(kind="metrics_unavailable", reason=f"Prometheus query failed: {err}")
+            signals = await loop.run_in_executor(METRICS_POOL, measure, groups[subject])
+            baseline = (
+                await loop.run_in_executor(METRICS_POOL, measure, groups["baseline"])
+                if subject == "canary"
+                else None
+            )
+        except Exception as err:  # a short reason only: bounded.FetchError never quotes a body
+            reason = str(err) if isinstance(err, OSError) else type(err).__name__
+            return Observation(kind="metrics_unavailable", reason=f"Prometheus query failed: {reason[:200]}")
         if signals is None:
             return Observation(kind="metrics_unavailable", reason=f"no {subject} pods to query")
         return Observation(

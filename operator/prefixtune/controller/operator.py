@@ -1,7 +1,12 @@
 """``prefixtune run``: the operator process (kopf with sensible settings), and an in-thread runner.
 
-    prefixtune run [--namespace NS ... | --all-namespaces] [--metrics-port P] [--peering NAME]
-                   [--standalone] [--tick S] [--kubeconfig FILE]
+    prefixtune run [--namespace NS ... | --all-namespaces] [--metrics-port P] [--metrics-address A]
+                   [--metrics-per-resource] [--peering NAME] [--standalone] [--tick S]
+                   [--kubeconfig FILE] [--allowed-images R,...] [--prometheus-url URL]
+                   [--prometheus-allowed-hosts H,...] [--prometheus-ca-file FILE]
+
+What tenants may make the operator do is set here by the admin (``admin.py``): the engine images
+allowed, the Prometheus it queries (a spec's own URL only on an allowed host), its CA bundle.
 
 Peering: two replicas of the operator share a kopf peering object (kopf.dev ClusterKopfPeering for
 --all-namespaces, KopfPeering per namespace otherwise; CRDs in crds/kopf-peering.yaml); the one
@@ -16,6 +21,7 @@ import contextlib
 import faulthandler
 import logging
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -25,12 +31,13 @@ from typing import Any
 
 import kopf
 
+from prefixtune.controller.admin import AdminPolicy, engine_repositories, parse_list
 from prefixtune.controller.handlers import build_registry
 from prefixtune.controller.kube import Connection, KubeClient
 from prefixtune.controller.measure import Meter
 from prefixtune.controller.reconcile import OperatorContext
 from prefixtune.controller.redaction import install_log_redaction
-from prefixtune.controller.selfmetrics import SelfMetrics
+from prefixtune.controller.selfmetrics import SelfMetrics, heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +52,9 @@ class OperatorOptions:
     standalone: bool = False
     peering: str | None = None
     metrics_port: int | None = None
+    metrics_address: str = "127.0.0.1"  # the chart sets 0.0.0.0 (Prometheus scrapes the pod IP)
+    metrics_per_resource: bool = False
+    admin: AdminPolicy = field(default_factory=AdminPolicy)
     tick_s: float = DEFAULT_TICK_S
     kubeconfig: str | None = None
     time_scale: float = 1.0  # sandbox only: the twins' simulated seconds per wall second
@@ -119,11 +129,13 @@ async def run_operator(
     ctx = context or OperatorContext(
         client=KubeClient(connection),
         meter=Meter(time_scale=opts.time_scale),
-        metrics=SelfMetrics(),
+        metrics=SelfMetrics(per_resource=opts.metrics_per_resource),
         ready_timeout_s=opts.ready_timeout_s,
+        admin=opts.admin,
     )
     if opts.metrics_port is not None:
-        ctx.metrics.serve(opts.metrics_port)
+        ctx.metrics.serve(opts.metrics_port, opts.metrics_address)
+    beating = asyncio.create_task(heartbeat(ctx.metrics.liveness), name="liveness heartbeat")
     await asyncio.to_thread(_preload)
     try:
         await kopf.operator(
@@ -139,6 +151,7 @@ async def run_operator(
             ready_flag=ready_flag,
         )
     finally:
+        beating.cancel()
         await ctx.client.close()
 
 
@@ -154,6 +167,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-port", type=int, default=None, help="serve the operator's own Prometheus metrics here"
     )
+    p.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        help="address the metrics/health server binds (default 127.0.0.1; the chart sets 0.0.0.0)",
+    )
+    p.add_argument(
+        "--metrics-per-resource",
+        action="store_true",
+        help="also serve per-resource series (namespace/name labels; they list every tenant's resources)",
+    )
+    p.add_argument(
+        "--allowed-images",
+        action="append",
+        default=[],
+        help="registries/repositories engine pods may run, comma-separated or repeated "
+        f"(default: the engines' own: {', '.join(engine_repositories())})",
+    )
+    p.add_argument(
+        "--prometheus-url", default=None, help="the Prometheus queried for metrics.source: prometheus"
+    )
+    p.add_argument(
+        "--prometheus-allowed-hosts",
+        action="append",
+        default=[],
+        help="host[:port]s a spec's metrics.url may name (default: none; the operator's own URL is used)",
+    )
+    p.add_argument("--prometheus-ca-file", default=None, help="CA bundle for an https Prometheus")
     peer = p.add_mutually_exclusive_group()
     peer.add_argument(
         "--peering", default=None, help="kopf peering name: replicas sharing it elect one active"
@@ -190,6 +230,19 @@ def options_from_args(argv: Sequence[str]) -> OperatorOptions:
         )
     if not args.time_scale > 0:
         raise SystemExit(f"prefixtune run: --time-scale must be > 0, got {args.time_scale}")
+    if args.prometheus_url is not None and not re.match(
+        r"^https?://[^\s/?#@]+[^\s?#@]*$", args.prometheus_url
+    ):
+        raise SystemExit(
+            f"prefixtune run: --prometheus-url must be an http(s) URL without credentials, query or "
+            f"fragment, got {args.prometheus_url!r}"
+        )
+    admin = AdminPolicy(
+        allowed_images=parse_list(args.allowed_images) or engine_repositories(),
+        prometheus_url=args.prometheus_url,
+        prometheus_hosts=parse_list(args.prometheus_allowed_hosts),
+        prometheus_ca_file=args.prometheus_ca_file,
+    )
     namespaces = list(args.namespace)
     clusterwide = bool(args.all_namespaces) or not namespaces
     return OperatorOptions(
@@ -198,6 +251,9 @@ def options_from_args(argv: Sequence[str]) -> OperatorOptions:
         standalone=bool(args.standalone),
         peering=args.peering,
         metrics_port=args.metrics_port,
+        metrics_address=str(args.metrics_address),
+        metrics_per_resource=bool(args.metrics_per_resource),
+        admin=admin,
         tick_s=float(args.tick),
         kubeconfig=args.kubeconfig or os.environ.get("KUBECONFIG") or None,
         time_scale=float(args.time_scale),
@@ -233,6 +289,7 @@ def operator_argv(
     ready_timeout_s: float | None = None,
     metrics_port: int | None = None,
     namespaces: Sequence[str] = (),
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """The command line of ``prefixtune run`` as a separate process (the demo, end-to-end tests)."""
     import sys
@@ -244,7 +301,7 @@ def operator_argv(
         argv += ["--ready-timeout", f"{ready_timeout_s:g}"]
     if metrics_port is not None:
         argv += ["--metrics-port", str(metrics_port)]
-    return argv
+    return argv + list(extra)
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec

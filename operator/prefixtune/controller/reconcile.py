@@ -21,6 +21,7 @@ from typing import Any
 
 from prefixtune.api import validate_spec
 from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL, ServingDeploymentSpec
+from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.api_calls import require
 from prefixtune.controller.execute import (
     Children,
@@ -66,6 +67,7 @@ class OperatorContext:
     ensured: dict[str, tuple[str, float]] = field(default_factory=dict)
     # Objects of a resource's child names that are not its own, found by the last ensure (by uid).
     foreign: dict[str, list[Foreign]] = field(default_factory=dict)
+    admin: AdminPolicy = field(default_factory=AdminPolicy)  # the cluster admin's rules for tenants
 
     def lock(self, key: str) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
@@ -119,7 +121,7 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome 
         try:
             return await _reconcile(ctx, namespace, name)
         except Exception:
-            ctx.metrics.reconcile_errors.labels(namespace, name).inc()
+            ctx.metrics.error(namespace, name)
             raise
         finally:
             took = time.perf_counter() - started
@@ -145,6 +147,8 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
 
     spec, errors = validate_spec(body.get("spec"))
     refused = name_errors(name) + [str(e) for e in errors]
+    if spec is not None:
+        refused += ctx.admin.spec_problems(spec)
     if spec is None or refused:
         return await _invalid(ctx, body, previous, refused, now, generation)
 
@@ -174,7 +178,9 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
         rollout = rollout_observation(state, children.deployments, children.pods)
         if rollout is not None:
             state = await _advance(state, rollout, now, actions)
-        window = await ctx.meter.observe(uid, spec, state, children.pods, now)
+        window = await ctx.meter.observe(
+            uid, spec, state, children.pods, now, admin=ctx.admin, namespace=namespace
+        )
         if window is not None:
             state = await _advance(state, window, now, actions)
         state = await _advance(state, Observation(kind="tick"), now, actions)

@@ -1,22 +1,75 @@
-"""The operator's own Prometheus metrics (served by ``prefixtune run --metrics-port``)."""
+"""The operator's own Prometheus metrics and its liveness (``prefixtune run --metrics-port``).
+
+By default only aggregate series are served: trials by outcome, rollouts, rollbacks, errors, the
+number of resources in each phase, decision latency. Per-resource series (``namespace``/``name``
+labels, the best score) list every tenant's resources to whoever can reach the port, so they are
+served only with ``--metrics-per-resource`` (the chart's ``metrics.perResource``).
+
+``/healthz`` answers 200 while the event loop makes progress: a heartbeat coroutine that also passes
+through the default thread pool (where the policy's decisions run) stamps it every few seconds; when
+the stamp is older than ``stale_after_s`` the answer is 503, and the kubelet restarts the pod. (The
+HTTP server runs in its own thread, so without the heartbeat it would answer while every reconcile
+is frozen.)
+"""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from prefixtune.tuning.actions import Action, RecordTrial, RollBack, RollOut
 
 PHASES = ("Pending", "Baseline", "Exploring", "Converged", "Observing", "Paused", "Failed")
+HEARTBEAT_S = 2.0
+STALE_AFTER_S = 60.0
+
+
+class Liveness:
+    """The time of the last heartbeat (monotonic), read by the /healthz handler's thread."""
+
+    def __init__(self, stale_after_s: float = STALE_AFTER_S, clock: Any = time.monotonic) -> None:
+        self.stale_after_s = stale_after_s
+        self.clock = clock
+        self.last = clock()
+
+    def beat(self) -> None:
+        self.last = self.clock()
+
+    def stalled_for(self) -> float | None:
+        """Seconds since the last heartbeat when that is too long; None while alive."""
+        age = self.clock() - self.last
+        return age if age > self.stale_after_s else None
+
+
+async def heartbeat(liveness: Liveness, every_s: float = HEARTBEAT_S) -> None:
+    """Stamp ``liveness`` while the event loop and the default thread pool both make progress."""
+    while True:
+        await asyncio.to_thread(lambda: None)
+        liveness.beat()
+        await asyncio.sleep(every_s)
 
 
 class SelfMetrics:
     """One registry per operator instance (tests run several in one process)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, per_resource: bool = False) -> None:
         self.registry = registry or CollectorRegistry()
-        labels = ("namespace", "name")
+        self.per_resource = per_resource
+        self.liveness = Liveness()
+        labels: tuple[str, ...] = ("namespace", "name") if per_resource else ()
         self.trials = Counter(
             "prefixtune_trials", "Finished trials by outcome.", (*labels, "outcome"), registry=self.registry
         )
@@ -24,15 +77,19 @@ class SelfMetrics:
             "prefixtune_rollouts", "Rollouts started (trials and applies).", labels, registry=self.registry
         )
         self.rollbacks = Counter("prefixtune_rollbacks", "Rollbacks started.", labels, registry=self.registry)
-        self.best_score = Gauge(
-            "prefixtune_best_score",
-            "Objective value of the best trial of the current tuning run.",
-            labels,
-            registry=self.registry,
-        )
+        self.best_score: Gauge | None = None
+        if per_resource:
+            self.best_score = Gauge(
+                "prefixtune_best_score",
+                "Objective value of the best trial of the current tuning run.",
+                labels,
+                registry=self.registry,
+            )
         self.phase = Gauge(
             "prefixtune_phase",
-            "1 for the resource's current phase, 0 for the others.",
+            "1 for the resource's current phase, 0 for the others."
+            if per_resource
+            else "Resources in each phase.",
             (*labels, "phase"),
             registry=self.registry,
         )
@@ -48,26 +105,53 @@ class SelfMetrics:
             labels,
             registry=self.registry,
         )
+        self._phases: dict[tuple[str, str], str] = {}
+        if not per_resource:
+            for p in PHASES:
+                self.phase.labels(p).set(0.0)
+
+    def _of(self, namespace: str, name: str) -> tuple[str, ...]:
+        return (namespace, name) if self.per_resource else ()
+
+    def error(self, namespace: str, name: str) -> None:
+        _child(self.reconcile_errors, self._of(namespace, name)).inc()
 
     def record(self, namespace: str, name: str, actions: Sequence[Action]) -> None:
+        key = self._of(namespace, name)
         for action in actions:
             if isinstance(action, RecordTrial):
-                self.trials.labels(namespace, name, action.trial.outcome).inc()
+                self.trials.labels(*key, action.trial.outcome).inc()
             elif isinstance(action, RollOut):
-                self.rollouts.labels(namespace, name).inc()
+                _child(self.rollouts, key).inc()
             elif isinstance(action, RollBack):
-                self.rollbacks.labels(namespace, name).inc()
+                _child(self.rollbacks, key).inc()
 
     def set_state(self, namespace: str, name: str, phase: str, best: float | None) -> None:
-        for p in PHASES:
-            self.phase.labels(namespace, name, p).set(1.0 if p == phase else 0.0)
-        if best is not None:
-            self.best_score.labels(namespace, name).set(float(best))
+        self._phases[(namespace, name)] = phase
+        if self.per_resource:
+            for p in PHASES:
+                self.phase.labels(namespace, name, p).set(1.0 if p == phase else 0.0)
+            if best is not None and self.best_score is not None:
+                self.best_score.labels(namespace, name).set(float(best))
+        else:
+            self._count_phases()
+
+    def _count_phases(self) -> None:
+        counts = {p: 0 for p in PHASES}
+        for phase in self._phases.values():
+            counts[phase] = counts.get(phase, 0) + 1
+        for p, n in counts.items():
+            self.phase.labels(p).set(float(n))
 
     def forget(self, namespace: str, name: str) -> None:
+        self._phases.pop((namespace, name), None)
+        if not self.per_resource:
+            self._count_phases()
+            return
         for p in PHASES:
-            self.phase.remove(namespace, name, p) if (namespace, name, p) in self._phase_keys() else None
-        if (namespace, name) in self._best_keys():
+            if (namespace, name, p) in self._phase_keys():
+                self.phase.remove(namespace, name, p)
+        if self.best_score is not None and (namespace, name) in self._best_keys():
             self.best_score.remove(namespace, name)
 
     def _phase_keys(self) -> set[tuple[str, ...]]:
@@ -78,9 +162,48 @@ class SelfMetrics:
         }
 
     def _best_keys(self) -> set[tuple[str, ...]]:
+        if self.best_score is None:
+            return set()
         return {
             (s.labels["namespace"], s.labels["name"]) for m in self.best_score.collect() for s in m.samples
         }
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "127.0.0.1") -> ThreadingHTTPServer:
+        """/metrics and /healthz on ``addr:port`` in a daemon thread (returns the server)."""
+        server = ThreadingHTTPServer((addr, port), _handler(self))
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="prefixtune-metrics", daemon=True).start()
+        return server
+
+
+def _child(counter: Counter, labels: tuple[str, ...]) -> Counter:
+    """The labelled child, or the counter itself when it has no labels (aggregate mode)."""
+    return counter.labels(*labels) if labels else counter
+
+
+def _handler(metrics: SelfMetrics) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                stalled = metrics.liveness.stalled_for()
+                if stalled is None:
+                    self._send(200, b"ok\n", "text/plain")
+                else:
+                    self._send(503, f"event loop stalled for {stalled:.0f}s\n".encode(), "text/plain")
+            else:
+                self._send(404, b"not found\n", "text/plain")
+
+        def _send(self, code: int, body: bytes, kind: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    return Handler

@@ -31,9 +31,11 @@ class QueryClient(Protocol):
 
 
 def connect(url: str, *, timeout_s: float = 10.0) -> QueryClient:
+    """prometheus-api-client for the command-line tools (TLS verified). The operator queries through
+    ``bounded.BoundedPrometheus`` instead: bounded in total time and bytes, no bodies in errors."""
     from prometheus_api_client import PrometheusConnect
 
-    client: QueryClient = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout_s)
+    client: QueryClient = PrometheusConnect(url=url, disable_ssl=False, timeout=timeout_s)
     return client
 
 
@@ -106,9 +108,13 @@ class PrometheusSource:
         names = sorted({t.name for t in rec.counters()} | {h + "_bucket" for h in rec.histograms()})
         per_target: dict[str, _Target] = {}
         reset_series: list[Mapping[str, str]] = []
+        rows = {name: self._query(promql.raw(name, sel, window_s), at) for name in names}
+        keep = _one_job_per_pod([r for found in rows.values() for r in found])
         for name in names:
-            for row in self._query(promql.raw(name, sel, window_s), at):
+            for row in rows[name]:
                 labels = {k: v for k, v in row.get("metric", {}).items() if k != "__name__"}
+                if not keep(labels):
+                    continue  # the same pod scraped by another job: counted once
                 target = per_target.setdefault(_target_of(labels), _Target())
                 target.seen.add(name)
                 samples = _samples(row.get("values", []))
@@ -152,6 +158,26 @@ class _Target:
     seen: set[str] = field(default_factory=set)
     first: float = math.inf
     last: float = -math.inf
+
+
+def _pod_of(labels: Mapping[str, str]) -> str:
+    return labels.get("pod") or labels.get("instance") or ""
+
+
+def _one_job_per_pod(rows: Sequence[Mapping[str, Any]]) -> Callable[[Mapping[str, str]], bool]:
+    """A pod scraped by two or three jobs (a ServiceMonitor and an annotation-based job, say) has
+    each series two or three times, differing in ``job`` (and ``instance``): keep the series of one
+    job per (namespace, pod), the same job for every metric (the first by name)."""
+    jobs: dict[tuple[str, str], str] = {}
+    for row in rows:
+        labels = row.get("metric", {})
+        key = (labels.get("namespace", ""), _pod_of(labels))
+        job = str(labels.get("job", ""))
+        if key not in jobs or job < jobs[key]:
+            jobs[key] = job
+    return lambda labels: (
+        jobs.get((labels.get("namespace", ""), _pod_of(labels)), "") == labels.get("job", "")
+    )
 
 
 def _target_of(labels: Mapping[str, str]) -> str:

@@ -12,19 +12,22 @@ window, optional intermediate scrapes, the scrape at the end) into ``Signals``:
 - Gauges: mean and max over every series and every scrape (start, intermediates, end).
 - Quantiles from merged bucket deltas (``histogram_quantile`` semantics, ``histogram.py``).
 
-Shell: ``ScrapeSource`` fetches the endpoints (urllib in worker threads) and sleeps between scrapes.
+Shell: ``ScrapeSource`` fetches the endpoints (``bounded.fetch``: on the event loop, bounded in total
+time and bytes) and parses them in ``bounded.PARSE_POOL``, off the loop; a target that stalls, sends
+too much or sends an invalid exposition is reported in ``errors`` (a short reason, never its body)
+and is absent from the snapshot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
 from prefixtune.engines.base import EngineName, MetricNames
+from prefixtune.metrics import bounded
 from prefixtune.metrics import histogram as H
 from prefixtune.metrics.exposition import Matcher, SeriesKey, Snapshot, matches, parse
 from prefixtune.metrics.histogram import Bucket, Slo
@@ -240,10 +243,8 @@ def compose(
 Fetch = Callable[[str], Awaitable[str]]
 
 
-def _get(url: str, timeout_s: float) -> str:
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-        body: bytes = resp.read()
-        return body.decode("utf-8")
+def _parse(text: str, target: str, t: float) -> Snapshot:
+    return parse(text, target=target, t=t)
 
 
 class ScrapeSource:
@@ -263,6 +264,7 @@ class ScrapeSource:
         dcgm_urls: Sequence[str] = (),
         pods: Sequence[str] | None = None,
         timeout_s: float = 5.0,
+        max_bytes: int = bounded.MAX_EXPOSITION_BYTES,
         fetch: Fetch | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -273,23 +275,30 @@ class ScrapeSource:
         self.slo = slo
         self.dcgm_urls = tuple(dcgm_urls)
         self.pods = tuple(pods) if pods is not None else None
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # the whole read of one target, not one socket read
+        self.max_bytes = max_bytes
         self.clock = clock
         self._fetch = fetch or self._fetch_url
         self.errors: list[str] = []
 
     async def _fetch_url(self, url: str) -> str:
-        return await asyncio.to_thread(_get, url, self.timeout_s)
+        return await bounded.fetch(url, deadline_s=self.timeout_s, max_bytes=self.max_bytes)
 
     async def _scrape(self, target: str, url: str) -> Snapshot | None:
         sent = self.clock()
         try:
             text = await self._fetch(url)
         except (OSError, ValueError) as err:
-            self.errors.append(f"scrape of {target} ({url}) failed: {err}")
+            self.errors.append(f"scrape of {target} failed: {err}")
             return None
         # The exporter rendered its values somewhere between sending and receiving: take the midpoint.
-        return parse(text, target=target, t=(sent + self.clock()) / 2)
+        t = (sent + self.clock()) / 2
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(bounded.PARSE_POOL, _parse, text, target, t)
+        except ValueError:
+            self.errors.append(f"scrape of {target} failed: not a valid Prometheus text exposition")
+            return None
 
     async def snapshot(self) -> dict[str, Snapshot]:
         """Scrape every target once, concurrently; failed targets are absent (see ``errors``)."""

@@ -11,7 +11,9 @@ and the order of requests.
   Every request of a client (token) is recorded in ``audit``: who wrote what, when, with which answer.
 * ``MetricsFaults`` (consulted by the kubelet's pods on every scrape of the engine's metrics
   endpoint): unreachable (the connection is dropped), gap (an empty exposition), NaN (every sample
-  NaN), reset (cumulative series restart from zero, as after an exporter restart).
+  NaN), reset (cumulative series restart from zero, as after an exporter restart); and what a hostile
+  tenant's image can serve (issue #17), per resource in ``tenants``: drip (one byte every
+  ``drip_every_s``), huge (the exposition padded to ``huge_bytes``), malformed (a bad line added).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any, Literal
 API_ERROR_CODES = (500, 503)
 MetricsMode = Literal["unreachable", "gap", "nan", "reset"]
 METRICS_MODES: tuple[str, ...] = ("unreachable", "gap", "nan", "reset")
+TenantMode = Literal["drip", "huge", "malformed"]
+TENANT_MODES: tuple[str, ...] = ("drip", "huge", "malformed")
 _RECORDED_BODIES = ("servingdeployments", "deployments")  # writes whose bodies the audit keeps
 
 
@@ -139,6 +143,9 @@ class MetricsFaults:
     mode: MetricsMode | None = None
     pods: frozenset[str] | None = None  # pod names affected; None: every pod
     served: dict[str, int] = field(default_factory=dict)  # mode -> faulty scrapes served
+    tenants: dict[str, TenantMode] = field(default_factory=dict)  # resource name -> what its pods serve
+    drip_every_s: float = 2.0
+    huge_bytes: int = 8 * 1024 * 1024
     _offsets: dict[tuple[str, str], float] = field(default_factory=dict)  # (pod, series) -> reset base
 
     def set(self, mode: str, pods: frozenset[str] | None = None) -> None:
@@ -151,6 +158,13 @@ class MetricsFaults:
         """Back to healthy scrapes; reset counters stay reset (they keep counting from the reset)."""
         self.mode = None
         self.pods = None
+
+    def tenant_for(self, pod: str) -> TenantMode | None:
+        """The hostile mode of a pod of resource ``r`` (its pods are named ``r-<hash>-<id>``)."""
+        for resource, mode in self.tenants.items():
+            if pod.startswith(resource + "-") and pod.count("-") - resource.count("-") == 2:
+                return mode
+        return None
 
     def active_for(self, pod: str) -> MetricsMode | None:
         if self.mode is None or (self.pods is not None and pod not in self.pods):
@@ -211,6 +225,11 @@ def install_metrics_faults(server: Any, faults: MetricsFaults, pod: str) -> None
 
     async def metrics(request: web.Request) -> web.StreamResponse:
         response: web.Response = await original(request)
+        hostile = faults.tenant_for(pod)
+        if hostile is not None:
+            faults.served[hostile] = faults.served.get(hostile, 0) + 1
+            served: web.StreamResponse = await _hostile(request, response, hostile, faults)
+            return served
         if faults.active_for(pod) is None and not faults._offsets:
             return response
         body = response.body.decode() if isinstance(response.body, bytes | bytearray) else ""
@@ -225,9 +244,32 @@ def install_metrics_faults(server: Any, faults: MetricsFaults, pod: str) -> None
     server._metrics = metrics
 
 
+async def _hostile(request: Any, response: Any, mode: TenantMode, faults: MetricsFaults) -> Any:
+    import asyncio
+
+    from aiohttp import web
+
+    body = bytes(response.body) if isinstance(response.body, bytes | bytearray) else b""
+    if mode == "malformed":
+        return web.Response(body=body + b"this is { not a sample\n", content_type="text/plain")
+    if mode == "huge":
+        pad = b"# padding\n" * (faults.huge_bytes // 10 + 1)
+        return web.Response(body=body + pad, content_type="text/plain")
+    stream = web.StreamResponse(headers={"Content-Type": "text/plain; version=0.0.4"})
+    await stream.prepare(request)
+    try:
+        for byte in body:
+            await stream.write(bytes([byte]))
+            await asyncio.sleep(faults.drip_every_s)
+    except ConnectionResetError:  # the scraper gave up (its deadline): what a drip is for
+        pass
+    return stream
+
+
 __all__ = [
     "API_ERROR_CODES",
     "METRICS_MODES",
+    "TENANT_MODES",
     "ApiFaults",
     "AuditEntry",
     "MetricsFaults",

@@ -1,0 +1,77 @@
+"""What the cluster admin decides for every tenant (``prefixtune run`` flags, the chart's values),
+and the checks of a tenant's spec against it. One place for these facts:
+
+- ``allowed_images``: registries/repositories engine pods may run (default: the engines' own);
+- ``prometheus_url``: the Prometheus the operator queries for ``metrics.source: prometheus``; a
+  spec's own ``metrics.url`` is used only when its host is in ``prometheus_hosts`` (default: none),
+  so a tenant cannot make the operator fetch an address of its choosing from the operator's network;
+- ``prometheus_ca_file``: the CA bundle for an https Prometheus (TLS is always verified).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from prefixtune.api.models import ServingDeploymentSpec
+from prefixtune.api.references import policy_problem, repository
+from prefixtune.engines.base import EngineName
+from prefixtune.engines.registry import get_adapter
+
+
+def engine_repositories() -> tuple[str, ...]:
+    """The repositories of the engines' default images (the default image policy)."""
+    return tuple(sorted({repository(get_adapter(name).default_image) for name in EngineName}))
+
+
+@dataclass(frozen=True)
+class AdminPolicy:
+    allowed_images: tuple[str, ...] = field(default_factory=engine_repositories)
+    prometheus_url: str | None = None
+    prometheus_hosts: tuple[str, ...] = ()
+    prometheus_ca_file: str | None = None
+
+    def spec_problems(self, spec: ServingDeploymentSpec) -> list[str]:
+        """Why the admin's policy refuses this spec ("path: reason"; empty: it does not)."""
+        problems: list[str] = []
+        image = spec.image or get_adapter(spec.engine).default_image
+        problem = policy_problem(image, self.allowed_images)
+        if problem:
+            problems.append(f"spec.image: {problem}")
+        metrics = spec.tuning.metrics
+        if metrics.url is not None and not self.host_allowed(metrics.url):
+            problems.append(
+                "spec.tuning.metrics.url: the operator queries only its own Prometheus (--prometheus-url) "
+                "or hosts the admin allowed (--prometheus-allowed-hosts: "
+                f"{', '.join(self.prometheus_hosts) or 'none'}); remove the field to use the operator's"
+            )
+        elif metrics.source.value == "prometheus" and metrics.url is None and self.prometheus_url is None:
+            problems.append(
+                "spec.tuning.metrics.source: prometheus, but the operator has no Prometheus configured "
+                "(--prometheus-url, the chart's prometheus.url); use source: scrape"
+            )
+        return problems
+
+    def host_allowed(self, url: str) -> bool:
+        try:
+            parts = urlsplit(url)
+            host = (parts.hostname or "").lower()
+            netloc = f"{host}:{parts.port}" if parts.port else host
+        except ValueError:
+            return False
+        if parts.username or parts.password or parts.query or parts.fragment:
+            return False  # no credentials or attacker-chosen query strings in the admin's URL either
+        return any(entry.lower() in (host, netloc) for entry in self.prometheus_hosts)
+
+    def prometheus_for(self, spec: ServingDeploymentSpec) -> str | None:
+        """The Prometheus base URL a resource's windows are queried at (None: none configured)."""
+        url = spec.tuning.metrics.url
+        if url is not None and self.host_allowed(url):
+            return url
+        return self.prometheus_url
+
+
+def parse_list(values: Sequence[str]) -> tuple[str, ...]:
+    """Repeatable or comma-separated flag values."""
+    return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
