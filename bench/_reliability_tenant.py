@@ -407,3 +407,93 @@ async def _ready(h: Harness, names: list[str], timeout_s: float) -> None:
             return
         await asyncio.sleep(0.5)
     raise TimeoutError(f"not every resource left Pending within {timeout_s:g}s")
+
+
+# --- the API calls the operator makes (for the RBAC test) ---------------------------------------------
+
+SERVICEMONITOR_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
+    },
+}
+
+
+def call_of(method: str, path: str) -> tuple[str, str, str]:
+    """(group, resource, verb) of an API request, as RBAC sees it."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if parts[0] == "api":
+        group, rest = "", parts[2:]
+    else:
+        group, rest = parts[1], parts[3:]
+    if rest and rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    resource = rest[0]
+    named = len(rest) > 1
+    if len(rest) > 2:
+        resource = f"{resource}/{rest[2]}"
+    verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method)
+    if verb is None:
+        verb = "get" if named else "list"
+    return group, resource, verb
+
+
+async def observed_calls() -> set[tuple[str, str, str]]:
+    """Every (group, resource, verb) the operator's reconcile calls, through the sandbox: a
+    TensorRT-LLM resource (option ConfigMaps) with the ServiceMonitor CRD installed; its children
+    created, patched after a change, an owned canary deleted."""
+    import copy
+
+    seen: set[tuple[str, str, str]] = set()
+    async with harness() as h:
+        await h.api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SERVICEMONITOR_CRD)
+        original = h.ctx.client.call
+
+        async def call(method: str, path: str, body: Any = None, **kw: Any) -> dict[str, Any]:
+            seen.add(call_of(method, path))
+            result: dict[str, Any] = await original(method, path, body, **kw)
+            return result
+
+        h.ctx.client.call = call  # type: ignore[method-assign]
+        created = await h.apply(resource("rec", {"engine": "trtllm", "model": MODEL, "replicas": 2}))
+        await h.reconcile("rec")
+        uid = created["metadata"]["uid"]
+        ref = {"apiVersion": "prefixtune.io/v1alpha1", "kind": "ServingDeployment", "name": "rec",
+               "uid": uid, "controller": True}  # fmt: skip
+        for path, name in (
+            (f"{APPS}/namespaces/default/deployments", "rec"),
+            (f"{CORE}/namespaces/default/configmaps", "rec-options"),
+        ):
+            obj = copy.deepcopy(await h.get(f"{path}/{name}"))
+            assert obj is not None
+            meta = {"name": f"rec-canary{name[3:]}", "labels": obj["metadata"].get("labels"),
+                    "ownerReferences": [ref]}  # fmt: skip
+            await h.api.create(
+                path, {k: v for k, v in obj.items() if k not in ("metadata", "status")} | {"metadata": meta}
+            )
+        for path in (
+            f"{APPS}/namespaces/default/deployments/rec",
+            f"{CORE}/namespaces/default/configmaps/rec-options",
+            f"{CORE}/namespaces/default/services/rec",
+            "/apis/monitoring.coreos.com/v1/namespaces/default/servicemonitors/rec",
+        ):
+            await h.api.patch(path, {"metadata": {"annotations": {"prefixtune.io/rendered-hash": "changed"}}})
+        h.ctx.ensured.clear()
+        await h.reconcile("rec")
+        await h.apply(resource("bad", {"engine": "vllm", "model": MODEL, "replicas": 0}))
+        await h.reconcile("bad")  # an InvalidSpec Event
+    return seen

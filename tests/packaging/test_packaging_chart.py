@@ -37,7 +37,17 @@ KUBE_VERSION = kubernetes_validate.utils.latest_version()
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "default": {},
+    "cluster": {"watch": {"scope": "cluster", "namespaces": []}},
     "namespaced": {"watch": {"scope": "namespaces", "namespaces": ["team-a", "team-b"]}},
+    "tenant-policy": {
+        "enginePolicy": {"allowedImages": ["ghcr.io/acme/", "vllm/vllm-openai"]},
+        "prometheus": {
+            "url": "https://prometheus.monitoring:9090",
+            "allowedHosts": ["thanos.monitoring:9090"],
+            "caConfigMap": {"name": "prom-ca", "key": "ca.crt"},
+        },
+        "metrics": {"enabled": True, "port": 8080, "bindAddress": "0.0.0.0", "perResource": True},
+    },
     "ha": {"replicas": 2},
     "ha-namespaced": {"replicas": 2, "watch": {"scope": "namespaces", "namespaces": ["team-a"]}},
     "monitoring-servicemonitor": {"monitoring": {"enabled": True, "labels": {"release": "kps"}}},
@@ -297,14 +307,16 @@ def test_operator_args_parse_with_the_operators_own_parser(chart: helm.Chart, na
     docs = render(chart, values)
     deps = deployments(docs)
     assert len(deps) == values.get("replicas", 1)
-    watch = values.get("watch", {"scope": "cluster", "namespaces": []})
+    watch = values.get("watch", {"scope": "namespaces", "namespaces": []})
     priorities = []
     for dep in deps:
         c = container(dep)
         assert "command" not in c, "the image's ENTRYPOINT (prefixtune run) must stay"
         opts = options_from_args(c["args"])
         assert opts.clusterwide == (watch["scope"] == "cluster")
-        assert opts.namespaces == watch["namespaces"]
+        # scope namespaces with none listed: the release's own namespace (the default).
+        want = [] if watch["scope"] == "cluster" else (watch["namespaces"] or [RELEASE_NS])
+        assert opts.namespaces == want
         assert opts.peering == values.get("peering", {}).get("name", "prefixtune")
         assert not opts.standalone
         metrics = values.get("metrics", {}).get("enabled", True)
@@ -351,16 +363,18 @@ def test_pod_security(chart: helm.Chart, name: str) -> None:
 
 
 def test_peering_objects_match_the_operator_args(chart: helm.Chart) -> None:
-    docs = render(chart, {})
+    docs = render(chart, VALUE_SETS["cluster"])
     (peering,) = of_kind(docs, "ClusterKopfPeering")
     assert peering["metadata"]["name"] == options_from_args(container(deployments(docs)[0])["args"]).peering
+    (own,) = of_kind(render(chart, {}), "KopfPeering")  # the default: the release's namespace only
+    assert own["metadata"]["namespace"] == RELEASE_NS
     docs = render(chart, VALUE_SETS["namespaced"])
     assert not of_kind(docs, "ClusterKopfPeering")
     assert {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in of_kind(docs, "KopfPeering")} == {
         ("team-a", "prefixtune"),
         ("team-b", "prefixtune"),
     }
-    assert not of_kind(render(chart, {"peering": {"create": False, "name": "x"}}), "ClusterKopfPeering")
+    assert not of_kind(render(chart, {"peering": {"create": False, "name": "x"}}), "KopfPeering")
 
 
 # --- monitoring and dashboard -------------------------------------------------------------------------
@@ -436,7 +450,9 @@ def _known_metric_names() -> set[str]:
             if name and re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name):
                 names |= {name, f"{name}_bucket", f"{name}_count", f"{name}_sum"}
     suffixes = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum")}
-    for family in SelfMetrics().registry.collect():  # families without children have no samples yet
+    for family in SelfMetrics(
+        per_resource=True
+    ).registry.collect():  # families without children have no samples yet
         names |= {family.name + suffix for suffix in suffixes[family.type]}
     return names
 
@@ -509,9 +525,11 @@ def test_dashboard_promql_parses(chart: helm.Chart, tmp_path: Path) -> None:
     [
         ({"replicas": "two"}, r"/replicas"),
         ({"replicas": 3}, r"/replicas"),
-        ({"watch": {"scope": "namespaces"}}, r"/watch/namespaces"),
+        ({"watch": {"scope": "cluster", "namespaces": ["team-a"]}}, r"/watch/namespaces"),
         ({"watch": {"scope": "everywhere"}}, r"/watch/scope"),
-        ({"watch": {"namespaces": ["team-a"]}}, r"/watch/namespaces"),
+        ({"watch": {"namespaces": ["Team_A"]}}, r"/watch/namespaces"),
+        ({"prometheus": {"url": "http://10.0.0.1/admin?x="}}, r"/prometheus/url"),
+        ({"enginePolicy": {"allowedImages": ["a b"]}}, r"/enginePolicy/allowedImages"),
         ({"metrics": {"port": 80}}, r"/metrics/port"),
         ({"monitoring": {"operatorMonitor": "Probe"}}, r"/monitoring/operatorMonitor"),
         ({"image": {"pullPolicy": "Sometimes"}}, r"/image/pullPolicy"),
@@ -550,3 +568,55 @@ def test_every_value_is_in_the_schema_and_the_readme(chart: helm.Chart) -> None:
                 break
         name = ".".join(described)
         assert f"`{name}`" in readme, f"charts/prefixtune/README.md does not describe `{name}`"
+
+
+# --- a shared cluster (issue #17) ------------------------------------------------------------------------
+
+
+def test_the_default_install_watches_only_its_namespace_with_namespaced_rbac(chart: helm.Chart) -> None:
+    docs = render(chart, {})
+    assert not of_kind(docs, "ClusterRoleBinding") or all(
+        {(g, r) for g, r, _ in _rules(role)} <= CLUSTER_SCOPED for role in of_kind(docs, "ClusterRole")
+    )
+    (role,) = of_kind(docs, "Role")
+    assert role["metadata"]["namespace"] == RELEASE_NS
+    opts = options_from_args(container(deployments(docs)[0])["args"])
+    assert not opts.clusterwide and opts.namespaces == [RELEASE_NS]
+
+
+def test_the_chart_readme_says_cluster_scope_is_cluster_admin_equivalent() -> None:
+    text = (CHART / "README.md").read_text()
+    assert "cluster-admin-equivalent" in text
+    assert "scope: namespaces" in text and "kube-system" in text
+
+
+def test_tenant_policy_values_become_operator_flags_and_the_probe_sees_the_loop(chart: helm.Chart) -> None:
+    docs = render(chart, VALUE_SETS["tenant-policy"])
+    dep = deployments(docs)[0]
+    c = container(dep)
+    opts = options_from_args(c["args"])
+    assert opts.admin.allowed_images == ("ghcr.io/acme/", "vllm/vllm-openai")
+    assert opts.admin.prometheus_url == "https://prometheus.monitoring:9090"
+    assert opts.admin.prometheus_hosts == ("thanos.monitoring:9090",)
+    assert opts.admin.prometheus_ca_file == "/etc/prefixtune/prometheus-ca/ca.crt"
+    assert opts.metrics_address == "0.0.0.0" and opts.metrics_per_resource
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["prometheus-ca"]["mountPath"] == "/etc/prefixtune/prometheus-ca"
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["prometheus-ca"]["configMap"]["name"] == "prom-ca"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    default = options_from_args(container(deployments(render(chart, {}))[0])["args"])
+    assert default.admin.allowed_images and default.admin.prometheus_url is None
+    assert not default.metrics_per_resource and default.metrics_address == "0.0.0.0"
+
+
+async def test_the_operators_own_rbac_entries_are_exactly_the_calls_it_makes() -> None:
+    """Issue #17: the operator's calls, recorded through the sandbox (children created, patched,
+    an owned canary deleted, a ServiceMonitor, an Event), equal api_calls.py's "operator" entries:
+    no verb granted that it never uses, none used that is not granted."""
+    from prefixtune.benchcli import load_bench
+
+    seen = await load_bench("_reliability_tenant").observed_calls()
+    listed = {(c.group, c.resource, v) for c in API_CALLS if c.by == "operator" for v in c.verbs}
+    assert seen == listed
+    assert all(c.by in ("operator", "kopf") for c in API_CALLS)

@@ -64,25 +64,22 @@ compares the two).
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["prefixtune.io"]
   resources: ["servingdeployments/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "create", "patch"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- if .Values.monitoring.enabled }}
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["servicemonitors"]
@@ -95,4 +92,9 @@ compares the two).
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["get", "list", "watch"]
+{{- end -}}
+
+{{/* The namespaces watched with scope namespaces: watch.namespaces, or the release's namespace. A JSON list. */}}
+{{- define "prefixtune.watchedNamespaces" -}}
+{{- .Values.watch.namespaces | default (list .Release.Namespace) | toJson -}}
 {{- end -}}

@@ -369,6 +369,30 @@ class TuningSpec(_Model):
     metrics: MetricsSpec = _section(MetricsSpec, "Where signals come from.")
 
 
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+Quantity = Annotated[str, Field(min_length=1, max_length=32, pattern=QUANTITY_PATTERN)]
+
+
+class SecretKeyRef(_Model):
+    """A key of a Secret in the resource's namespace (the kubelet reads it; the operator never does)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=SECRET_NAME_PATTERN)] = Field(
+        description="The Secret's name."
+    )
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=SECRET_KEY_PATTERN)] = Field(
+        "api-key", description="The key in the Secret."
+    )
+
+
+class EngineResources(_Model):
+    """CPU and memory requests of each engine pod (defaults are sized from the model and GPUs)."""
+
+    cpu: Quantity | None = _omittable("CPU request, e.g. 8 or 7500m.")
+    memory: Quantity | None = _omittable("Memory request, e.g. 64Gi.")
+
+
 class ServingDeploymentSpec(_Model):
     """A GPU serving deployment of one model on one engine, and how to tune it."""
 
@@ -397,6 +421,13 @@ class ServingDeploymentSpec(_Model):
     )
     config: ConfigSpec = _section(ConfigSpec, "Baseline knob values (engine defaults when omitted).")
     tuning: TuningSpec = _section(TuningSpec, "Online tuning.")
+    api_key_secret: SecretKeyRef | None = _omittable(
+        "The engine's API key, from a Secret (never in extraArgs): vLLM reads it as VLLM_API_KEY, "
+        "SGLang as --api-key from the environment."
+    )
+    resources: EngineResources | None = _omittable(
+        "CPU/memory requests of each engine pod; default sized from the model's weights and the GPUs."
+    )
 
     @model_validator(mode="after")
     def _engine_rules(self, info: ValidationInfo) -> ServingDeploymentSpec:

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from pydantic.alias_generators import to_camel
 
 from prefixtune.api.enums import RolloutStrategy
+from prefixtune.api.secret_flags import secret_flag_problems
 from prefixtune.engines import get_adapter
 from prefixtune.engines._argv import looks_like_flag
 from prefixtune.engines.base import KNOB_NAMES, EngineAdapter, KnobConfig, KnobSpec
@@ -66,6 +67,12 @@ def knob_problem(engine: str, spec: KnobSpec, value: object) -> str | None:
     return f"{show(value)} is not supported by {engine}; allowed: {allowed_text(spec)}"
 
 
+# Engines whose server checks an API key (vLLM reads VLLM_API_KEY, vllm/envs.py; SGLang takes
+# --api-key, sglang/srt/server_args.py); trtllm-serve has no such option. How each gets the key from
+# the Secret: controller/engine_pod.py.
+API_KEY_ENGINES = frozenset({"vllm", "sglang"})
+
+
 def check_spec(spec: ServingDeploymentSpec) -> list[Problem]:
     adapter = get_adapter(spec.engine)
     problems: list[Problem] = []
@@ -74,6 +81,8 @@ def check_spec(spec: ServingDeploymentSpec) -> list[Problem]:
     problems += _check_extra_args(adapter, spec.extra_args, spec.model, spec.gpu.count)
     problems += _check_rollout(spec)
     problems += _check_metrics(spec)
+    problems += secret_flag_problems(spec.extra_args)
+    problems += _check_secret_ref(spec)
     return problems
 
 
@@ -361,6 +370,17 @@ def _check_rollout(spec: ServingDeploymentSpec) -> list[Problem]:
                 "tuning.rollout.strategy",
                 f"canary needs spec.replicas >= 2 (the canary runs beside a baseline replica), got "
                 f"replicas {spec.replicas}; allowed with 1 replica: rolling",
+            )
+        ]
+    return []
+
+
+def _check_secret_ref(spec: ServingDeploymentSpec) -> list[Problem]:
+    if spec.api_key_secret is not None and str(spec.engine) not in API_KEY_ENGINES:
+        return [
+            (
+                "apiKeySecret",
+                f"{spec.engine} takes no API key (supported: {', '.join(sorted(API_KEY_ENGINES))})",
             )
         ]
     return []

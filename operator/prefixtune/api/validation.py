@@ -29,10 +29,11 @@ from prefixtune.api.models import (
 )
 from prefixtune.api.rules import COLLECT_KEY, show
 from prefixtune.api.schema import lookup, structural_schema
+from prefixtune.api.secret_flags import SECRET_WORDS
 
 _MAX_SHOWN = 80
 # Words of a flag name that carry a credential (vLLM and SGLang --api-key; --hf-token and the like).
-_SECRET_WORDS = frozenset({"key", "token", "secret", "password", "passwd", "credential", "credentials"})
+_SECRET_WORDS = SECRET_WORDS
 # Shorter secret values are redacted only where quoted whole (a bare "1" occurs in many messages).
 _MIN_SECRET_LENGTH = 4
 _PATTERN_WORDS = {

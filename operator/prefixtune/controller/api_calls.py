@@ -15,32 +15,39 @@ class ApiCall:
     resource: str  # plural, with "/status" for a subresource
     verbs: tuple[str, ...]
     why: str
+    by: str = "operator"  # "operator": the controller's own calls (require() guards each); "kopf"
 
 
+# Exactly the calls made (issue #17): the operator's are recorded through the sandbox by a test
+# (tests/packaging/test_packaging_chart.py: the recorded calls equal the "operator" entries); kopf's
+# are what kopf 1.x documents and calls (watching, progress annotations, Events, peering, scanning).
 API_CALLS: tuple[ApiCall, ...] = (
-    # The custom resource: kopf lists and watches it, the controller reads it and writes its status.
-    ApiCall("prefixtune.io", "servingdeployments", ("get", "list", "watch", "patch"),
-            "kopf watches ServingDeployments; the timer re-reads one; kopf patches its progress annotations"),
-    ApiCall("prefixtune.io", "servingdeployments/status", ("get", "patch"),
-            "the one status patch per reconcile"),
-    # Children.
-    ApiCall("apps", "deployments", ("get", "list", "watch", "create", "patch", "delete"),
+    # The custom resource: the controller re-reads one and writes its status; kopf watches it and
+    # patches its progress annotations.
+    ApiCall("prefixtune.io", "servingdeployments", ("get",), "the reconcile re-reads the resource"),
+    ApiCall("prefixtune.io", "servingdeployments", ("list", "watch", "patch"),
+            "kopf watches ServingDeployments and patches its progress annotations", "kopf"),
+    ApiCall("prefixtune.io", "servingdeployments/status", ("patch",), "the one status patch per reconcile"),
+    # Children (each patched or deleted only when controlled by the resource's uid).
+    ApiCall("apps", "deployments", ("get", "create", "patch", "delete"),
             "the engine Deployment and the canary Deployment (deleted after a trial)"),
-    ApiCall("", "services", ("get", "list", "create", "patch"), "the Service in front of the engine pods"),
-    ApiCall("", "configmaps", ("get", "list", "create", "patch", "delete"), "TensorRT-LLM option files"),
-    ApiCall("", "pods", ("get", "list", "watch"), "readiness, restarts, crash loops and pod IPs to scrape"),
+    ApiCall("", "services", ("get", "create", "patch"), "the Service in front of the engine pods"),
+    ApiCall("", "configmaps", ("get", "create", "patch", "delete"), "TensorRT-LLM option files"),
+    ApiCall("", "pods", ("list",), "readiness, restarts, crash loops and pod IPs to scrape"),
     ApiCall("monitoring.coreos.com", "servicemonitors", ("get", "create", "patch"),
             "a ServiceMonitor when the prometheus-operator CRD is installed"),
-    ApiCall("apiextensions.k8s.io", "customresourcedefinitions", ("get", "list", "watch"),
-            "discovery of the monitoring CRD; kopf scans CRDs"),
-    # Events (kopf's poster and the controller's decisions).
-    ApiCall("", "events", ("create", "patch"), "an Event for every decision, with its evidence"),
-    ApiCall("events.k8s.io", "events", ("create", "patch"), "newer Events API (same Events)"),
-    # kopf's own needs: namespaces for --all-namespaces scanning, peering for HA.
-    ApiCall("", "namespaces", ("get", "list", "watch"), "kopf scans namespaces"),
+    ApiCall("apiextensions.k8s.io", "customresourcedefinitions", ("get",),
+            "discovery of the ServiceMonitor CRD"),
+    ApiCall("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"), "kopf scans CRDs",
+            "kopf"),
+    # Events (the controller's decisions; kopf's poster for handler failures).
+    ApiCall("", "events", ("create",), "an Event for every decision, with its evidence"),
+    ApiCall("", "events", ("create",), "kopf posts handler failures as Events", "kopf"),
+    # kopf's own needs: namespaces for --namespace scanning, peering for HA.
+    ApiCall("", "namespaces", ("list", "watch"), "kopf follows the watched namespaces", "kopf"),
     ApiCall("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch"),
-            "peering (--all-namespaces)"),
-    ApiCall("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch"), "peering (--namespace)"),
+            "peering (--all-namespaces)", "kopf"),
+    ApiCall("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch"), "peering (--namespace)", "kopf"),
 )  # fmt: skip
 
 

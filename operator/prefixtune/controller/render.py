@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from prefixtune.api.models import GROUP_VERSION, KIND, ServingDeploymentSpec
+from prefixtune.controller import engine_pod
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig, RenderedCommand
 
@@ -204,6 +205,7 @@ def render_deployment(
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
         "restartPolicy": "Always",
     }
+    engine_pod.harden(container, pod_spec, spec)
     if command.files:
         container["volumeMounts"] = [
             {"name": OPTIONS_VOLUME, "mountPath": path, "subPath": posixpath.basename(path), "readOnly": True}
