@@ -450,9 +450,8 @@ def _known_metric_names() -> set[str]:
             if name and re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name):
                 names |= {name, f"{name}_bucket", f"{name}_count", f"{name}_sum"}
     suffixes = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum")}
-    for family in SelfMetrics(
-        per_resource=True
-    ).registry.collect():  # families without children have no samples yet
+    # Families without children have no samples yet; per-resource mode registers every family.
+    for family in SelfMetrics(per_resource=True).registry.collect():
         names |= {family.name + suffix for suffix in suffixes[family.type]}
     return names
 
