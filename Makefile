@@ -20,15 +20,10 @@ $(STAMP): pyproject.toml setup.py operator/prefixtune/twin/cache/_vllm_pool.c | 
 
 venv: $(STAMP)
 
-# System packages the integration tests use (a real Prometheus). Installed once, as root.
+# System packages the integration tests use (a real Prometheus), installed once when root on Debian:
+# scripts/sysdeps.sh says how (no service started or left enabled, no process of anyone's killed).
 sysdeps:
-	@if ! command -v prometheus >/dev/null 2>&1; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing prometheus (Debian package)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
-	    pkill -x prometheus 2>/dev/null || true; \
-	  else echo "prometheus is not installed and cannot be installed here (need root + apt-get)"; fi; \
-	fi
+	@bash scripts/sysdeps.sh
 
 lint: venv
 	$(BIN)/ruff check operator tests bench

@@ -65,7 +65,7 @@ def test_dockerfile_is_multi_stage_pinned_non_root_with_the_run_entrypoint() -> 
     bases = [rest for word, rest in ins if word == "FROM"]
     assert len(bases) == 2, "a build stage and a runtime stage"
     for base in bases:
-        assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm( AS \w+)?", base), base
+        assert re.fullmatch(r"\$\{PYTHON_IMAGE\}( AS \w+)?", base), base
     runtime = ins[max(i for i, (w, _) in enumerate(ins) if w == "FROM") :]
     users = [rest for word, rest in runtime if word == "USER"]
     assert users == ["65532:65532"]
@@ -94,7 +94,12 @@ def test_dockerignore_keeps_the_context_small_and_clean() -> None:
     }
     for must in (".git", ".venv", "shared", "tests", "**/__pycache__", ".pytest_cache", ".mypy_cache"):
         assert must in patterns, must
-    for needed in ("operator", "pyproject.toml", "README.md"):  # what the Dockerfile copies
+    for needed in (
+        "operator",
+        "pyproject.toml",
+        "README.md",
+        "constraints.txt",
+    ):  # what the Dockerfile copies
         assert needed not in patterns
 
 
@@ -126,3 +131,47 @@ def test_the_operator_runs_without_test_or_sandbox_extras() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "usage: prefixtune run" in proc.stdout
+
+
+# --- reproducible (issue #17) ------------------------------------------------------------------------
+
+
+def test_the_base_image_is_pinned_by_digest_in_one_place() -> None:
+    ins = _instructions()
+    (arg,) = [rest for word, rest in ins if word == "ARG" and rest.startswith("PYTHON_IMAGE=")]
+    image = arg.removeprefix("PYTHON_IMAGE=")
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", image), image
+    assert [rest.split()[0] for word, rest in ins if word == "FROM"] == ["${PYTHON_IMAGE}"] * 2
+
+
+def test_python_dependencies_are_pinned_by_the_constraints_file_the_dockerfile_uses() -> None:
+    import importlib.util
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    text = DOCKERFILE.read_text()
+    assert "constraints.txt" in next(r for w, r in _instructions() if w == "COPY" and "pyproject.toml" in r)
+    install = next(r for w, r in _instructions() if w == "RUN" and "pip install" in r)
+    assert "--constraint constraints.txt" in install and "prefixtune-" in install
+    assert "pip install -r" not in text
+    pins: dict[str, str] = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version and re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version), line
+            pins[canonicalize_name(name)] = version
+    # Every runtime dependency (the closure of [project] dependencies) is pinned, nothing else is,
+    # and each pin satisfies pyproject.toml.
+    spec = importlib.util.spec_from_file_location(
+        "lock_constraints", ROOT / "scripts" / "lock_constraints.py"
+    )
+    assert spec is not None and spec.loader is not None
+    lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lock)
+    assert set(pins) == set(lock.runtime_closure())
+    for raw in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        req = Requirement(raw)
+        assert req.specifier.contains(pins[canonicalize_name(req.name)], prereleases=True), raw
+    assert "pytest" not in pins and "hypothesis" not in pins  # no test extras in the image
