@@ -4,13 +4,17 @@ Runs each fault scenario of ``_reliability_faults.py`` (operator SIGKILLs, API-s
 and dropped watches, metrics outages/NaN/gaps/counter resets, engine crashes and OOMs, pods deleted
 mid-measurement, an active/standby pair of replicas) in a fresh sandbox with real ``prefixtune run``
 processes, then the bad-input fuzzing of ``_reliability_fuzz.py`` (through the validation path, and
-through a running operator). Prints what was injected, what was survived and the invariants:
+through a running operator), then the hostile-tenant cases of ``_reliability_tenant.py`` (foreign
+objects named like children, SSRF attempts, tenants whose metrics endpoints stall). Prints what was
+injected, what was survived and the invariants:
 
     prefixtune bench reliability [--json] [--seed N] [--repeats R] [--fuzz N] [--fuzz-live N] [--quick]
-                                 [--kinds operator_kill,metrics,...]
+                                 [--kinds operator_kill,metrics,...] [--no-tenant]
 
 Exit status 1 when an invariant fails (a trial lost or duplicated, a rollout on missing data, a
-scenario that does not converge or survive, an operator crash or stall under fuzzing), or when a part
+scenario that does not converge or survive, an operator crash or stall under fuzzing, a foreign object
+changed, a tenant-chosen URL fetched or an answer reflected, a well-behaved tenant's decision latency
+beside stalled tenants above the stalled tenants' read deadline), or when a part
 could not run (e.g. the fuzzing module is missing); 2 on bad arguments.
 """
 
@@ -46,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="1 repeat, 200 + 20 fuzzed specs (a smoke run)")
     p.add_argument("--kinds", default="", help="comma-separated fault scenarios (default: all)")
     p.add_argument("--workdir", default=None, help="keep the operators' logs here (default: a temp dir)")
+    p.add_argument("--no-tenant", action="store_true", help="skip the hostile-tenant cases")
     return p
 
 
@@ -96,6 +101,70 @@ async def _fuzz(
     return validation, live
 
 
+async def _tenant(errors: list[str]) -> dict[str, Any] | None:
+    """The hostile-tenant cases (issue #17): foreign objects, SSRF, stalled tenants."""
+    try:
+        tenant = load_bench("_reliability_tenant")
+    except FileNotFoundError as err:
+        errors.append(f"tenant cases not run: {err}")
+        return None
+    out: dict[str, Any] = {}
+    for name, case in (("foreign", tenant.foreign_objects), ("ssrf", tenant.ssrf), ("stall", tenant.stall)):
+        started = time.monotonic()
+        try:
+            out[name] = await case()
+        except Exception as err:
+            errors.append(f"tenant case {name} failed: {type(err).__name__}: {err}")
+            out[name] = None
+            continue
+        out[name]["wall_s"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def tenant_summary(tenant: dict[str, Any] | None) -> dict[str, Any]:
+    """The headline figures of the tenant cases (None where a case did not run)."""
+    if tenant is None:
+        return {"foreign_objects_untouched": None, "ssrf_reflected": None, "stalled_tenant_effect": None}
+    foreign, ssrf, stall = tenant.get("foreign"), tenant.get("ssrf"), tenant.get("stall")
+    effect = None
+    if stall is not None:
+        effect = {
+            "stalled_tenants": stall["stalled_tenants"],
+            "good_p50_s_quiet": stall["good_quiet"].get("p50_s"),
+            "good_max_s_quiet": stall["good_quiet"].get("max_s"),
+            "good_p50_s_beside_stalled": stall["good_beside_stalled"].get("p50_s"),
+            "good_max_s_beside_stalled": stall["good_beside_stalled"].get("max_s"),
+            "good_decisions_beside_stalled": stall["good_beside_stalled"].get("n", 0),
+            "bound_s": stall["read_deadline_s"],
+            "stalled_own_max_s": stall["hostile_own"].get("max_s"),
+            "reconcile_errors": sum(len(v) for v in stall["errors"].values()),
+            "liveness_not_ok": stall["health"]["not_ok"],
+        }
+    return {
+        "foreign_objects_untouched": None
+        if foreign is None
+        else f"{foreign['foreign_objects'] - len(foreign['foreign_changed'])}/{foreign['foreign_objects']}",
+        "ssrf_attempts": None if ssrf is None else ssrf["attempts"],
+        "ssrf_reflected": None if ssrf is None else ssrf["reflected"],
+        "ssrf_tenant_url_requests": None if ssrf is None else ssrf["tenant_url_requests"],
+        "stalled_tenant_effect": effect,
+    }
+
+
+def tenant_ok(tenant: dict[str, Any] | None) -> bool:
+    if tenant is None:
+        return True  # not run (--no-tenant); a failed run is in errors
+    foreign, ssrf, stall = tenant.get("foreign"), tenant.get("ssrf"), tenant.get("stall")
+    if foreign is None or foreign["foreign_changed"]:
+        return False
+    if ssrf is None or ssrf["reflected"] or ssrf["tenant_url_requests"]:
+        return False
+    if stall is None or stall["errors"] or stall["health"]["not_ok"]:
+        return False
+    good = stall["good_beside_stalled"]
+    return bool(good.get("n", 0) >= 5 and good.get("max_s", 1e9) < stall["read_deadline_s"])
+
+
 def _sum(per: list[dict[str, int]]) -> dict[str, int]:
     total: dict[str, int] = {}
     for d in per:
@@ -121,6 +190,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     fuzz_started = time.monotonic()
     validation, live = await _fuzz(args, errors)
     fuzz_s = time.monotonic() - fuzz_started
+    tenant_started = time.monotonic()
+    tenant = None if args.no_tenant else await _tenant(errors)
+    tenant_s = time.monotonic() - tenant_started
     scenarios = [r.to_dict() for r in results]
     out: dict[str, Any] = {
         "benchmark": "reliability",
@@ -135,6 +207,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "fuzz_specs_live": None if live is None else live.get("specs"),
         "fuzz": validation,
         "fuzz_live": live,
+        **tenant_summary(tenant),
+        "tenant": tenant,
         "errors": errors,
         "setup": {
             "seed": args.seed,
@@ -151,6 +225,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         },
         "scenarios_s": round(fuzz_started - started, 1),
         "fuzz_s": round(fuzz_s, 1),
+        "tenant_s": round(tenant_s, 1),
         "wall_s": round(time.monotonic() - started, 1),
     }
     out["ok"] = invariants_hold(out)
@@ -168,7 +243,7 @@ def invariants_hold(out: dict[str, Any]) -> bool:
             continue
         if part.get("ok") is False or part.get("operator_crashes") or part.get("stalls"):
             return False
-    return True
+    return tenant_ok(out.get("tenant"))
 
 
 def main(argv: Sequence[str]) -> int:
@@ -184,7 +259,8 @@ def main(argv: Sequence[str]) -> int:
         print(json.dumps(out, indent=2))
     else:
         keys = ("faults_injected", "faults_survived", "trials_lost", "duplicate_trials",
-                "rollouts_on_missing_data", "fuzz_specs", "fuzz_specs_live", "errors", "wall_s",
+                "rollouts_on_missing_data", "fuzz_specs", "fuzz_specs_live", "foreign_objects_untouched",
+                "ssrf_attempts", "ssrf_reflected", "stalled_tenant_effect", "errors", "wall_s",
                 "ok")  # fmt: skip
         for key in keys:
             print(f"{key}: {json.dumps(out[key])}")

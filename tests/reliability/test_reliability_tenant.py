@@ -279,3 +279,40 @@ def test_image_policy_matches_on_repository_boundaries() -> None:
     assert not image_allowed("evil.io/vllm/vllm-openai:1", allowed)
     assert image_allowed("ghcr.io/acme/x/y:1", ["ghcr.io/acme/"])
     assert not image_allowed("ghcr.io/acmecorp/x:1", ["ghcr.io/acme/"])
+
+
+# --- the bench's verdict on the tenant cases -------------------------------------------------------------
+
+
+def test_the_bench_fails_on_a_changed_foreign_object_a_reflection_or_an_unbounded_stall() -> None:
+    import copy
+
+    bench = load_bench("reliability")
+    good = {
+        "foreign": {"foreign_objects": 3, "foreign_changed": []},
+        "ssrf": {"attempts": 4, "reflected": 0, "tenant_url_requests": 0},
+        "stall": {
+            "stalled_tenants": 6,
+            "good_quiet": {"n": 8, "p50_s": 0.2, "max_s": 0.4},
+            "good_beside_stalled": {"n": 20, "p50_s": 0.2, "max_s": 0.5},
+            "hostile_own": {"n": 40, "p50_s": 0.3, "max_s": 5.1},
+            "read_deadline_s": 5.0,
+            "errors": {},
+            "health": {"probes": 30, "not_ok": 0},
+        },
+    }
+    assert bench.tenant_ok(good)
+    summary = bench.tenant_summary(good)
+    assert summary["foreign_objects_untouched"] == "3/3" and summary["ssrf_reflected"] == 0
+    assert summary["stalled_tenant_effect"]["good_max_s_beside_stalled"] == 0.5
+    for path, value in (
+        (("foreign", "foreign_changed"), ["/api/v1/namespaces/default/services/payments"]),
+        (("ssrf", "reflected"), 1),
+        (("ssrf", "tenant_url_requests"), 2),
+        (("stall", "good_beside_stalled"), {"n": 1, "p50_s": 90.0, "max_s": 90.0}),
+        (("stall", "errors"), {"bad": ["ValueError: not a valid exposition"]}),
+        (("stall", "health"), {"probes": 30, "not_ok": 3}),
+    ):
+        bad = copy.deepcopy(good)
+        bad[path[0]][path[1]] = value
+        assert not bench.tenant_ok(bad), path
