@@ -39,6 +39,7 @@ from hypothesis import strategies as st
 
 from prefixtune.api.enums import GpuType, MetricsSource, Objective, RolloutStrategy, TuningMode
 from prefixtune.api.models import MAX_EXTRA_ARG_LENGTH, MAX_EXTRA_ARGS
+from prefixtune.api.secret_flags import is_secret_flag
 from prefixtune.api.validation import FieldError, validate_spec
 from prefixtune.controller.render import Owner, render_deployment, render_service
 from prefixtune.controller.settings import tuning_settings
@@ -81,6 +82,8 @@ def valid_option_args(engine: str) -> tuple[tuple[str, ...], ...]:
         if flag.role is not Role.OPTION:
             continue
         name = flag.names[0]
+        if is_secret_flag(name):
+            continue  # refused in extraArgs (issue #17): the key comes from spec.apiKeySecret
         if flag.kind in (Kind.SWITCH, Kind.NEGATABLE):
             out.append((name,))
             out += [(neg,) for neg in flag.negations]

@@ -85,3 +85,18 @@ def test_secrets_in_extra_args_are_refused_without_quoting_them(args: list[str])
     _, errors = validate_spec({"engine": "vllm", "model": "m/x", "extraArgs": args})
     assert errors and errors[0].path == "spec.extraArgs[0]" and "apiKeySecret" in errors[0].message
     assert "abcdef123456" not in json.dumps([str(e) for e in errors])
+
+
+def test_flags_that_only_mention_tokens_are_not_secrets() -> None:
+    from prefixtune.api.secret_flags import is_secret_flag
+
+    assert (
+        is_secret_flag("--api-key") and is_secret_flag("--hf_token=x") and is_secret_flag("--admin-password")
+    )
+    for flag in (
+        "--long-prefill-token-threshold",
+        "--max-num-batched-tokens",
+        "--tokenizer",
+        "--ssl-keyfile",
+    ):
+        assert not is_secret_flag(flag), flag

@@ -13,11 +13,12 @@ SECRET_WORDS = frozenset({"key", "token", "secret", "password", "passwd", "crede
 
 
 def is_secret_flag(token: str) -> bool:
-    """``--api-key``, ``--hf_token=...``: a flag whose name has a secret word."""
+    """``--api-key``, ``--hf_token=...``: a flag whose name ends in a secret word (not
+    ``--long-prefill-token-threshold``, whose value is a count)."""
     if not token.startswith("-"):
         return False
-    name = token.partition("=")[0]
-    return bool(set(re.split(r"[-_.]+", name.lower())) & SECRET_WORDS)
+    words = [w for w in re.split(r"[-_.]+", token.partition("=")[0].lower()) if w]
+    return bool(words) and words[-1] in SECRET_WORDS
 
 
 def secret_flag_problems(args: Sequence[str]) -> list[tuple[str, str]]:
