@@ -81,8 +81,11 @@ class Harness:
 
 
 @contextlib.asynccontextmanager
-async def harness(metrics_faults: Any = None, **meter: Any) -> AsyncIterator[Harness]:
-    async with sandbox(load=False, crds=[build_crd()], speedup=20.0, metrics_faults=metrics_faults) as sb:
+async def harness(
+    metrics_faults: Any = None, sandbox_options: dict[str, Any] | None = None, **meter: Any
+) -> AsyncIterator[Harness]:
+    options: dict[str, Any] = {"load": False, "speedup": 20.0, **(sandbox_options or {})}
+    async with sandbox(crds=[build_crd()], metrics_faults=metrics_faults, **options) as sb:
         client = KubeClient(Connection(server=sb.url))
         ctx = OperatorContext(client=client, meter=Meter(**meter), ready_timeout_s=60.0)
         try:
@@ -497,3 +500,69 @@ async def observed_calls() -> set[tuple[str, str, str]]:
         await h.apply(resource("bad", {"engine": "vllm", "model": MODEL, "replicas": 0}))
         await h.reconcile("bad")  # an InvalidSpec Event
     return seen
+
+
+# --- a pod scraped by two jobs -------------------------------------------------------------------------
+
+
+async def scraped_twice(window_s: int = 8, timeout_s: float = 90.0) -> dict[str, Any]:
+    """A real Prometheus in the sandbox scraping every engine pod under two jobs, a resource under
+    light load: its requests in one window as the operator's query counts them, as one job alone
+    counts them, and as every series summed (what the query did before: pod name only, no
+    de-duplication). Needs a ``prometheus`` binary on PATH."""
+    from prefixtune.metrics import prometheus_source
+    from prefixtune.metrics.bounded import BoundedPrometheus
+    from prefixtune.metrics.exposition import Matcher
+    from prefixtune.metrics.prometheus_source import PrometheusSource
+    from prefixtune.metrics.promql import Selector
+    from prefixtune.sandbox.prometheus import ENGINE_JOB
+
+    options = {"load": True, "prometheus": "on", "prometheus_duplicate_jobs": 1, "speedup": 10.0}
+    async with harness(sandbox_options=options) as h:
+        body = resource("twice", {"engine": "vllm", "model": MODEL})
+        body["metadata"]["annotations"] = {
+            "prefixtune.io/sandbox-workload": "chatbot",
+            "prefixtune.io/sandbox-rate": "2",
+        }
+        await h.apply(body)
+        deadline = time.monotonic() + timeout_s
+        pods: list[str] = []
+        while time.monotonic() < deadline and not pods:
+            await h.reconcile("twice")
+            items = await h.api.list(f"{CORE}/namespaces/default/pods")
+            pods = [
+                p["metadata"]["name"]
+                for p in items
+                if p["metadata"]["name"].startswith("twice-")
+                and any(
+                    c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in p.get("status", {}).get("conditions", [])
+                )
+            ]
+            await asyncio.sleep(0.5)
+        if not pods:
+            raise TimeoutError("the engine pod did not get ready")
+        await asyncio.sleep(window_s + 4)  # traffic, scraped by both jobs
+        assert h.sb.prometheus_url is not None
+        client = BoundedPrometheus(h.sb.prometheus_url)
+        sel = Selector.pods(pods, namespace="default")
+        end = time.time()
+
+        def requests(selector: Selector) -> float | None:
+            return PrometheusSource(client, "vllm").measure(selector, window_s, end=end).signals.requests
+
+        jobs = {
+            str(r["metric"].get("job"))
+            for r in client.custom_query(f"up{sel.render()}", {"time": f"{end:.3f}"})
+        }
+        counted = await asyncio.to_thread(requests, sel)
+        one_job = await asyncio.to_thread(
+            requests, Selector((*sel.matchers, Matcher("job", "=", ENGINE_JOB)))
+        )
+        keep = prometheus_source._one_job_per_pod
+        prometheus_source._one_job_per_pod = lambda rows: lambda labels: True  # type: ignore[assignment]
+        try:
+            summed = await asyncio.to_thread(requests, Selector.pods(pods))
+        finally:
+            prometheus_source._one_job_per_pod = keep  # type: ignore[assignment]
+        return {"jobs": sorted(jobs), "counted": counted, "one_job": one_job, "every_series": summed}

@@ -316,3 +316,21 @@ def test_the_bench_fails_on_a_changed_foreign_object_a_reflection_or_an_unbounde
         bad = copy.deepcopy(good)
         bad[path[0]][path[1]] = value
         assert not bench.tenant_ok(bad), path
+
+
+# --- 6. metrics it trusts too much -----------------------------------------------------------------------
+
+
+async def test_a_pod_scraped_by_two_jobs_is_counted_once_through_a_real_prometheus() -> None:
+    import shutil
+
+    from tests.conftest import require_component
+
+    require_component(shutil.which("prometheus") is not None, "a prometheus binary")
+    report = await tenant.scraped_twice()
+    assert len(report["jobs"]) == 2, report  # the pod really is scraped twice
+    assert report["one_job"] and report["one_job"] > 0, report
+    # Counted as one job counts it (the two jobs scrape at slightly different instants: a request
+    # or two apart), where summing every series (the query before) counted it about twice.
+    assert abs(report["counted"] - report["one_job"]) <= 0.1 * report["one_job"], report
+    assert report["every_series"] > 1.6 * report["one_job"], report

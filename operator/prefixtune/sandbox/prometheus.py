@@ -74,13 +74,16 @@ def scrape_targets(
     return {ENGINE_JOB: engines, DCGM_JOB: dcgm}
 
 
-def config_yaml(targets_dir: Path, scrape_interval_s: float) -> str:
+def config_yaml(targets_dir: Path, scrape_interval_s: float, duplicate_jobs: int = 0) -> str:
+    """``duplicate_jobs``: more jobs scraping the same engine targets (a ServiceMonitor beside an
+    annotation-based job, as in many clusters: every series then exists once per job)."""
     interval = f"{max(round(scrape_interval_s * 1000), 100)}ms"
     jobs = []
-    for job, honor in ((ENGINE_JOB, False), (DCGM_JOB, True)):
+    again = [(f"{ENGINE_JOB}-again-{k}", ENGINE_JOB, False) for k in range(duplicate_jobs)]
+    for name, job, honor in [(ENGINE_JOB, ENGINE_JOB, False), *again, (DCGM_JOB, DCGM_JOB, True)]:
         jobs.append(
             {
-                "job_name": job,
+                "job_name": name,
                 "honor_labels": honor,  # the DCGM exporter labels its series with the pod it serves
                 "scrape_interval": interval,
                 "scrape_timeout": interval,
@@ -112,6 +115,7 @@ class PrometheusRunner:
         workdir: str | Path | None = None,
         dcgm_port: int | None = None,
         binary: str | None = None,
+        duplicate_jobs: int = 0,
     ) -> None:
         found = binary or prometheus_binary()
         if found is None:
@@ -123,6 +127,7 @@ class PrometheusRunner:
         self.port = port or _free_port(host)
         self.scrape_interval_s = scrape_interval_s
         self.dcgm_port = dcgm_port
+        self.duplicate_jobs = duplicate_jobs
         self._own_dir = workdir is None
         self.workdir = (
             Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="prefixtune-prom-"))
@@ -140,7 +145,7 @@ class PrometheusRunner:
         for job in (ENGINE_JOB, DCGM_JOB):
             self._write(job, [])
         config = self.workdir / "prometheus.yml"
-        config.write_text(config_yaml(self.targets_dir, self.scrape_interval_s))
+        config.write_text(config_yaml(self.targets_dir, self.scrape_interval_s, self.duplicate_jobs))
         self.process = await asyncio.create_subprocess_exec(
             self.binary,
             f"--config.file={config}",

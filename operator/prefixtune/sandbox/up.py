@@ -163,12 +163,14 @@ async def sandbox(
     crds: list[dict[str, Any]] | None = None,
     api_faults: ApiFaults | None = None,
     metrics_faults: MetricsFaults | None = None,
+    prometheus_duplicate_jobs: int = 0,
 ) -> AsyncIterator[Sandbox]:
     """Run the sandbox in this event loop for the duration of the block.
 
     ``config`` sets the kubelet's timings (its ``speedup`` is replaced by ``speedup``); ``crds`` are
     CustomResourceDefinitions to install before anything starts (e.g. the ServingDeployment CRD).
-    ``api_faults`` and ``metrics_faults`` inject faults (``faults.py``; off when None).
+    ``api_faults`` and ``metrics_faults`` inject faults (``faults.py``; off when None);
+    ``prometheus_duplicate_jobs`` has Prometheus scrape every engine pod that many more times.
     """
     if not speedup > 0:
         raise ValueError(f"speedup: must be > 0, got {speedup}")
@@ -198,7 +200,10 @@ async def sandbox(
                 wakeups = [controllers.wakeup, kubelet.wakeup]
                 if run_prometheus:
                     runner = PrometheusRunner(
-                        host=host, scrape_interval_s=scrape_interval_s, dcgm_port=cfg.dcgm_port
+                        host=host,
+                        scrape_interval_s=scrape_interval_s,
+                        dcgm_port=cfg.dcgm_port,
+                        duplicate_jobs=prometheus_duplicate_jobs,
                     )
                     await runner.start()
                     prom_wakeup = Wakeup()
