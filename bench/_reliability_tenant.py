@@ -387,7 +387,10 @@ async def stall(
         for c in (await h.status("big")).get("conditions") or []:
             if c.get("type") == "MetricsUnavailable":
                 big_condition = str(c.get("message", ""))
+        said = await _everything_said(h, ["good"])
+        leaked = sorted({n for n in hostile if f"{n}-" in said})
         return {
+            "leaked_into_good": leaked,  # hostile tenants' pod names in the good tenant's status/Events
             "stalled_tenants": STALLERS,
             "served": dict(faults.served),
             "good_quiet": _stats(quiet),

@@ -340,9 +340,9 @@ class _ScriptedMeter(Meter):
         super().__init__(time_scale=1.0, born=0.0)
         self.texts = texts
 
-    async def _scrape(self, spec: Any, pods: Any) -> dict[str, Snapshot]:
+    async def _scrape(self, spec: Any, pods: Any) -> tuple[dict[str, Snapshot], list[str]]:
         text = self.texts.pop(0)
-        return {"pod-a": parse(text, target="pod-a", t=-float(len(self.texts)))}  # later scrapes, later t
+        return {"pod-a": parse(text, target="pod-a", t=-float(len(self.texts)))}, []  # later scrapes, later t
 
 
 def _measuring_state() -> tuple[Any, PolicyState]:

@@ -125,6 +125,7 @@ async def test_stalled_huge_and_malformed_tenants_do_not_stall_another_tenant() 
     # The stalled tenants' own reconciles end at the read deadline (plus scheduling), not the drip's.
     assert report["hostile_own"]["max_s"] < 4 * report["read_deadline_s"], report
     assert report["errors"] == {}  # a malformed line fails no reconcile
+    assert report["leaked_into_good"] == []  # no other tenant's scrape errors in this one's status
     assert "not a valid Prometheus text exposition" in report["bad_condition"]
     assert "larger than" in report["big_condition"]
     assert report["health"]["probes"] >= 5 and report["health"]["not_ok"] == 0

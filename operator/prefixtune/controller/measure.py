@@ -54,7 +54,6 @@ class Meter:
     starts: dict[str, _Start] = field(default_factory=dict)
     watch_from: dict[str, tuple[tuple[object, ...], float]] = field(default_factory=dict)  # Prometheus
     last_signals: dict[str, Signals] = field(default_factory=dict)
-    scrape_errors: list[str] = field(default_factory=list)  # of the last scrape (for the reason)
 
     def forget(self, uid: str) -> None:
         self.starts.pop(uid, None)
@@ -72,20 +71,23 @@ class Meter:
             if p.ip and p.ready and not p.deleting
         }
 
-    async def _scrape(self, spec: ServingDeploymentSpec, pods: Sequence[PodView]) -> dict[str, Snapshot]:
+    async def _scrape(
+        self, spec: ServingDeploymentSpec, pods: Sequence[PodView]
+    ) -> tuple[dict[str, Snapshot], list[str]]:
+        """The pods' snapshots and the short errors of the scrapes that failed (this resource's
+        only: the Meter is shared by every resource, so nothing of one scrape is kept on it)."""
         targets = self._targets(spec, pods)
-        self.scrape_errors = []
         if not targets:
-            return {}
+            return {}, []
         source = ScrapeSource(spec.engine, targets, timeout_s=self.timeout_s, clock=self._clock)
         snaps = await source.snapshot()
-        self.scrape_errors = list(source.errors)
-        return snaps
+        return snaps, list(source.errors)
 
-    def _unanswered(self, what: str) -> str:
+    @staticmethod
+    def _unanswered(what: str, errors: Sequence[str]) -> str:
         """A reason for metrics_unavailable: what is missing, and the scrapes' short errors."""
-        errors = "; ".join(self.scrape_errors[:3])
-        return f"{what} ({errors})" if errors else what
+        shown = "; ".join(errors[:3])
+        return f"{what} ({shown})" if shown else what
 
     async def observe(
         self,
@@ -167,11 +169,11 @@ class Meter:
                     kind="trial_invalidated",
                     reason="the operator restarted during the measurement window (its start scrape is lost)",
                 )
-            snaps = await self._scrape(spec, everyone)
+            snaps, errors = await self._scrape(spec, everyone)
             if not snaps:
                 return Observation(
                     kind="metrics_unavailable",
-                    reason=self._unanswered("no ready pod answered a metrics scrape"),
+                    reason=self._unanswered("no ready pod answered a metrics scrape", errors),
                 )
             if empty := _empty(snaps):
                 # A window must not start from nothing: it would read as zero traffic.
@@ -190,7 +192,7 @@ class Meter:
         )
         if not (full or partial_due):
             return None
-        end = await self._scrape(spec, everyone)
+        end, errors = await self._scrape(spec, everyone)
         subject: Role = "canary" if "canary" in groups else "baseline"
         gaps = _gaps(start.snaps, end, everyone) or ([_empty(end)] if _empty(end) else [])
         if gaps:
@@ -224,7 +226,7 @@ class Meter:
         if signals is None:
             return Observation(
                 kind="metrics_unavailable",
-                reason=self._unanswered(f"no {subject} pod answered a metrics scrape"),
+                reason=self._unanswered(f"no {subject} pod answered a metrics scrape", errors),
             )
         if full:
             self.last_signals[uid] = total or signals
