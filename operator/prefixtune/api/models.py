@@ -387,6 +387,10 @@ class ServingDeploymentSpec(_Model):
     )
     replicas: StrictInt = Field(1, ge=1, le=1000, description="Serving replicas.")
     gpu: GpuSpec = _section(GpuSpec, "GPUs per replica.")
+    startup_timeout: PositiveDuration | None = _omittable(
+        "How long an engine may load before Kubernetes restarts it (the startupProbe); by default sized "
+        "from the model's weights per GPU at a conservative load rate."
+    )
     extra_args: Annotated[list[ExtraArg], Field(max_length=MAX_EXTRA_ARGS)] = Field(
         default_factory=list,
         description="Extra engine arguments, one token per item; may not set flags the operator owns.",
