@@ -486,6 +486,9 @@ class TrialRecord(_Model):
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     score: StrictFloat | None = None
+    kv_tokens: StrictInt | None = Field(
+        None, description="The KV pool the engine reported running (tokens), read back after the rollout."
+    )
 
 
 class Diagnosis(_Model):

@@ -6,6 +6,7 @@ from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.api.rules import narrowed_choices
 from prefixtune.controller.podspec import startup_budget_s
 from prefixtune.engines import get_adapter
+from prefixtune.metrics.recipe import for_engine, missing_signals, objective_refusal
 from prefixtune.tuning.settings import Mode, Objective, Slo, SpaceOverride, Strategy, TuningSettings
 
 # A rollout that is not ready after this long is an infeasible trial. Engines load weights for
@@ -48,6 +49,19 @@ def ready_timeout_s(spec: ServingDeploymentSpec) -> float:
     return max(min(max(span, READY_TIMEOUT_MIN_S), READY_TIMEOUT_MAX_S), startup_budget_s(spec))
 
 
+def engine_version(spec: ServingDeploymentSpec) -> str:
+    """The engine release the pods run, read from the image tag."""
+    adapter = get_adapter(spec.engine)
+    return adapter.version_of(spec.image or adapter.default_image)
+
+
+def release_gaps(spec: ServingDeploymentSpec) -> tuple[tuple[str, ...], str]:
+    """(signals the pods' engine release lacks, why the objective cannot be scored there or "")."""
+    running = for_engine(spec.engine, engine_version(spec))
+    missing = tuple(missing_signals(for_engine(spec.engine), running))
+    return missing, objective_refusal(running, spec.tuning.objective.value)
+
+
 def tuning_settings(
     spec: ServingDeploymentSpec, namespace: str, name: str, *, ready_timeout: float | None = None
 ) -> TuningSettings:
@@ -58,6 +72,7 @@ def tuning_settings(
     strategy: Strategy = spec.effective_rollout().value
     if strategy == "canary" and spec.replicas < 2:
         strategy = "rolling"  # a canary needs a baseline pod beside it
+    missing, refusal = release_gaps(spec)
     return TuningSettings(
         mode=mode,
         objective=objective,
@@ -72,4 +87,7 @@ def tuning_settings(
         drift_threshold=float(tuning.drift.threshold),
         ready_timeout_s=float(ready_timeout if ready_timeout is not None else ready_timeout_s(spec)),
         seed_key=seed_key(namespace, name),
+        missing_signals=missing,
+        refusal=refusal,
+        verify_applied=True,
     )
