@@ -162,10 +162,50 @@ def twin_vllm_families() -> dict[str, Any]:
     return {"twin": families, "recipe": sorted(read)}
 
 
+def engine_sets() -> dict[str, Any]:
+    """Value sets the adapters offer, for step 2 to compare with the engines' own (and the command
+    lines the adapters refuse, which the engines must refuse too)."""
+    from prefixtune.engines.sglang import CACHE_AWARE_POLICIES
+
+    vllm = get_adapter("vllm").table.by_dest("quantization")
+    quantization = [q for q in REAL_QUANTIZATION_PROBE if _accepts(vllm.convert, q)]
+    sglang = get_adapter("sglang")
+    return {
+        "vllm_quantization": quantization,
+        "sglang_policies": list(sglang.knobs()["schedule_policy"].choices),
+        "sglang_cache_aware": sorted(CACHE_AWARE_POLICIES),
+        "refused": [
+            {"engine": "vllm", "quantization": "bitsandbytes"},
+            {"engine": "vllm", "quantization": "gguf"},
+            {"engine": "sglang", "argv": ["--model-path", MODEL, "--cuda-graph-max-bs", "64"]},
+        ],
+    }
+
+
+# Every value vLLM 0.33's QuantizationMethods has plus the two prefixtune refuses (the check compares
+# the accepted subset with vLLM's own list).
+REAL_QUANTIZATION_PROBE = (
+    "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
+    "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
+    "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8",
+    "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
+    "nvfp4_per_token", "mxfp8", "bitsandbytes", "gguf",
+)  # fmt: skip
+
+
+def _accepts(convert: Any, value: str) -> bool:
+    try:
+        convert(value)
+    except ValueError:
+        return False
+    return True
+
+
 def main() -> int:
     cases = [*knob_cases("vllm"), *knob_cases("sglang"), *extra_arg_cases("vllm"), *extra_arg_cases("sglang")]
     cases += example_cases()
-    Path(sys.argv[1]).write_text(json.dumps({"cases": cases, "vllm_metrics": twin_vllm_families()}))
+    document = {"cases": cases, "vllm_metrics": twin_vllm_families(), "sets": engine_sets()}
+    Path(sys.argv[1]).write_text(json.dumps(document))
     print(f"{len(cases)} command lines", file=sys.stderr)
     return 0
 

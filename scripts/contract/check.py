@@ -95,13 +95,63 @@ def compare(expect: dict[str, Any], got: dict[str, Any]) -> list[str]:
     return out
 
 
-def vllm_metrics() -> dict[str, Any]:
-    """vLLM's own PrometheusStatLogger families (name -> type, labels, buckets)."""
-    import prometheus_client
-    from prometheus_client.parser import text_string_to_metric_families
+def check_sets(sets: dict[str, Any], model_dir: str) -> list[str]:
+    """The value sets prefixtune offers against the engines' own, and refusals the engines share."""
+    from sglang.srt.server_args import prepare_server_args
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.metrics.loggers import PrometheusStatLogger
+    from vllm.model_executor.layers.quantization import DEPRECATED_QUANTIZATION_METHODS, QUANTIZATION_METHODS
 
+    problems = []
+    real = set(QUANTIZATION_METHODS) - set(DEPRECATED_QUANTIZATION_METHODS)
+    offered = set(sets["vllm_quantization"])
+    if offered != real:
+        problems.append(
+            f"vLLM --quantization: prefixtune offers {sorted(offered - real)} vLLM lacks, "
+            f"lacks {sorted(real - offered)}"
+        )
+    cache_aware, agnostic = sglang_policy_enums()
+    policies = cache_aware | agnostic
+    if not set(sets["sglang_policies"]) <= policies:
+        problems.append(f"SGLang policies {sorted(set(sets['sglang_policies']) - policies)} do not exist")
+    aware = cache_aware & set(sets["sglang_policies"])
+    if aware != set(sets["sglang_cache_aware"]):
+        problems.append(
+            f"SGLang cache-aware policies: engine {sorted(aware)}, prefixtune {sets['sglang_cache_aware']}"
+        )
+    for refused in sets["refused"]:
+        try:
+            if refused["engine"] == "vllm":
+                EngineArgs(
+                    model=model_dir, skip_tokenizer_init=True, quantization=refused["quantization"]
+                ).create_model_config()
+            else:
+                prepare_server_args(refused["argv"])
+        except (SystemExit, Exception):
+            continue  # refused, as prefixtune refuses it
+        problems.append(f"{refused}: prefixtune refuses it, the engine accepts it")
+    return problems
+
+
+def sglang_policy_enums() -> tuple[set[str], set[str]]:
+    """The values of SGLang's CacheAwarePolicy and CacheAgnosticPolicy, read from the installed
+    schedule_policy.py (importing it pulls torchvision, which this CPU venv does not have)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang")
+    assert spec is not None and spec.submodule_search_locations
+    path = Path(next(iter(spec.submodule_search_locations))) / "srt" / "managers" / "schedule_policy.py"
+    values: dict[str, set[str]] = {"CacheAwarePolicy": set(), "CacheAgnosticPolicy": set()}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name in values:
+            for item in node.body:
+                if isinstance(item, ast.Assign) and isinstance(item.value, ast.Constant):
+                    values[node.name].add(str(item.value.value))
+    return values["CacheAwarePolicy"], values["CacheAgnosticPolicy"]
+
+
+def tiny_model() -> str:
+    """A config-only local model directory (no weights): what vLLM's configs need, no network."""
     model = Path(tempfile.mkdtemp()) / "tiny-llama"
     model.mkdir()
     (model / "config.json").write_text(
@@ -120,6 +170,16 @@ def vllm_metrics() -> dict[str, Any]:
             }
         )
     )
+    return str(model)
+
+
+def vllm_metrics(model: str) -> dict[str, Any]:
+    """vLLM's own PrometheusStatLogger families (name -> type, labels, buckets)."""
+    import prometheus_client
+    from prometheus_client.parser import text_string_to_metric_families
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
     config = EngineArgs(model=str(model), skip_tokenizer_init=True, max_model_len=4096).create_engine_config()
     config.cache_config.num_gpu_blocks = 1000
     logger = PrometheusStatLogger(config, engine_indexes=[0])
@@ -159,8 +219,10 @@ def main() -> int:
         if problems:
             stats["failed"] += 1
             results["failures"].append({"source": case["source"], "argv": case["argv"], "problems": problems})
+    model = tiny_model()
+    results["set_problems"] = check_sets(data["sets"], model)
     try:
-        results["vllm_metrics"] = vllm_metrics()
+        results["vllm_metrics"] = vllm_metrics(model)
     except Exception as err:
         results["vllm_metrics_error"] = f"{type(err).__name__}: {err}"
     results["seconds"] = round(time.time() - started, 1)

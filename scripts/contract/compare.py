@@ -92,6 +92,9 @@ def main() -> int:
         "platform": check.get("platform"),
         "command_lines": check["engines"],
         "parse_failures": check["failures"],
+        # value sets (vLLM quantization methods, SGLang policies and which are cache-aware) and the
+        # command lines prefixtune refuses that the engines must refuse too
+        "set_problems": check.get("set_problems", ["not checked"]),
         "check_seconds": check.get("seconds"),
         "total_seconds": float(sys.argv[4]) if len(sys.argv) > 4 else None,
     }
@@ -102,7 +105,7 @@ def main() -> int:
     else:
         report["vllm_metrics"] = {"error": check.get("vllm_metrics_error")}
         ok_metrics = False
-    report["ok"] = not check["failures"] and ok_metrics
+    report["ok"] = not check["failures"] and ok_metrics and not report["set_problems"]
     text = json.dumps(report, indent=2, sort_keys=True)
     Path(sys.argv[3]).write_text(text + "\n")
     print(text)
