@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: all venv sysdeps lint typecheck unit test demo crd clean
+.PHONY: all venv sysdeps lint typecheck unit test demo crd contract clean
 
 all: test
 
@@ -46,5 +46,11 @@ crd: venv
 demo: venv sysdeps
 	$(BIN)/prefixtune demo
 
+# The engines' own parsers and vLLM's Prometheus logger on everything prefixtune renders (heavy: a
+# separate .venv-contract with vllm 0.33.0 and sglang 0.5.23; not part of `make test`). Writes
+# docs/bench-results/contract.json.
+contract: venv
+	bash scripts/contract.sh
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-contract .mypy_cache .ruff_cache .pytest_cache

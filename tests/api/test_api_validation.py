@@ -70,7 +70,7 @@ CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...], bool]] = [
         "sglang-priority",
         _with("sglang", config={"schedulePolicy": "priority"}),
         "spec.config.schedulePolicy",
-        ("'priority' is not supported by sglang", "fcfs, lpm, dfs-weight, lof, random"),
+        ("'priority' is not supported by sglang", "fcfs, lpm, dfs-weight, hrrn, lof, random"),
         False,
     ),
     (
@@ -155,7 +155,7 @@ CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...], bool]] = [
         "space-policy-not-supported",
         _with("sglang", tuning={"space": {"schedulePolicy": ["fcfs", "priority"]}}),
         "spec.tuning.space.schedulePolicy[1]",
-        ("sglang", "fcfs, lpm, dfs-weight, lof, random"),
+        ("sglang", "fcfs, lpm, dfs-weight, hrrn, lof, random"),
         False,
     ),
     (

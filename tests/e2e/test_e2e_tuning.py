@@ -369,3 +369,103 @@ async def test_invalid_spec_observe_mode_and_delete(cluster: Cluster) -> None:
         return await cluster.deployment("watch") is None and svc is None
 
     await wait_for(children_gone, 30, "the children to be garbage-collected")
+
+
+# --- issue 16: what a real engine does that the twin used to hide -------------------------------
+# An engine that runs another knob value than rendered (every pod at memory fraction 0.9, as
+# TensorRT-LLM's shallow kv_cache_config merge runs a CLI fraction) never has that trial scored; a
+# TensorRT-LLM 1.2-era pod (by its image tag) names its missing signals instead of tuning blind.
+
+
+@pytest.fixture
+async def shallow_cluster() -> AsyncIterator[Cluster]:
+    cfg = KubeletConfig(startup_delay_s=10.0, probe_period_s=2.0, backoff_initial_s=10.0)
+    keep = os.environ.get("PREFIXTUNE_E2E_LOGS")
+    with tempfile.TemporaryDirectory(prefix="prefixtune-e2e-") as tmp:
+        log_dir = Path(keep) if keep else Path(tmp)
+        async with sandbox(
+            speedup=SPEEDUP, crds=[build_crd()], config=cfg, knob_overrides={"memory_fraction": 0.9}
+        ) as sb:
+            operator = Operator(str(sb.kubeconfig), log_dir)
+            operator.start()
+            try:
+                yield Cluster(sb, operator)
+            finally:
+                operator.stop()
+
+
+def _real_tuning(objective: str, space: dict[str, Any], max_trials: int) -> dict[str, Any]:
+    return {
+        "objective": objective,
+        "slo": {"ttftP99": "200ms", "itlP99": "100ms"},
+        "space": space,
+        "trial": {"warmup": "2s", "measure": "6s", "minRequests": 8},
+        "budget": {"maxTrials": max_trials},
+        "rollout": {"minInterval": "0s"},
+        "drift": {"threshold": 1.0},
+    }
+
+
+async def test_a_knob_the_engine_overrides_is_never_scored(shallow_cluster: Cluster) -> None:
+    cluster = shallow_cluster
+    spec = {
+        "engine": "trtllm", "model": MODEL, "replicas": 1,
+        "config": {"memoryFraction": 0.9, "prefixCaching": True},
+        "tuning": _real_tuning("goodput", {"memoryFraction": {"min": 0.5, "max": 0.7}}, 2),
+    }  # fmt: skip
+    await cluster.apply(resource("merge", spec, "agent", rate=0.3))
+
+    async def not_applied() -> PolicyState | None:
+        s = policy_state_of(await cluster.status("merge"))
+        if s is None or not any(t.outcome == "not_applied" for t in s.trials):
+            return None
+        return s
+
+    state = await wait_for(not_applied, 200, "a trial ended not_applied")
+    baseline = next(t for t in state.trials if t.role == "baseline")
+    assert baseline.outcome in ("ok", "running") and baseline.verified  # 0.9 is what it runs
+    for trial in state.trials:
+        if trial.role == "trial" and trial.outcome != "running":
+            # The engine ran 0.9 whatever the trial asked (0.5..0.7): never scored as if it ran.
+            assert trial.outcome == "not_applied", trial
+            assert trial.value is None and trial.score is None and trial.signals is None
+            assert "memory_fraction: intended" in trial.reason and "running 0.9" in trial.reason
+    assert baseline.kv_tokens is not None and baseline.kv_tokens > 0
+    events = [e for e in await cluster.events("merge") if e.get("reason") == "KnobNotApplied"]
+    assert events and "memory_fraction: intended" in events[0]["message"]
+    status = await cluster.status("merge")
+    assert any(t["outcome"] == "not_applied" for t in status["trials"])
+
+
+async def test_a_trtllm_1_2_pod_names_its_missing_signals_instead_of_tuning_blind(
+    shallow_cluster: Cluster,
+) -> None:
+    cluster = shallow_cluster
+    spec = {
+        "engine": "trtllm", "model": MODEL, "replicas": 1,
+        "image": "nvcr.io/nvidia/tensorrt-llm/release:1.2.0",
+        "config": {"memoryFraction": 0.9},
+        "tuning": _real_tuning("goodput", {"blockSize": [32, 64]}, 2),
+    }  # fmt: skip
+    await cluster.apply(resource("old", spec, "agent", rate=0.3))
+
+    async def conditions() -> dict[str, dict[str, Any]] | None:
+        status = await cluster.status("old")
+        found = {c["type"]: c for c in status.get("conditions") or []}
+        return found if "SignalsMissing" in found and "Tuning" in found else None
+
+    found = await wait_for(conditions, 120, "the SignalsMissing condition")
+    missing = found["SignalsMissing"]
+    assert missing["status"] == "True"
+    for name in ("prefix-cache hit rate", "output tokens/s", "queue length"):
+        assert name in missing["message"]
+    assert found["Tuning"]["status"] == "False" and found["Tuning"]["reason"] == "SignalsMissing"
+    assert "objectives it can score: ttft" in found["Tuning"]["message"]
+    state = policy_state_of(await cluster.status("old"))
+    assert state is not None and state.phase == "Observing"
+    assert not any(t.role == "trial" for t in state.trials)  # nothing rolled out blind
+    events = {e.get("reason") for e in await cluster.events("old")}
+    assert "SignalsMissing" in events
+    pods = await cluster.sb.api.list("/api/v1/namespaces/default/pods")
+    (pod,) = [p for p in pods if (p["metadata"].get("labels") or {}).get("prefixtune.io/resource") == "old"]
+    assert pod["spec"]["containers"][0]["image"].endswith("release:1.2.0")

@@ -81,7 +81,7 @@ def test_trtllm_files_and_trailing_args(capsys: pytest.CaptureFixture[str]) -> N
 def test_dispatch_through_prefixtune(capsys: pytest.CaptureFixture[str]) -> None:
     assert prefixtune_main(["args", "--engine", "sglang", "--model", "m"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["command"] == ["python3", "-m", "sglang.launch_server"]
+    assert doc["command"] == ["sglang", "serve"]
     assert "--enable-metrics" in doc["args"]
 
 
@@ -98,7 +98,7 @@ def test_dispatch_through_prefixtune(capsys: pytest.CaptureFixture[str]) -> None
         ),
         (
             ["--engine", "sglang", "--model", "m", "--set", "schedule_policy=priority"],
-            "must be one of fcfs, lpm, dfs-weight, lof, random",
+            "must be one of fcfs, lpm, dfs-weight, hrrn, lof, random",
         ),
         (
             ["--engine", "vllm", "--model", "m", "--set", "memoryFraction=high"],

@@ -70,8 +70,7 @@ def test_prefix_caching_knob_is_a_switch_on_by_default() -> None:
         (
             "sglang",
             ["python3", "-m", "sglang.serve", "--model-path", "m"],
-            "sglang: the command must start with 'python3 -m sglang.launch_server', "
-            "got 'python3 -m sglang.serve'",
+            "sglang: the command must start with 'sglang serve', got 'python3 -m'",
         ),
         (
             "trtllm",

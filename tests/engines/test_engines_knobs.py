@@ -46,9 +46,9 @@ def test_get_adapter_unknown_lists_known_engines() -> None:
         ),
         (
             "sglang",
-            KnobConfig(0.88, 1, True, "fcfs"),
+            KnobConfig(0.828, 1, True, "fcfs"),  # SGLang's own rule on an H100-80GB, TP 1
             (1, 16, 32, 64, 128),
-            ("fcfs", "lpm", "dfs-weight", "lof", "random"),
+            ("fcfs", "lpm", "dfs-weight", "hrrn", "lof", "random"),
             30000,
             "/metrics",
         ),
@@ -93,7 +93,7 @@ def test_validate_names_each_bad_knob() -> None:
     messages = dict(errors)
     assert "must be in (0.0, 1.0], got 1.2" in messages["memory_fraction"]
     assert "must be one of 1, 16, 32, 64, 128; got 8" in messages["block_size"]
-    assert "must be one of fcfs, lpm, dfs-weight, lof, random" in messages["schedule_policy"]
+    assert "must be one of fcfs, lpm, dfs-weight, hrrn, lof, random" in messages["schedule_policy"]
 
 
 def test_render_refuses_an_invalid_config() -> None:

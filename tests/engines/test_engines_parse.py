@@ -136,7 +136,7 @@ def test_sglang_real_command_both_forms_and_aliases() -> None:
 
 def test_sglang_defaults() -> None:
     parsed = SGLANG.parse(["python3", "-m", "sglang.launch_server", "--model-path", "m"])
-    assert parsed.config == KnobConfig(0.88, 1, True, "fcfs")
+    assert parsed.config == KnobConfig(0.828, 1, True, "fcfs")
     assert parsed.options == {}
 
 
@@ -256,7 +256,12 @@ def test_rendered_trtllm_options_file() -> None:
 
     document = yaml.safe_load(rendered.files[OPTIONS_PATH])
     assert document == {
-        "kv_cache_config": {"tokens_per_block": 16, "enable_block_reuse": True, "enable_partial_reuse": True},
+        "kv_cache_config": {
+            "free_gpu_memory_fraction": 0.8,
+            "tokens_per_block": 16,
+            "enable_block_reuse": True,
+            "enable_partial_reuse": True,
+        },
         "scheduler_config": {"capacity_scheduler_policy": "MAX_UTILIZATION"},
         "return_perf_metrics": True,
         "enable_iter_perf_stats": True,

@@ -128,4 +128,4 @@ def test_every_categorical_combination_round_trips() -> None:
                         rendered = adapter.render("m", config)
                         assert adapter.parse(rendered.argv, rendered.files).config == config
                         count += 1
-    assert count == 3 * (4 * 2 * 2 + 5 * 2 * 5 + 5 * 2 * 2)
+    assert count == 3 * (4 * 2 * 2 + 5 * 2 * 6 + 5 * 2 * 2)

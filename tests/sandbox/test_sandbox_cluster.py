@@ -352,7 +352,7 @@ async def test_trtllm_reads_its_options_file_from_a_configmap_mount(sb: Sandbox)
             "containers": [
                 {
                     "name": "engine",
-                    "image": "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
+                    "image": "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24",  # a release with config info
                     "command": ["trtllm-serve"],
                     "args": [
                         MODEL,

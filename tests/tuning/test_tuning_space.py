@@ -54,13 +54,13 @@ def test_equivalent_configs_collapse() -> None:
     sp = space_for("sglang")
     grid = sp.grid(3)
     assert len(grid) == len(set(grid))
-    # caching off: lpm and dfs-weight run as fcfs, so they never appear
+    # caching off: lpm, dfs-weight and hrrn run as fcfs, so they never appear
     off = {c.schedule_policy for c in grid if not c.prefix_caching}
-    assert "lpm" not in off and "dfs-weight" not in off and "fcfs" in off
+    assert not off & {"lpm", "dfs-weight", "hrrn"} and "fcfs" in off
     pages = len(get_adapter("sglang").knobs()["block_size"].choices)
     policies = len(get_adapter("sglang").knobs()["schedule_policy"].choices)
     on_combos = pages * policies
-    off_combos = pages * (policies - 2)
+    off_combos = pages * (policies - 3)
     assert len(sp.categorical_combos()) == on_combos + off_combos
     assert len(grid) == 3 * (on_combos + off_combos)
     # a point with a cache-aware policy and caching off maps to the fcfs config

@@ -48,6 +48,7 @@ class ConditionType(StrEnum):
     TUNING = "Tuning"
     DEGRADED = "Degraded"
     METRICS_UNAVAILABLE = "MetricsUnavailable"
+    SIGNALS_MISSING = "SignalsMissing"  # the engine release does not export series the tuner reads
 
 
 class ConditionStatus(StrEnum):
@@ -61,6 +62,7 @@ class TrialOutcome(StrEnum):
     INFEASIBLE = "infeasible"
     ABORTED = "aborted"
     INVALIDATED = "invalidated"
+    NOT_APPLIED = "not_applied"  # the engine ran other knob values than rendered: never scored
     RUNNING = "running"
 
 

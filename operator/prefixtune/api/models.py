@@ -415,6 +415,10 @@ class ServingDeploymentSpec(_Model):
     ) = _omittable("Container image; defaults to the engine's image.")
     replicas: StrictInt = Field(1, ge=1, le=1000, description="Serving replicas.")
     gpu: GpuSpec = _section(GpuSpec, "GPUs per replica.")
+    startup_timeout: PositiveDuration | None = _omittable(
+        "How long an engine may load before Kubernetes restarts it (the startupProbe); by default sized "
+        "from the model's weights per GPU at a conservative load rate."
+    )
     extra_args: Annotated[list[ExtraArg], Field(max_length=MAX_EXTRA_ARGS)] = Field(
         default_factory=list,
         description="Extra engine arguments, one token per item; may not set flags the operator owns.",
@@ -517,6 +521,9 @@ class TrialRecord(_Model):
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     score: StrictFloat | None = None
+    kv_tokens: StrictInt | None = Field(
+        None, description="The KV pool the engine reported running (tokens), read back after the rollout."
+    )
 
 
 class Diagnosis(_Model):

@@ -79,6 +79,8 @@ def check_spec(spec: ServingDeploymentSpec) -> list[Problem]:
     problems += _check_config(adapter, spec)
     problems += _check_space(adapter, spec)
     problems += _check_extra_args(adapter, spec.extra_args, spec.model, spec.gpu.count)
+    problems += _check_version(adapter, spec)
+    problems += _check_combination(adapter, spec)
     problems += _check_rollout(spec)
     problems += _check_metrics(spec)
     problems += secret_flag_problems(spec.extra_args)
@@ -92,7 +94,7 @@ def fill_defaults(spec: ServingDeploymentSpec) -> None:
     adapter = get_adapter(spec.engine)
     if spec.image is None:
         spec.image = adapter.default_image
-    defaults = adapter.default_config().to_dict()
+    defaults = adapter.default_config_for(gpu_memory_bytes(str(spec.gpu.type)), spec.gpu.count).to_dict()
     config = spec.config
     if config.memory_fraction is None:
         config.memory_fraction = float(defaults["memory_fraction"])
@@ -107,6 +109,23 @@ def fill_defaults(spec: ServingDeploymentSpec) -> None:
         rollout.strategy = RolloutStrategy.CANARY if spec.replicas >= 2 else RolloutStrategy.ROLLING
 
 
+def gpu_memory_bytes(gpu_type: str) -> float:
+    """Device memory of a GPU type as CUDA reports it (the twin's GPU catalog holds the figures)."""
+    from prefixtune.twin.catalog import get_gpu
+
+    return float(get_gpu(gpu_type).memory_bytes)
+
+
+def narrowed_choices(adapter: EngineAdapter, extra_args: Sequence[str]) -> dict[str, KnobSpec]:
+    """The adapter's knobs with the values the extra args exclude removed (SGLang's priority
+    scheduling starts only with fcfs or lof): the tuner never searches a config the engine refuses."""
+    knobs = dict(adapter.knobs())
+    for knob, allowed in adapter.allowed_choices(extra_args).items():
+        spec = knobs[knob]
+        knobs[knob] = replace(spec, choices=tuple(c for c in spec.choices if c in allowed))
+    return knobs
+
+
 def search_space(spec: ServingDeploymentSpec) -> dict[str, KnobSpec]:
     """The effective search space: the adapter's knob specs narrowed by spec.tuning.space.
 
@@ -115,7 +134,7 @@ def search_space(spec: ServingDeploymentSpec) -> dict[str, KnobSpec]:
     over exactly the listed values (or the given range).
     """
     adapter = get_adapter(spec.engine)
-    knobs = dict(adapter.knobs())
+    knobs = narrowed_choices(adapter, spec.extra_args)
     space = spec.tuning.space
     if space.memory_fraction is not None:
         knobs["memory_fraction"] = replace(
@@ -202,6 +221,43 @@ def _check_space(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[Pr
             elif item in seen:
                 problems.append((path, f"duplicate value {show(item)}; list each value once"))
             seen.add(item)
+    return problems
+
+
+def _check_version(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[Problem]:
+    """Extra args that parse but that the image's engine release refuses at start."""
+    version = adapter.version_of(spec.image or adapter.default_image)
+    return [
+        (f"extraArgs[{i}]", message) for i, message in adapter.refused_for_version(version, spec.extra_args)
+    ]
+
+
+def _check_combination(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[Problem]:
+    """Knob values (spec.config, tuning.space) that the engine refuses at start with the extra args."""
+    allowed = adapter.allowed_choices(spec.extra_args)
+    if not allowed:
+        return []
+    problems: list[Problem] = []
+    given = {
+        "memory_fraction": spec.config.memory_fraction,
+        "block_size": spec.config.block_size,
+        "prefix_caching": spec.config.prefix_caching,
+        "schedule_policy": spec.config.schedule_policy,
+    }
+    listed: Mapping[str, Sequence[object] | None] = {
+        "block_size": spec.tuning.space.block_size,
+        "prefix_caching": spec.tuning.space.prefix_caching,
+        "schedule_policy": spec.tuning.space.schedule_policy,
+    }
+    for knob, values in allowed.items():
+        text = ", ".join(str(v) for v in values)
+        why = f"{adapter.name} refuses to start with it given spec.extraArgs; allowed: {text}"
+        value = given.get(knob)
+        if value is not None and value not in values:
+            problems.append((f"config.{knob_field(knob)}", f"{show(value)}: {why}"))
+        for i, item in enumerate(listed.get(knob) or ()):
+            if item not in values:
+                problems.append((f"tuning.space.{knob_field(knob)}[{i}]", f"{show(item)}: {why}"))
     return problems
 
 

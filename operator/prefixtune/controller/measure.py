@@ -19,10 +19,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prefixtune.api.models import ServingDeploymentSpec
+from prefixtune.controller import applied
 from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.observe import PodView, desired, pods_of
 from prefixtune.controller.render import Role, config_hash
 from prefixtune.engines import get_adapter
+from prefixtune.engines.base import MetricNames
 from prefixtune.metrics.bounded import METRICS_POOL, BoundedPrometheus
 from prefixtune.metrics.exposition import Snapshot
 from prefixtune.metrics.histogram import Slo
@@ -79,7 +81,9 @@ class Meter:
         targets = self._targets(spec, pods)
         if not targets:
             return {}, []
-        source = ScrapeSource(spec.engine, targets, timeout_s=self.timeout_s, clock=self._clock)
+        source = ScrapeSource(
+            spec.engine, targets, timeout_s=self.timeout_s, clock=self._clock, names=_names(spec)
+        )
         snaps = await source.snapshot()
         return snaps, list(source.errors)
 
@@ -88,6 +92,29 @@ class Meter:
         """A reason for metrics_unavailable: what is missing, and the scrapes' short errors."""
         shown = "; ".join(errors[:3])
         return f"{what} ({shown})" if shown else what
+
+    async def verify(
+        self, spec: ServingDeploymentSpec, state: PolicyState, pods: Sequence[PodView]
+    ) -> Observation | None:
+        """config_checked for the trial in flight, once its pods serve: what the engine reports
+        running against the trial's knobs. None while no pod of it answers a scrape."""
+        trial = None if state.active is None else state.trial(state.active)
+        if trial is None or trial.verified or state.step not in ("WarmingUp", "Measuring"):
+            return None
+        want = desired(state)
+        role: Role = want.subject
+        mine = [p for p in pods_of(pods, role, config_hash(trial.config)) if p.ready]
+        snaps, _ = await self._scrape(spec, mine) if mine else ({}, [])
+        if not snaps:
+            return None
+        adapter = get_adapter(spec.engine)
+        reads = [applied.read_back(adapter, pod, snap) for pod, snap in sorted(snaps.items())]
+        return Observation(
+            kind="config_checked",
+            config=trial.config,
+            mismatches=applied.mismatches(trial.config, reads),
+            kv_tokens=applied.kv_tokens(reads),
+        )
 
     async def observe(
         self,
@@ -139,9 +166,9 @@ class Meter:
         if not chains:
             return None
         slo = Slo(float(spec.tuning.slo.ttft_p99), float(spec.tuning.slo.itl_p99))
-        from prefixtune.metrics.recipe import for_engine
+        from prefixtune.metrics.recipe import recipe
 
-        return window_signals(for_engine(spec.engine), chains, slo=slo)
+        return window_signals(recipe(spec.engine, _names(spec)), chains, slo=slo)
 
     def _signals(
         self, spec: ServingDeploymentSpec, start: _Start, end: Mapping[str, Snapshot], pods: Sequence[PodView]
@@ -275,6 +302,7 @@ class Meter:
             client,
             spec.engine,
             slo=Slo(float(spec.tuning.slo.ttft_p99), float(spec.tuning.slo.itl_p99)),
+            names=_names(spec),
         )
 
         def measure(group: Sequence[PodView]) -> Signals | None:
@@ -304,6 +332,12 @@ class Meter:
             baseline_pods=len(groups["baseline"]) or 1,
             offered_rps=signals.requests_per_s,
         )
+
+
+def _names(spec: ServingDeploymentSpec) -> MetricNames:
+    """The series the pods' engine release exports (a TensorRT-LLM 1.2 image lacks most)."""
+    adapter = get_adapter(spec.engine)
+    return adapter.metrics_for(adapter.version_of(spec.image or adapter.default_image))
 
 
 def _gaps(start: Mapping[str, Snapshot], end: Mapping[str, Snapshot], pods: Sequence[PodView]) -> list[str]:

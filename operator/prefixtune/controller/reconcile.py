@@ -178,6 +178,9 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
         rollout = rollout_observation(state, children.deployments, children.pods)
         if rollout is not None:
             state = await _advance(state, rollout, now, actions)
+        checked = await ctx.meter.verify(spec, state, children.pods)
+        if checked is not None:
+            state = await _advance(state, checked, now, actions)
         window = await ctx.meter.observe(
             uid, spec, state, children.pods, now, admin=ctx.admin, namespace=namespace
         )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from prefixtune.api.models import GROUP_VERSION, KIND, ServingDeploymentSpec
-from prefixtune.controller import engine_pod
+from prefixtune.controller import engine_pod, podspec
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig, RenderedCommand
 
@@ -128,7 +128,8 @@ def _meta(
 
 def render_command(spec: ServingDeploymentSpec, config: KnobConfig) -> RenderedCommand:
     adapter = get_adapter(spec.engine)
-    return adapter.render(spec.model, config, spec.extra_args, None, spec.gpu.count)
+    slo = float(spec.tuning.slo.ttft_p99)
+    return adapter.render(spec.model, config, spec.extra_args, None, spec.gpu.count, ttft_slo_s=slo)
 
 
 def _options_data(files: Mapping[str, str]) -> dict[str, str]:
@@ -148,16 +149,6 @@ def render_configmap(
         "kind": "ConfigMap",
         "metadata": _meta(owner, configmap_name(owner.name, role), labels),
         "data": _options_data(command.files),
-    }
-
-
-def _probe(path: str, *, initial_delay: int, period: int, failure_threshold: int) -> dict[str, Any]:
-    return {
-        "httpGet": {"path": path, "port": PORT_NAME},
-        "initialDelaySeconds": initial_delay,
-        "periodSeconds": period,
-        "timeoutSeconds": 5,
-        "failureThreshold": failure_threshold,
     }
 
 
@@ -194,10 +185,9 @@ def render_deployment(
             "limits": {GPU_RESOURCE: str(spec.gpu.count)},
             "requests": {GPU_RESOURCE: str(spec.gpu.count)},
         },
-        # Engines load weights for minutes: the readiness probe gates traffic, the liveness probe
-        # only restarts an engine that stopped answering for a while.
-        "readinessProbe": _probe(adapter.health_path, initial_delay=5, period=5, failure_threshold=3),
-        "livenessProbe": _probe(adapter.health_path, initial_delay=300, period=10, failure_threshold=6),
+        # Engines load weights for minutes: the startup probe waits for that (sized from the model),
+        # the readiness probe gates traffic, the liveness probe restarts an engine that hung.
+        **podspec.probes(spec, PORT_NAME),
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
@@ -214,6 +204,10 @@ def render_deployment(
         pod_spec["volumes"] = [
             {"name": OPTIONS_VOLUME, "configMap": {"name": configmap_name(owner.name, role)}}
         ]
+    shm = podspec.shm_volume(spec)
+    if shm is not None:
+        pod_spec.setdefault("volumes", []).append(shm[0])
+        container.setdefault("volumeMounts", []).append(shm[1])
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from prefixtune.api.models import ServingDeploymentSpec
+from prefixtune.api.rules import narrowed_choices
+from prefixtune.controller.podspec import startup_budget_s
+from prefixtune.engines import get_adapter
+from prefixtune.metrics.recipe import for_engine, missing_signals, objective_refusal
 from prefixtune.tuning.settings import Mode, Objective, Slo, SpaceOverride, Strategy, TuningSettings
 
 # A rollout that is not ready after this long is an infeasible trial. Engines load weights for
@@ -19,6 +23,13 @@ def seed_key(namespace: str, name: str) -> str:
 def space_override(spec: ServingDeploymentSpec) -> SpaceOverride:
     """spec.tuning.space as the policy's SpaceOverride (only the knobs the user listed)."""
     space = spec.tuning.space
+    narrowed = narrowed_choices(get_adapter(spec.engine), spec.extra_args)
+    policies = space.schedule_policy
+    if (
+        policies is None
+        and narrowed["schedule_policy"].choices != get_adapter(spec.engine).knobs()["schedule_policy"].choices
+    ):
+        policies = [str(p) for p in narrowed["schedule_policy"].choices]  # the engine refuses the others
     return SpaceOverride(
         memory_fraction=(
             None
@@ -27,16 +38,28 @@ def space_override(spec: ServingDeploymentSpec) -> SpaceOverride:
         ),
         block_size=None if space.block_size is None else tuple(int(b) for b in space.block_size),
         prefix_caching=None if space.prefix_caching is None else tuple(bool(p) for p in space.prefix_caching),
-        schedule_policy=(
-            None if space.schedule_policy is None else tuple(str(p) for p in space.schedule_policy)
-        ),
+        schedule_policy=None if policies is None else tuple(str(p) for p in policies),
     )
 
 
 def ready_timeout_s(spec: ServingDeploymentSpec) -> float:
     trial = spec.tuning.trial
     span = READY_TIMEOUT_WINDOWS * (float(trial.warmup) + float(trial.measure))
-    return min(max(span, READY_TIMEOUT_MIN_S), READY_TIMEOUT_MAX_S)
+    # Never shorter than the startup probe's budget: a pod still loading is not a failed trial.
+    return max(min(max(span, READY_TIMEOUT_MIN_S), READY_TIMEOUT_MAX_S), startup_budget_s(spec))
+
+
+def engine_version(spec: ServingDeploymentSpec) -> str:
+    """The engine release the pods run, read from the image tag."""
+    adapter = get_adapter(spec.engine)
+    return adapter.version_of(spec.image or adapter.default_image)
+
+
+def release_gaps(spec: ServingDeploymentSpec) -> tuple[tuple[str, ...], str]:
+    """(signals the pods' engine release lacks, why the objective cannot be scored there or "")."""
+    running = for_engine(spec.engine, engine_version(spec))
+    missing = tuple(missing_signals(for_engine(spec.engine), running))
+    return missing, objective_refusal(running, spec.tuning.objective.value)
 
 
 def tuning_settings(
@@ -49,6 +72,7 @@ def tuning_settings(
     strategy: Strategy = spec.effective_rollout().value
     if strategy == "canary" and spec.replicas < 2:
         strategy = "rolling"  # a canary needs a baseline pod beside it
+    missing, refusal = release_gaps(spec)
     return TuningSettings(
         mode=mode,
         objective=objective,
@@ -63,4 +87,7 @@ def tuning_settings(
         drift_threshold=float(tuning.drift.threshold),
         ready_timeout_s=float(ready_timeout if ready_timeout is not None else ready_timeout_s(spec)),
         seed_key=seed_key(namespace, name),
+        missing_signals=missing,
+        refusal=refusal,
+        verify_applied=True,
     )

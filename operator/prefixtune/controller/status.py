@@ -22,7 +22,7 @@ from prefixtune.tuning.state import PolicyState, Trial
 MAX_TRIALS_IN_STATUS = 50
 POLICY_KEY = "state"  # status.policy.state: PolicyState.to_json()
 POLICY_SCHEMA = 1
-CONDITION_TYPES = ("Ready", "Tuning", "Degraded", "MetricsUnavailable")
+CONDITION_TYPES = ("Ready", "Tuning", "Degraded", "MetricsUnavailable", "SignalsMissing")
 # Diagnosis bounds the API knows; the metrics layer may say more (e.g. "insufficient").
 API_BOUNDS = ("prefill", "decode", "kv-capacity", "queueing", "unknown")
 
@@ -118,6 +118,8 @@ def trial_record(trial: Trial) -> dict[str, Any]:
         record["finishedAt"] = iso(trial.finished_at)
     if finite(trial.value) is not None:
         record["score"] = finite(trial.value)
+    if trial.kv_tokens is not None:
+        record["kvTokens"] = int(trial.kv_tokens)
     return record
 
 

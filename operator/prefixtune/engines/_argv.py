@@ -31,6 +31,7 @@ class Role(Enum):
     OWNED = "owned"  # rendered by the operator (tuned knobs, model, port, host, tp); extraArgs may not set it
     FORBIDDEN = "forbidden"  # a real engine flag that would override a tuned knob; refused everywhere
     OPTION = "option"  # a recognised, untuned flag; passed through verbatim
+    REMOVED = "removed"  # a flag older releases had and this one refuses at start (``why`` says instead)
 
 
 Converter = Callable[[str], object]
@@ -261,6 +262,6 @@ def owned_tokens(table: FlagTable, args: Sequence[str]) -> list[str]:
     found = []
     for token in args:
         flag = table.flag_of(token)
-        if flag is not None and flag.role is not Role.OPTION:
+        if flag is not None and flag.role in (Role.OWNED, Role.FORBIDDEN):
             found.append(token)
     return found

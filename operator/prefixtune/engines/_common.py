@@ -17,6 +17,7 @@ from prefixtune.engines.base import (
     EngineName,
     KnobConfig,
     KnobSpec,
+    MetricNames,
     ParsedCommand,
     RenderedCommand,
 )
@@ -29,6 +30,7 @@ CHUNKED_PREFILL = "chunked_prefill"
 KV_CACHE_DTYPE = "kv_cache_dtype"
 MAX_MODEL_LEN = "max_model_len"
 HOST_CACHE_BYTES = "host_cache_bytes"
+HOST_CACHE_BACKEND = "host_cache_backend"  # vLLM: native | lmcache
 PARTIAL_REUSE = "partial_reuse"
 EVICTION_POLICY = "eviction_policy"
 HOST = "host"
@@ -65,14 +67,48 @@ class AdapterBase(ABC):
 
     name: EngineName
     command: tuple[str, ...]  # what the operator renders
-    command_aliases: tuple[tuple[str, ...], ...] = ()  # other spellings parse accepts, as long as ``command``
+    command_aliases: tuple[tuple[str, ...], ...] = ()  # other entry points parse accepts
     default_port: int
     tp_dest: str  # the flag dest that carries the tensor-parallel degree
     table: FlagTable
     _knobs: Mapping[str, KnobSpec]
 
+    metrics: MetricNames
+    version: str  # the release series this adapter's facts are for (the default image's)
+    ready_path: str = "/health"
+
     def knobs(self) -> Mapping[str, KnobSpec]:
         return self._knobs
+
+    def version_of(self, image: str) -> str:
+        """One supported series unless the adapter knows several (TensorRT-LLM)."""
+        return self.version
+
+    def metrics_for(self, version: str) -> MetricNames:
+        return self.metrics
+
+    def allowed_choices(self, extra_args: Sequence[str]) -> Mapping[str, tuple[object, ...]]:
+        return {}
+
+    def check_combination(self, config: KnobConfig, extra_args: Sequence[str]) -> list[tuple[str, str]]:
+        errors = []
+        for knob, choices in self.allowed_choices(extra_args).items():
+            value = config.to_dict()[knob]
+            if value not in choices:
+                allowed = ", ".join(str(c) for c in choices)
+                errors.append(
+                    (
+                        knob,
+                        f"{self.name}: {knob} {value} is refused with these extra args; allowed: {allowed}",
+                    )
+                )
+        return errors
+
+    def refused_for_version(self, version: str, extra_args: Sequence[str]) -> list[tuple[int, str]]:
+        return []
+
+    def default_config_for(self, gpu_memory_bytes: float, tensor_parallel: int) -> KnobConfig:
+        return self.default_config()
 
     def default_config(self) -> KnobConfig:
         return KnobConfig.from_dict({name: spec.default for name, spec in self._knobs.items()})
@@ -100,16 +136,25 @@ class AdapterBase(ABC):
         extra_args: Sequence[str] = (),
         port: int | None = None,
         tensor_parallel: int = 1,
+        ttft_slo_s: float | None = None,
     ) -> RenderedCommand:
-        """Check the inputs (model, config, extra args, port, TP, in this order), render, read back."""
+        """Check the inputs (model, config, extra args, port, TP, in this order), render, read back.
+
+        ``ttft_slo_s``: the TTFT SLO, for engines whose histogram bounds the operator renders so that
+        the SLO can be resolved (SGLang)."""
         require_model(model)
         self.check_config(config)
         self.check_extra_args(extra_args)
         port = require_port(self.default_port if port is None else port)
-        rendered = self.render_args(model, config, extra_args, port, require_tensor_parallel(tensor_parallel))
+        args = (*self.metric_args(ttft_slo_s), *extra_args)
+        rendered = self.render_args(model, config, args, port, require_tensor_parallel(tensor_parallel))
         # What we render must read back: unknown extra flags and bad values fail here.
         self.parse(rendered.argv, rendered.files)
         return rendered
+
+    def metric_args(self, ttft_slo_s: float | None) -> tuple[str, ...]:
+        """Owned flags that shape the engine's metrics (rendered before the extra args)."""
+        return ()
 
     @abstractmethod
     def render_args(
@@ -128,12 +173,13 @@ class AdapterBase(ABC):
     def command_args(self, argv: Sequence[str]) -> list[str]:
         """The arguments after the command; ArgsError when ``argv`` does not start with an accepted one."""
         tokens = list(argv)
+        for accepted in (self.command, *self.command_aliases):
+            if tuple(tokens[: len(accepted)]) == accepted:
+                return tokens[len(accepted) :]
         head = tuple(tokens[: len(self.command)])
-        if head != self.command and head not in self.command_aliases:
-            raise ArgsError(
-                f"{self.name}: the command must start with {' '.join(self.command)!r}, got {' '.join(head)!r}"
-            )
-        return tokens[len(self.command) :]
+        raise ArgsError(
+            f"{self.name}: the command must start with {' '.join(self.command)!r}, got {' '.join(head)!r}"
+        )
 
     def scan_args(self, args: Sequence[str], max_positionals: int = 0) -> Scan:
         """Scan the arguments (unknown flags and bad values fail) and refuse the forbidden flags."""
@@ -209,7 +255,7 @@ class AdapterBase(ABC):
 
     def refuse_forbidden(self, scan: Scan) -> None:
         for item in scan.items:
-            if item.flag.role is Role.FORBIDDEN:
+            if item.flag.role in (Role.FORBIDDEN, Role.REMOVED):
                 raise ArgsError(f"argument {item.tokens[0].split('=', 1)[0]}: {item.flag.why}")
 
     @staticmethod

@@ -171,8 +171,9 @@ class EngineAdapter(Protocol):
     default_image: str
     metrics_port: int  # the port the engine serves HTTP (API, health and metrics) on
     metrics_path: str
-    health_path: str
-    metrics: MetricNames
+    health_path: str  # liveness: the engine still works (may run a generation)
+    ready_path: str  # readiness: cheap, answers "may I send requests" without running the model
+    metrics: MetricNames  # every series of the newest supported version (metrics_for narrows it)
 
     def knobs(self) -> Mapping[str, KnobSpec]:
         """Every engine-neutral knob with its valid values and default on this engine."""
@@ -199,6 +200,7 @@ class EngineAdapter(Protocol):
         extra_args: Sequence[str] = (),
         port: int | None = None,
         tensor_parallel: int = 1,
+        ttft_slo_s: float | None = None,
     ) -> RenderedCommand:
         """The container command for ``config``; raises ArgsError for an invalid config or extra args."""
         ...
@@ -207,4 +209,29 @@ class EngineAdapter(Protocol):
 
     def effective_config(self, samples: Sequence[tuple[str, Mapping[str, str], float]]) -> dict[str, object]:
         """Read the effective config back from scraped samples (name, labels, value)."""
+        ...
+
+    def version_of(self, image: str) -> str:
+        """The engine release series an image runs (its tag read the engine's way); the default
+        image's series for a tag it cannot read."""
+        ...
+
+    def metrics_for(self, version: str) -> MetricNames:
+        """The series ``version`` exports: ``metrics`` with the fields it lacks blanked."""
+        ...
+
+    def allowed_choices(self, extra_args: Sequence[str]) -> Mapping[str, tuple[object, ...]]:
+        """Knob values the engine accepts with these extra args, where the args narrow them."""
+        ...
+
+    def check_combination(self, config: KnobConfig, extra_args: Sequence[str]) -> list[tuple[str, str]]:
+        """(knob, message) for knob values the engine refuses at start with these extra args."""
+        ...
+
+    def refused_for_version(self, version: str, extra_args: Sequence[str]) -> list[tuple[int, str]]:
+        """(index, message) for extra args that parse but that ``version`` refuses at start."""
+        ...
+
+    def default_config_for(self, gpu_memory_bytes: float, tensor_parallel: int) -> KnobConfig:
+        """The engine's own defaults on this GPU (where a default depends on it)."""
         ...

@@ -1,4 +1,8 @@
-"""SGLang 0.5.23 (``python3 -m sglang.launch_server --model-path MODEL ...``): knobs, command line, metrics.
+"""SGLang 0.5.23 (``sglang serve --model-path MODEL ...``): knobs, command line, metrics.
+
+``sglang serve`` is the entry point 0.5.23 recommends (``python -m sglang.launch_server`` warns
+"still supported, but 'sglang serve' is the recommended entrypoint", sglang/launch_server.py); both
+run ``prepare_server_args`` on the same flags, and parse accepts both.
 
 Facts from shared/reference/engines.md §1.2, §2.2, §3.2, §4.2. Booleans are store_true switches:
 there is no ``--no-x`` form, so prefix caching off is ``--disable-radix-cache`` and on is its absence.
@@ -52,21 +56,96 @@ from prefixtune.engines.base import (
     RenderedCommand,
 )
 
-COMMAND = ("python3", "-m", "sglang.launch_server")
+COMMAND = ("sglang", "serve")
+LAUNCH_SERVER = ("python3", "-m", "sglang.launch_server")
 DEFAULT_PORT = 30000
 
-# Policies that read the radix tree. With the radix cache disabled SGLang runs them as fcfs
-# (reference §3.2: "All cache-aware policies become fcfs when the radix cache is disabled").
-CACHE_AWARE_POLICIES = frozenset({"lpm", "dfs-weight"})
+# Policies that read the radix tree (CacheAwarePolicy in sglang/srt/managers/schedule_policy.py).
+# With the radix cache disabled SGLang runs them as fcfs (_validate_and_adjust_policy). lpm and hrrn
+# also fall back to fcfs past WAITING_QUEUE_PREFIX_MATCH_MAX = 128 waiting requests.
+CACHE_AWARE_POLICIES = frozenset({"lpm", "dfs-weight", "hrrn"})
+# --enable-priority-scheduling asserts schedule_policy in ["fcfs", "lof"]
+# (sglang/srt/arg_groups/validation_hook.py): the tuner must not search the others then.
+PRIORITY_POLICIES = ("fcfs", "lof")
+# SGLang's default TTFT buckets start at 0.1 s (sglang/srt/observability/metrics_collector.py), so a
+# sub-100 ms SLO cannot be resolved: the operator renders --bucket-time-to-first-token with these
+# below 0.1 s, the SLO itself as a bound, and SGLang's defaults above.
+SGLANG_TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+FINE_TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.075)
+
+
+def ttft_buckets(slo_s: float | None = None) -> tuple[float, ...]:
+    """The TTFT histogram bounds rendered: sub-100 ms steps, the SLO, SGLang's own defaults."""
+    bounds = {float(b) for b in (*FINE_TTFT_BUCKETS, *SGLANG_TTFT_BUCKETS)}
+    if slo_s is not None and slo_s > 0:
+        bounds.add(float(slo_s))
+    return tuple(sorted(bounds))
+
+
+MIB = 2**20
+GIB = 2**30
+
+
+def _prefill_graph_sizes(max_bs: int) -> int:
+    """How many prefill CUDA-graph token sizes SGLang captures up to ``max_bs``
+    (generate_prefill_cuda_graph_batch_sizes, sglang/srt/arg_groups/cuda_graph_hook.py)."""
+    sizes = [
+        *range(4, 33, 4),
+        *range(48, 257, 16),
+        *range(288, 513, 32),
+        *range(576, 1025, 64),
+        *range(1280, 4097, 256),
+        *range(4608, max_bs + 1, 512),
+    ]
+    return sum(1 for size in sizes if size <= max_bs)
+
+
+def default_mem_fraction_static(
+    gpu_memory_bytes: float, tensor_parallel: int = 1, chunked_prefill_size: int | None = None
+) -> float:
+    """SGLang 0.5.23's own default ``mem_fraction_static`` (handle_gpu_memory_settings,
+    sglang/srt/arg_groups/memory_hook.py), for a text model with CUDA graphs on, no DP attention, PP 1.
+
+    The GPU's size picks the chunked prefill size and the decode CUDA-graph batch; then reserved MiB =
+    512 + 1.5 x max(chunked prefill, 2048) + TP x PP / 8 x 1024 + decode graphs (2 x max_bs) + prefill
+    graphs (8 per captured size), at least 10 GiB on GPUs over 60 GiB; fraction = round((gpu - reserved)
+    / gpu, 3). About 0.83 on an H100-80GB and 0.90 on an H200 at TP 1.
+    """
+    gpu = gpu_memory_bytes / MIB
+    tp = int(tensor_parallel)
+    tiers = (  # (below this many GiB, chunked prefill, decode max_bs for tp < 4, for tp >= 4)
+        (20, 2048, 8, 8),
+        (35, 4096, 48, 160),
+        (60, 4096, 32, 160),
+        (90, 8192, 256, 512),
+        (160, 8192, 256, 512),
+    )
+    chunk, max_bs = 16384, 512
+    for below, tier_chunk, small_tp, large_tp in tiers:
+        if gpu < below * 1024:
+            chunk, max_bs = tier_chunk, (small_tp if tp < 4 else large_tp)
+            break
+    if chunked_prefill_size is not None and chunked_prefill_size > 0:
+        chunk = chunked_prefill_size
+    reserved = 512 + max(chunk, 2048) * 1.5 + tp / 8 * 1024
+    reserved += max_bs * 2 + _prefill_graph_sizes(chunk) * 8
+    if gpu > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu - reserved) / gpu, 3)
+
+
+# The knob's GPU-neutral default: the rule on an H100-80GB as CUDA reports it (79.1 GiB; the same
+# figure as the twin's GPU catalog, which a test checks). Deployments get the rule for their own GPU.
+REFERENCE_GPU_BYTES = 79.1 * GIB
 
 KNOBS = knob_table(
     memory_fraction_knob(
-        default=0.88,
+        default=default_mem_fraction_static(REFERENCE_GPU_BYTES),
         flag="--mem-fraction-static",
         doc=(
-            "share of GPU memory for weights + KV pool (activations are outside it). 0.88 is prefixtune's "
-            "neutral default: the engine's own default is a heuristic round((gpu_mem - reserved)/gpu_mem, 3) "
-            "that depends on the GPU, chunked prefill size and TP"
+            "share of GPU memory for weights + KV pool (activations are outside it). The default is "
+            "SGLang's own rule round((gpu_mem - reserved)/gpu_mem, 3), per GPU and TP "
+            "(about 0.83 on H100-80GB, 0.90 on H200)"
         ),
     ),
     KnobSpec(
@@ -83,10 +162,11 @@ KNOBS = knob_table(
     KnobSpec(
         name=SCHEDULE_POLICY,
         default="fcfs",
-        choices=("fcfs", "lpm", "dfs-weight", "lof", "random"),
+        choices=("fcfs", "lpm", "dfs-weight", "hrrn", "lof", "random"),
         flag="--schedule-policy",
         doc=(
-            "lpm/dfs-weight are cache-aware (lpm falls back to fcfs past 128 waiting requests); "
+            "lpm/dfs-weight/hrrn are cache-aware (lpm and hrrn fall back to fcfs past 128 waiting "
+            "requests); with --enable-priority-scheduling only fcfs and lof start; "
             "'priority' is not offered: argparse accepts it but the scheduler raises at init"
         ),
     ),
@@ -185,7 +265,24 @@ FLAGS = FlagTable(
             convert=to_choice(("debug", "info", "warning", "error", "critical")),
         ),
         Flag("disable_cuda_graph", ("--disable-cuda-graph",), Kind.SWITCH),
-        Flag("cuda_graph_max_bs", ("--cuda-graph-max-bs",), convert=to_int(1)),
+        Flag(
+            "cuda_graph_max_bs",
+            ("--cuda-graph-max-bs",),
+            role=Role.REMOVED,
+            why=(
+                "not accepted by SGLang 0.5.23 (the pod would crash-loop); use --cuda-graph-max-bs-decode "
+                "and/or --cuda-graph-max-bs-prefill"
+            ),
+        ),
+        Flag("cuda_graph_max_bs_decode", ("--cuda-graph-max-bs-decode",), convert=to_int(1)),
+        Flag("cuda_graph_max_bs_prefill", ("--cuda-graph-max-bs-prefill",), convert=to_int(1)),
+        Flag(
+            "bucket_time_to_first_token",
+            ("--bucket-time-to-first-token",),
+            Kind.LIST,
+            role=Role.OWNED,
+            convert=to_float(0.0),
+        ),
         Flag("tokenizer_path", ("--tokenizer-path",), convert=to_text),
         Flag("revision", ("--revision",), convert=to_text),
         Flag("download_dir", ("--download-dir",), convert=to_text),
@@ -246,16 +343,36 @@ METRICS = MetricNames(
 class SglangAdapter(AdapterBase):
     name = EngineName.SGLANG
     command = COMMAND
-    command_aliases = (("python", "-m", "sglang.launch_server"),)
+    command_aliases = (LAUNCH_SERVER, ("python", "-m", "sglang.launch_server"))
     default_port = DEFAULT_PORT
     tp_dest = "tp_size"
     default_image = "lmsysorg/sglang:v0.5.23"
+    version = "0.5.23"
     metrics_port = DEFAULT_PORT
     metrics_path = "/metrics"
+    # /health runs a one-token generation (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION defaults to true)
+    # and waits up to SGLANG_HEALTH_CHECK_TIMEOUT = 20 s; /ready only reads the tokenizer manager's
+    # state (200 when started and not paused), sglang/srt/entrypoints/http_server.py.
     health_path = "/health"
+    ready_path = "/ready"
     metrics = METRICS
     table = FLAGS
     _knobs = KNOBS
+
+    def default_config_for(self, gpu_memory_bytes: float, tensor_parallel: int) -> KnobConfig:
+        return self.default_config().with_(
+            memory_fraction=default_mem_fraction_static(gpu_memory_bytes, tensor_parallel)
+        )
+
+    def allowed_choices(self, extra_args: Sequence[str]) -> Mapping[str, tuple[object, ...]]:
+        """With --enable-priority-scheduling SGLang starts only with fcfs or lof."""
+        flags = (self.table.flag_of(arg) for arg in extra_args)
+        if any(flag is not None and flag.dest == "enable_priority_scheduling" for flag in flags):
+            return {SCHEDULE_POLICY: PRIORITY_POLICIES}
+        return {}
+
+    def metric_args(self, ttft_slo_s: float | None) -> tuple[str, ...]:
+        return ("--bucket-time-to-first-token", *(format_float(b) for b in ttft_buckets(ttft_slo_s)))
 
     def normalize(self, config: KnobConfig) -> KnobConfig:
         """With the radix cache off, a cache-aware policy (lpm, dfs-weight) runs as fcfs in SGLang.
@@ -303,7 +420,18 @@ class SglangAdapter(AdapterBase):
             },
             computed,
         )
+        if (
+            scan.last("enable_priority_scheduling") is not None
+            and config.schedule_policy not in PRIORITY_POLICIES
+        ):
+            raise ArgsError(
+                f"--enable-priority-scheduling: schedule_policy must be 'fcfs' or 'lof' to use priority "
+                f"scheduling; '{config.schedule_policy}' is not supported (SGLang asserts this at start)"
+            )
         options = options_from(scan, _OPTION_KEYS)
+        buckets = scan.value("bucket_time_to_first_token")
+        if isinstance(buckets, tuple):
+            options["ttft_buckets"] = tuple(float(b) for b in buckets)
         chunk = scan.last("chunked_prefill_size")
         if chunk is not None:
             options[CHUNKED_PREFILL] = chunk.value != -1

@@ -13,7 +13,9 @@ documented in the reference, and the operator never renders both.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import yaml
 
@@ -23,7 +25,6 @@ from prefixtune.engines._argv import (
     Kind,
     Role,
     Scan,
-    format_float,
     to_choice,
     to_float,
     to_int,
@@ -98,6 +99,17 @@ KNOBS = knob_table(
 )
 
 _ENGINE_POLICIES = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH")
+REASONING_PARSERS = ("deepseek-r1", "qwen3", "nano-v3")
+
+# Release series. The Prometheus series the recipe reads (KV reuse/miss counters, token counters,
+# running/waiting gauges, KV utilization, kv_cache_config_info) came with PRs #11243 (2026-02-03),
+# #12132, #12413, #12545 and #12636 (2026-03/04), after the 1.2 branch: 1.2 images export only the
+# request-latency histograms and the request counter. 1.3.0rc images carry them (1.3.0rc24 is the
+# newest tag seen in use, 2026-08); no 1.3.0 GA tag was found, so the default image is that rc.
+RELEASE_1_2 = "1.2"
+RELEASE_1_3 = "1.3"
+DEFAULT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24"
+_TAG_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
 
 FLAGS = FlagTable(
     [
@@ -119,7 +131,7 @@ FLAGS = FlagTable(
         Flag("max_num_tokens", ("--max_num_tokens",), convert=to_int(1)),
         Flag("enable_chunked_prefill", ("--enable_chunked_prefill",), Kind.SWITCH),
         # nvfp4 exists in the engine but has no neutral value for the twin yet.
-        Flag("kv_cache_dtype", ("--kv_cache_dtype",), convert=to_choice(("auto", "fp8"))),
+        Flag("kv_cache_dtype", ("--kv_cache_dtype",), convert=to_choice(("auto", "fp8"))),  # 1.3 only
         Flag("max_seq_len", ("--max_seq_len",), convert=to_int(1)),
         Flag("trust_remote_code", ("--trust_remote_code",), Kind.SWITCH),
         Flag("backend", ("--backend",), convert=to_choice(("pytorch", "_autodeploy"))),
@@ -133,7 +145,8 @@ FLAGS = FlagTable(
         Flag("pp_size", ("--pp_size",), convert=to_int(1)),
         Flag("ep_size", ("--ep_size",), convert=to_int(1)),
         Flag("num_postprocess_workers", ("--num_postprocess_workers",), convert=to_int(0)),
-        Flag("reasoning_parser", ("--reasoning_parser",), convert=to_text),
+        # click.Choice(REASONING_PARSER_CHOICES) in trtllm-serve (tensorrt_llm/commands/serve.py)
+        Flag("reasoning_parser", ("--reasoning_parser",), convert=to_choice(REASONING_PARSERS)),
     ]
 )
 
@@ -217,11 +230,31 @@ METRICS = MetricNames(
     },
 )
 
+# What a 1.2 image exports: the request-latency histograms and the request counter only.
+METRICS_1_2 = replace(
+    METRICS,
+    requests_running="",
+    requests_waiting="",
+    kv_usage="",
+    prompt_tokens="",
+    generation_tokens="",
+    hit_numerator="",
+    hit_miss="",
+    cached_prompt_tokens="",
+    config_info="",
+    extra={"queue_time": METRICS.extra["queue_time"]},
+)
+_NOT_IN_1_2 = frozenset({"kv_cache_dtype"})
+
 
 def options_yaml(config: KnobConfig) -> str:
     """The LLM API options file for ``config`` (deterministic text)."""
     document = {
         "kv_cache_config": {
+            # In the YAML, never on the command line: TensorRT-LLM versions whose
+            # update_llm_args_with_extra_dict merges shallowly replace the CLI's whole KvCacheConfig
+            # with the YAML's kv_cache_config, so a CLI fraction would silently run at 0.9.
+            "free_gpu_memory_fraction": float(config.memory_fraction),
             "tokens_per_block": int(config.block_size),
             "enable_block_reuse": bool(config.prefix_caching),
             "enable_partial_reuse": True,
@@ -283,7 +316,8 @@ class TrtllmAdapter(AdapterBase):
     command = COMMAND
     default_port = DEFAULT_PORT
     tp_dest = "tp_size"
-    default_image = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0"
+    default_image = DEFAULT_IMAGE
+    version = RELEASE_1_3
     metrics_port = DEFAULT_PORT
     metrics_path = "/prometheus/metrics"
     health_path = "/health"
@@ -291,14 +325,39 @@ class TrtllmAdapter(AdapterBase):
     table = FLAGS
     _knobs = KNOBS
 
+    def version_of(self, image: str) -> str:
+        """``release:1.2.x`` (and older) is the 1.2 series, ``1.3.x``/``1.3.0rcN`` and newer 1.3; an image
+        whose tag is not a version (a custom build) is taken as the default image's series."""
+        tag = image.split("@", 1)[0].rpartition("/")[2].rpartition(":")[2] if ":" in image else ""
+        match = _TAG_VERSION.match(tag)
+        if match is None:
+            return self.version
+        return RELEASE_1_2 if (int(match.group(1)), int(match.group(2))) <= (1, 2) else RELEASE_1_3
+
+    def metrics_for(self, version: str) -> MetricNames:
+        if version != RELEASE_1_2:
+            return METRICS
+        return METRICS_1_2
+
+    def refused_for_version(self, version: str, extra_args: Sequence[str]) -> list[tuple[int, str]]:
+        if version != RELEASE_1_2:
+            return []
+        return [
+            (
+                i,
+                f"{arg.split('=', 1)[0]} is not a flag of trtllm-serve {version} (added in 1.3); remove it "
+                f"or use a 1.3 image such as {DEFAULT_IMAGE}",
+            )
+            for i, arg in enumerate(extra_args)
+            if (flag := self.table.flag_of(arg)) is not None and flag.dest in _NOT_IN_1_2
+        ]
+
     def render_args(
         self, model: str, config: KnobConfig, extra_args: Sequence[str], port: int, tensor_parallel: int
     ) -> RenderedCommand:
         args = (
             model,
             *self.serving_args(port, tensor_parallel),
-            "--free_gpu_memory_fraction",
-            format_float(config.memory_fraction),
             "--extra_llm_api_options",
             OPTIONS_PATH,
             *extra_args,

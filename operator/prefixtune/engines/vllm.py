@@ -24,6 +24,7 @@ from prefixtune.engines._argv import (
 from prefixtune.engines._common import (
     CHUNKED_PREFILL,
     HOST,
+    HOST_CACHE_BACKEND,
     HOST_CACHE_BYTES,
     KV_CACHE_DTYPE,
     MAX_BATCHED_TOKENS,
@@ -73,7 +74,7 @@ KNOBS = knob_table(
         doc="KV block size in tokens; multiples of 16 that FLASH_ATTN supports; only full blocks hit",
     ),
     prefix_caching_knob(
-        flag="--enable-prefix-caching/--no-enable-prefix-caching",
+        flag="--enable-prefix-caching/--disable-prefix-caching",
         doc="automatic prefix caching (on by default for generative decoders)",
     ),
     KnobSpec(
@@ -96,23 +97,55 @@ def _vllm_name(name: str) -> str:
 
 
 def _bool_pair(dest: str, name: str, role: Role = Role.OPTION) -> Flag:
+    """A boolean flag. vLLM 0.33 registers every BooleanOptionalAction as its EnableDisableAction
+    (vllm/utils/argparse_utils.py): ``--enable-x`` pairs with ``--disable-x`` (canonical), and
+    ``--no-enable-x`` / ``--no-disable-x`` stay accepted; other booleans are ``--x`` / ``--no-x``."""
+    if name.startswith("enable-"):
+        rest = name.removeprefix("enable-")
+        return Flag(
+            dest,
+            (f"--{name}", f"--no-disable-{rest}"),
+            Kind.NEGATABLE,
+            role,
+            negations=(f"--disable-{rest}", f"--no-{name}"),
+        )
     return Flag(dest, (f"--{name}",), Kind.NEGATABLE, role, negations=(f"--no-{name}",))
 
 
 _KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
 _DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+# vLLM 0.33's QuantizationMethods (vllm/model_executor/layers/quantization/__init__.py), without the
+# deprecated fbgemm_fp8 and fp_quant (they need --allow-deprecated-quantization). bitsandbytes and gguf
+# are gone: ModelConfig refuses them at start.
 _QUANTIZATION = (
     "awq",
-    "awq_marlin",
-    "gptq",
-    "gptq_marlin",
+    "auto_awq",
     "fp8",
-    "bitsandbytes",
-    "compressed-tensors",
     "modelopt",
     "modelopt_fp4",
+    "modelopt_mxfp8",
+    "modelopt_mixed",
+    "auto_gptq",
+    "gptq",
+    "gptq_marlin",
+    "awq_marlin",
+    "humming",
+    "compressed-tensors",
+    "experts_int8",
+    "quark",
+    "moe_wna16",
+    "torchao",
+    "inc",
     "mxfp4",
-    "gguf",
+    "gpt_oss_mxfp4",
+    "deepseek_v4_fp8",
+    "online",
+    "fp8_per_tensor",
+    "fp8_per_block",
+    "fp8_per_channel",
+    "int8_per_channel_weight_only",
+    "nvfp4_per_token",
+    "mxfp8",
 )
 
 FLAGS = FlagTable(
@@ -190,7 +223,7 @@ FLAGS = FlagTable(
         Flag("tokenizer", ("--tokenizer",), convert=to_text),
         Flag("revision", ("--revision",), convert=to_text),
         Flag("download_dir", ("--download-dir",), convert=to_text),
-        Flag("api_key", ("--api-key",), convert=to_text),
+        Flag("api_key", ("--api-key",), Kind.LIST, convert=to_text),  # list[str] in 0.33: --api-key a b
         Flag("max_logprobs", ("--max-logprobs",), convert=to_int()),
         Flag(
             "uvicorn_log_level",
@@ -211,6 +244,7 @@ _OPTION_KEYS = {
     "data_parallel_size": "data_parallel",
     "tensor_parallel_size": TENSOR_PARALLEL,
     "host": HOST,
+    "kv_offloading_backend": HOST_CACHE_BACKEND,
 }
 
 METRICS = MetricNames(
@@ -251,6 +285,7 @@ class VllmAdapter(AdapterBase):
     default_port = DEFAULT_PORT
     tp_dest = "tensor_parallel_size"
     default_image = "vllm/vllm-openai:v0.33.0"
+    version = "0.33"
     metrics_port = DEFAULT_PORT
     metrics_path = "/metrics"
     health_path = "/health"
@@ -273,7 +308,7 @@ class VllmAdapter(AdapterBase):
             format_float(config.memory_fraction),
             "--block-size",
             str(int(config.block_size)),
-            "--enable-prefix-caching" if config.prefix_caching else "--no-enable-prefix-caching",
+            "--enable-prefix-caching" if config.prefix_caching else "--disable-prefix-caching",
             "--scheduling-policy",
             str(config.schedule_policy),
             *extra_args,

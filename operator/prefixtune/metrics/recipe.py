@@ -130,8 +130,53 @@ def recipe(engine: EngineName | str, names: MetricNames) -> Recipe:
     )
 
 
-def for_engine(engine: EngineName | str) -> Recipe:
-    """The recipe with the names from the engine adapter (``prefixtune.engines.get_adapter``)."""
+def for_engine(engine: EngineName | str, version: str | None = None) -> Recipe:
+    """The recipe with the names from the engine adapter (``prefixtune.engines.get_adapter``), for
+    the engine release ``version`` (None: the newest the adapter describes)."""
     from prefixtune.engines import get_adapter  # the adapters register lazily; import at use
 
-    return recipe(engine, get_adapter(engine).metrics)
+    adapter = get_adapter(engine)
+    return recipe(engine, adapter.metrics if version is None else adapter.metrics_for(version))
+
+
+# What each signal of the recipe is made of, for telling a user what an engine release cannot show.
+_SIGNALS: tuple[tuple[str, str], ...] = (
+    ("hits", "prefix-cache hit rate"),
+    ("prompt_saved", "prefill reduction (cached prompt tokens)"),
+    ("prompt_tokens", "prompt tokens/s"),
+    ("generation_tokens", "output tokens/s (throughput, goodput)"),
+    ("running", "running requests"),
+    ("waiting", "queue length"),
+    ("kv_usage", "KV cache usage"),
+    ("ttft", "TTFT histogram"),
+    ("itl", "ITL histogram"),
+    ("requests", "request count"),
+)
+# The recipe fields an objective cannot be scored without (tuning.objective.score).
+OBJECTIVE_NEEDS: dict[str, tuple[str, ...]] = {
+    "goodput": ("generation_tokens", "ttft", "itl", "requests"),
+    "throughput": ("generation_tokens", "requests"),
+    "ttft": ("ttft", "requests"),
+}
+
+
+def _present(r: Recipe, name: str) -> bool:
+    return bool(getattr(r, name))
+
+
+def missing_signals(full: Recipe, running: Recipe) -> list[str]:
+    """The signals ``full`` (the newest release) reads that ``running`` (the pod's release) lacks."""
+    return [text for name, text in _SIGNALS if _present(full, name) and not _present(running, name)]
+
+
+def objective_refusal(running: Recipe, objective: str) -> str:
+    """Why ``objective`` cannot be scored from ``running``'s series ("" when it can)."""
+    lacking = [name for name in OBJECTIVE_NEEDS.get(objective, ()) if not _present(running, name)]
+    if not lacking:
+        return ""
+    can = [o for o, needs in OBJECTIVE_NEEDS.items() if all(_present(running, n) for n in needs)]
+    texts = dict(_SIGNALS)
+    return (
+        f"objective {objective} needs {', '.join(texts[n] for n in lacking)}, which this engine release "
+        f"does not export; objectives it can score: {', '.join(can) or 'none'}"
+    )

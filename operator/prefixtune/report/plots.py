@@ -25,6 +25,7 @@ OUTCOME_STYLE: dict[str, tuple[str, str]] = {  # outcome -> (marker, colour)
     "infeasible": ("X", "tab:red"),
     "aborted": ("v", "tab:orange"),
     "invalidated": ("s", "tab:gray"),
+    "not_applied": ("P", "tab:purple"),  # the engine ran other knob values: never scored
     "running": ("D", "tab:green"),
 }
 

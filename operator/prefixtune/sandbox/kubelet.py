@@ -42,7 +42,7 @@ import random
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -460,6 +460,10 @@ class PodWorker:
         except ArgsError as err:  # argparse prints usage and exits 2
             prog = " ".join(plan.argv[:2]) if plan.engine.value == "vllm" else plan.argv[0]
             return _Exit(2, "Error", f"{prog}: error: {err}", started)
+        if self.kubelet.knob_overrides:
+            # An engine that runs other knob values than its command says (TensorRT-LLM's shallow
+            # merge of kv_cache_config, a page size a backend forces); its metrics report what it runs.
+            parsed = replace(parsed, config=parsed.config.with_(**self.kubelet.knob_overrides))
         await self._report(running)
         await asyncio.sleep(cfg.wall(cfg.startup_delay_s))
         try:
@@ -475,6 +479,7 @@ class PodWorker:
                 dcgm_port=cfg.dcgm_port,
                 pod=self.name,
                 namespace=self.namespace,
+                engine_version=adapter.version_of(self.image) if self.image else None,
             )
         except StartupOOM as err:
             return _Exit(1, "Error", f"{OOM_STARTUP_PREFIX[plan.engine]}: {err}", started)
@@ -582,6 +587,7 @@ class Kubelet:
         }
         self._probe_session: aiohttp.ClientSession | None = None
         self.metrics_faults: MetricsFaults | None = None  # fault injection on the pods' metrics
+        self.knob_overrides: dict[str, object] = {}  # knobs every engine runs regardless of its command
 
     def crash(self, namespace: str, name: str, *, oom: bool, message: str = "") -> bool:
         """Make a running pod's engine die as if under load: a CUDA OOM (``oom``) or a crash (exit 1

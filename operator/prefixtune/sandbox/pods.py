@@ -2,11 +2,11 @@
 
 Reading a pod (``launch_plan``):
 
-* **Engine** from the container's command: ``vllm serve ...``, ``python[3] -m sglang.launch_server
-  ...``, ``trtllm-serve ...`` (a path such as ``/usr/local/bin/vllm`` counts by its basename). A
-  container with ``args`` but no ``command`` runs its image's entrypoint: an image whose name says
-  vllm, sglang or tensorrt-llm/trtllm gets that engine's command. Anything else is not an engine:
-  the container fails the way a bad entrypoint would (exit code 127).
+* **Engine** from the container's command: ``vllm serve ...``, ``sglang serve ...`` or ``python[3] -m
+  sglang.launch_server ...``, ``trtllm-serve ...`` (a path such as ``/usr/local/bin/vllm`` counts by
+  its basename). A container with ``args`` but no ``command`` runs its image's entrypoint: an image
+  whose name says vllm, sglang or tensorrt-llm/trtllm gets that engine's command. Anything else is
+  not an engine: the container fails the way a bad entrypoint would (exit code 127).
 * **Files** the engine reads (TensorRT-LLM's ``--extra_llm_api_options`` YAML) from the container's
   ConfigMap volume mounts: whole-volume mounts (every key, or the volume's ``items`` with their
   ``path``), and ``subPath`` mounts of one key.
@@ -78,6 +78,8 @@ def detect_engine(argv: Sequence[str]) -> EngineName | None:
     if head == "vllm" and len(argv) > 1 and argv[1] == "serve":
         return EngineName.VLLM
     if head in {"python", "python3"} and tuple(argv[1:3]) == ("-m", "sglang.launch_server"):
+        return EngineName.SGLANG
+    if head == "sglang" and len(argv) > 1 and argv[1] == "serve":
         return EngineName.SGLANG
     if head == "trtllm-serve":
         return EngineName.TRTLLM
@@ -181,7 +183,7 @@ def launch_plan(
         shown = " ".join(argv) or "(empty command)"
         raise LaunchError(
             f"exec: {shown!r}: not an LLM engine the sandbox can run; expected 'vllm serve ...', "
-            "'python3 -m sglang.launch_server ...' or 'trtllm-serve ...'",
+            "'sglang serve ...' (or 'python3 -m sglang.launch_server ...') or 'trtllm-serve ...'",
             exit_code=127,
             reason="StartError",
         )

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -164,6 +164,7 @@ async def sandbox(
     api_faults: ApiFaults | None = None,
     metrics_faults: MetricsFaults | None = None,
     prometheus_duplicate_jobs: int = 0,
+    knob_overrides: Mapping[str, object] | None = None,
 ) -> AsyncIterator[Sandbox]:
     """Run the sandbox in this event loop for the duration of the block.
 
@@ -171,6 +172,8 @@ async def sandbox(
     CustomResourceDefinitions to install before anything starts (e.g. the ServingDeployment CRD).
     ``api_faults`` and ``metrics_faults`` inject faults (``faults.py``; off when None);
     ``prometheus_duplicate_jobs`` has Prometheus scrape every engine pod that many more times.
+    ``knob_overrides`` makes every engine run these knob values whatever its command says (an engine
+    that ignores a knob, as TensorRT-LLM's shallow kv_cache_config merge ignores the CLI fraction).
     """
     if not speedup > 0:
         raise ValueError(f"speedup: must be > 0, got {speedup}")
@@ -196,6 +199,7 @@ async def sandbox(
                 kubelet = Kubelet(api, cfg)
                 files.callback(kubelet.close)  # its address octet is claimed until the sandbox ends
                 kubelet.metrics_faults = metrics_faults
+                kubelet.knob_overrides = dict(knob_overrides or {})
                 loads = LoadManager(api, speedup=cfg.speedup, seed=seed) if load else None
                 wakeups = [controllers.wakeup, kubelet.wakeup]
                 if run_prometheus:

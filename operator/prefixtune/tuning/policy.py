@@ -205,10 +205,35 @@ class _Ctx:
             self.on_window(obs)
         elif obs.kind == "trial_invalidated":
             self.on_invalidated(obs)
+        elif obs.kind == "config_checked":
+            self.on_config_checked(obs)
 
     # -- phases ----------------------------------------------------------------------------------
+    def signals_condition(self) -> None:
+        """SignalsMissing: which signals the engine release lacks (condition + Event), or cleared."""
+        missing = self.s.settings.missing_signals
+        if not missing:
+            self.condition(
+                "SignalsMissing", False, "AllSignals", "the engine exports every signal the tuner reads"
+            )
+            return
+        message = f"this engine release does not export: {', '.join(missing)}" + (
+            f"; {self.s.settings.refusal}: not tuning (observing instead)"
+            if self.s.settings.refusal
+            else "; tuning with what it does export"
+        )
+        self.condition("SignalsMissing", True, "EngineRelease", message)
+        self.event("Warning", "SignalsMissing", message)
+
     def start(self) -> None:
         mode = self.s.settings.mode
+        self.signals_condition()
+        if mode == "auto" and self.s.settings.refusal:
+            # The objective cannot be scored from what this release exports: never tune blind.
+            self.goto("Observing", "Measuring")
+            self.s.measure_from = self.now
+            self.condition("Tuning", False, "SignalsMissing", self.s.settings.refusal)
+            return
         if mode == "off":
             self.goto("Paused", "Idle")
             self.condition("Tuning", False, "TuningOff", "tuning.mode is off: the spec config is kept")
@@ -328,6 +353,34 @@ class _Ctx:
         self.s.last_rollout_at = self.now
         self.goto(step="RollingBack")
 
+    def on_config_checked(self, obs: Observation) -> None:
+        """The engine's effective config after the rollout: matched (or not readable on this engine),
+        the trial goes on; another value than rendered ends it not_applied, never scored."""
+        trial = self.active()
+        if trial is None or self.s.step not in ("WarmingUp", "Measuring") or trial.verified:
+            return
+        if obs.config is not None and obs.config != trial.config:
+            return  # a report about another rollout
+        trial.verified = True
+        trial.kv_tokens = obs.kv_tokens
+        if not obs.mismatches:
+            return
+        detail = "; ".join(obs.mismatches)
+        self.finish_trial(
+            trial, "not_applied", reason=f"the engine does not run it: {detail}", failure="not_applied"
+        )
+        self.event(
+            "Warning",
+            "KnobNotApplied",
+            f"trial {trial.id} {_cfg(trial.config)}: the engine ignored or overrode {detail}; "
+            "not scored (the optimizer will avoid it)",
+        )
+        if trial.role == "baseline":
+            self.goto("Exploring", "Idle")
+            self.decide()
+            return
+        self.rollback(self.best_config(), f"trial {trial.id} not applied by the engine")
+
     def on_invalidated(self, obs: Observation) -> None:
         trial = self.active()
         if trial is None or self.s.step not in ("WarmingUp", "Measuring"):
@@ -394,6 +447,11 @@ class _Ctx:
             return
         if self.s.measure_until is not None and self.now < self.s.measure_until - 1e-9:
             return  # a full window reported early: keep measuring
+        if self.s.settings.verify_applied and not trial.verified:
+            # What the engine runs was not read back yet: a window of an unverified config is not
+            # scored (it may not be the trial's config at all). Measure again once it is checked.
+            self.begin_measuring()
+            return
         self.goto(step="Scoring")
         self.score_trial(trial, obs)
 
@@ -555,7 +613,7 @@ class _Ctx:
         out: list[TrialResult] = []
         base = next((t for t in self.epoch_trials() if t.role == "baseline" and t.value is not None), None)
         for t in self.s.trials:
-            if t.outcome == "infeasible":
+            if t.outcome in ("infeasible", "not_applied"):
                 out.append(TrialResult(t.config, None, t.failure))
             elif t.outcome == "aborted":
                 out.append(TrialResult(t.config, t.value, "aborted"))
@@ -744,8 +802,11 @@ class _Ctx:
         )
         if obs.deployment_key:
             self.s.deployment_key = obs.deployment_key
-        search_changed = (new.objective, new.slo, new.space, new.method) != (
-            old.objective, old.slo, old.space, old.method
+        if (new.missing_signals, new.refusal) != (old.missing_signals, old.refusal):
+            self.s.settings = new
+            self.signals_condition()
+        search_changed = (new.objective, new.slo, new.space, new.method, new.refusal) != (
+            old.objective, old.slo, old.space, old.method, old.refusal
         )  # fmt: skip
         self.s.settings = new
         in_flight = self.s.step in ("RollingOut", "WaitingReady", "WarmingUp", "Measuring", "Scoring")
@@ -771,6 +832,15 @@ class _Ctx:
             self.condition("Tuning", False, "Observing", "tuning.mode is observe: measuring and recommending")
             return
         # auto
+        if new.refusal:
+            if in_flight and trial is not None and trial.role == "trial" and not config_changed:
+                self.rollback(self.best_config(), "the objective cannot be scored on this engine release")
+            if self.s.step != "RollingBack":
+                self.goto("Observing", "Measuring")
+                self.s.measure_from = self.now
+            self.s.phase = "Observing"
+            self.condition("Tuning", False, "SignalsMissing", new.refusal)
+            return
         restart = old.mode != "auto" or config_changed or search_changed or deployment_changed
         if restart or self.s.phase in ("Pending", "Failed"):
             if self.s.trials:

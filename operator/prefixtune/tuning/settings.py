@@ -66,6 +66,13 @@ class TuningSettings:
     n_initial: int = 5  # space-filling trials (baseline included) before the surrogate leads
     convergence_ei: float = 0.01  # converged when max EI < this share of the best score
     seed_key: str = ""  # namespace/name of the resource; the optimizer seed derives from it
+    # The engine release's gaps: signals the tuner reads that it does not export, and why the
+    # objective cannot be scored there ("": it can). Set from the pod image by the controller.
+    missing_signals: tuple[str, ...] = ()
+    refusal: str = ""
+    # Score a window only after the engine's effective config was read back (config_checked). The
+    # operator always reads it back; the offline benchmark drives the twin with the config it set.
+    verify_applied: bool = False
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, Any, tuple[str, ...]]] = [

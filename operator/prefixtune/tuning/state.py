@@ -22,7 +22,7 @@ Phase = Literal["Pending", "Baseline", "Exploring", "Converged", "Observing", "P
 Step = Literal[
     "Idle", "RollingOut", "WaitingReady", "WarmingUp", "Measuring", "Scoring", "RollingBack", "Watching"
 ]
-Outcome = Literal["running", "ok", "infeasible", "aborted", "invalidated"]
+Outcome = Literal["running", "ok", "infeasible", "aborted", "invalidated", "not_applied"]
 ObservationKind = Literal[
     "tick",
     "rollout_applied",
@@ -32,6 +32,7 @@ ObservationKind = Literal[
     "spec_changed",
     "metrics_unavailable",
     "trial_invalidated",
+    "config_checked",
 ]
 
 _CAMEL = {"memory_fraction": "memoryFraction", "block_size": "blockSize", "prefix_caching": "prefixCaching",
@@ -62,6 +63,10 @@ class Trial(_Model):
     value: float | None = None  # what the optimizer is told: load-normalised / paired score
     basis: str = ""
     invalidations: int = 0  # pod restarts that forced a re-measurement
+    # The effective config read back from the engine after the rollout (config_checked): a trial is
+    # scored only once verified; one whose engine runs other knob values ends not_applied.
+    verified: bool = False
+    kv_tokens: int | None = None  # the KV pool the engine runs (tokens), where it exports it
 
     def to_status(self) -> dict[str, Any]:
         """The trial as the resource's ``status.trials[]`` shows it (camelCase)."""
@@ -79,6 +84,7 @@ class Trial(_Model):
             "score": self.score,
             "value": self.value,
             "basis": self.basis or None,
+            "kvTokens": self.kv_tokens,
         }
 
 
@@ -105,6 +111,10 @@ class Observation(_Model):
     # replicas, GPUs, extra args); "" when the caller does not know it
     deployment_key: str = ""
     what_if: list[WhatIf] = Field(default_factory=list)  # window in observe mode
+    # config_checked: "knob: intended X, running Y (pod)" for every knob the engine does not run as
+    # asked (empty: applied, or not verifiable on this engine); the KV pool it reports
+    mismatches: list[str] = Field(default_factory=list)
+    kv_tokens: int | None = None
     reason: str = ""
 
 

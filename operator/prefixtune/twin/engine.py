@@ -15,7 +15,8 @@ Scheduling, per engine (``reference/engines.md``):
 * Then waiting requests in policy order while the batch (``max_running``) and the token budget
   (``max_batched_tokens``) allow: vLLM fcfs (``priority`` equals fcfs without priorities); SGLang fcfs,
   lpm (longest cached prefix first; fcfs beyond 128 waiting), dfs-weight (approximated: requests whose
-  cached prefix is shared by more waiting requests first), lof (longest output first), random
+  cached prefix is shared by more waiting requests first), hrrn (highest wait / uncached-prefill ratio
+  first; fcfs beyond 128 waiting), lof (longest output first), random
   (seeded); cache-aware policies are fcfs when caching is off. Admission stops at the first request
   that does not fit (head-of-line blocking as in the engines). SGLang also keeps room for the running
   requests' future tokens (its ``new_token_ratio`` reservation, fixed here at 0.3); TensorRT-LLM
@@ -72,7 +73,7 @@ CacheFactory = Callable[..., KVCache]
 
 _POLICIES: dict[EngineName, tuple[str, ...]] = {
     EngineName.VLLM: ("fcfs", "priority"),
-    EngineName.SGLANG: ("fcfs", "lpm", "dfs-weight", "lof", "random"),
+    EngineName.SGLANG: ("fcfs", "lpm", "dfs-weight", "hrrn", "lof", "random"),
     EngineName.TRTLLM: ("guaranteed_no_evict", "max_utilization"),
 }
 
@@ -274,7 +275,7 @@ class TwinEngine:
         self.status = "ok"
         self.oom_reason = ""
         self.policy = self.limits.policy
-        if not self.prefix_caching and self.policy in {"lpm", "dfs-weight"}:
+        if not self.prefix_caching and self.policy in {"lpm", "dfs-weight", "hrrn"}:
             self.policy = "fcfs"
         self._mixed = self.engine is not EngineName.SGLANG
         self._no_evict = self.engine is EngineName.TRTLLM and self.policy == "guaranteed_no_evict"
@@ -694,6 +695,21 @@ class TwinEngine:
                 return w
             hits = {s: self.cache.lookup(s.req.seq, s.known).hit_tokens for s in w}
             return sorted(w, key=lambda s: (-hits[s], s.order))
+        if policy == "hrrn":
+            # SGLang's _sort_by_hrrn: highest response ratio (wait / uncached prefill) first; a request
+            # with nothing to prefill drains at once; fcfs beyond 128 waiting, like lpm. The twin ages
+            # by time, which the engine's token-based aging equals at constant prefill throughput.
+            if len(w) > LPM_MAX_WAITING:
+                return w
+            now = self.now
+
+            def ratio(s: _Seq) -> tuple[float, int]:
+                uncached = s.known - self.cache.lookup(s.req.seq, s.known).hit_tokens
+                if uncached <= 0:
+                    return (-_INF, s.order)
+                return (-(now - s.req.arrival_s) / uncached, s.order)
+
+            return sorted(w, key=ratio)
         if policy == "lof":
             return sorted(w, key=lambda s: (-s.out, s.order))
         if policy == "random":

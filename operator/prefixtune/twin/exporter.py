@@ -427,7 +427,8 @@ class _Sglang(_EngineMetrics):
             "sglang:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
             streaming,
-            SGLANG_TTFT,
+            # --bucket-time-to-first-token (the operator renders bounds that resolve the SLO)
+            _ttft_buckets(exporter.option("ttft_buckets", SGLANG_TTFT)),
         )
         self.itl = hist(
             "sglang:inter_token_latency_seconds",
@@ -669,6 +670,52 @@ class _Trtllm(_EngineMetrics):
         self.tpot.observe(_tpot(decode_s, req.output_len))
 
 
+def _ttft_buckets(value: object) -> tuple[float, ...]:
+    if isinstance(value, tuple) and value and all(isinstance(b, int | float) for b in value):
+        return tuple(float(b) for b in value)
+    return tuple(float(b) for b in SGLANG_TTFT)
+
+
+def _families_of(engine: EngineName, version: str | None) -> frozenset[str] | None:
+    """The metric families an older engine release exports (``EngineAdapter.metrics_for``), or None
+    for the release the adapter describes (the twin then serves every series it models)."""
+    from prefixtune.engines import get_adapter
+
+    adapter = get_adapter(engine)
+    if version is None or version == adapter.version_of(adapter.default_image):
+        return None
+    names = adapter.metrics_for(version)
+    found = [getattr(names, f) for f in names.__dataclass_fields__ if isinstance(getattr(names, f), str)]
+    found += [v for k, v in names.extra.items() if ":" in v or v.startswith(engine.value)]
+    return frozenset({"process_start_time_seconds", *(n.removesuffix("_total") for n in found if n)})
+
+
+_SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
+
+
+def _family(name: str, families: frozenset[str]) -> str:
+    if name in families:
+        return name
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix) and name.removesuffix(suffix) in families:
+            return name.removesuffix(suffix)
+    return name
+
+
+def _only(text: bytes, families: frozenset[str]) -> bytes:
+    """The exposition with only the samples (and HELP/TYPE lines) of ``families``."""
+    kept = []
+    for line in text.decode().splitlines():
+        if line.startswith("# "):
+            parts = line.split(" ", 3)
+            name = parts[2] if len(parts) > 2 else ""
+        else:
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+        if _family(name, families) in families:
+            kept.append(line)
+    return ("\n".join(kept) + "\n").encode()
+
+
 _ENGINES: dict[EngineName, type[_EngineMetrics]] = {
     EngineName.VLLM: _Vllm,
     EngineName.SGLANG: _Sglang,
@@ -707,6 +754,7 @@ class EngineExporter:
         kv_bytes_per_token: int = 0,
         max_model_len: int | None = None,
         start_time: float | None = None,
+        version: str | None = None,
     ) -> None:
         try:
             self.engine = EngineName(engine)
@@ -715,6 +763,7 @@ class EngineExporter:
             raise ValueError(f"unknown engine {engine!r}; known engines: {known}") from None
         self.model = model
         self.parsed = parsed
+        self.families = _families_of(self.engine, version)
         self._gauges = gauges
         self._cache_stats = cache_stats
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -782,7 +831,8 @@ class EngineExporter:
     def render(self) -> bytes:
         """The text exposition (Prometheus format 0.0.4) as of the engine's current state."""
         self.refresh()
-        return generate_latest(self.registry)
+        text = generate_latest(self.registry)
+        return text if self.families is None else _only(text, self.families)
 
     # --- EngineObserver --------------------------------------------------------------------------
     def admitted(self, req: Request, match: Match, now: float) -> None:

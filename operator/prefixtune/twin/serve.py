@@ -145,6 +145,7 @@ class TwinServer:
         dcgm_path: str = "/metrics",
         pod: str = "",
         namespace: str = "",
+        engine_version: str | None = None,
     ) -> None:
         if not speedup > 0:
             raise ValueError(f"--speedup must be > 0; got {speedup}")
@@ -160,7 +161,8 @@ class TwinServer:
         self.dcgm_port = dcgm_port
         self.dcgm_path = dcgm_path
         self.pending: dict[int, _Pending] = {}
-        self.exporter = EngineExporter(self.engine_name, parsed.model, parsed=parsed)
+        # engine_version: an older release's exposition (TensorRT-LLM 1.2 lacks most series)
+        self.exporter = EngineExporter(self.engine_name, parsed.model, parsed=parsed, version=engine_version)
         self.dcgm = DcgmExporter(
             gpu_model=gpu,
             gpus=max(1, int(parsed.tensor_parallel)),
@@ -237,6 +239,8 @@ class TwinServer:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get(self.adapter.health_path, self._health)
+        if self.adapter.ready_path != self.adapter.health_path:
+            app.router.add_get(self.adapter.ready_path, self._health)
         app.router.add_get(self.adapter.metrics_path, self._metrics)
         if self.engine_name is EngineName.TRTLLM:
             app.router.add_get("/metrics", self._trt_iteration_stats)
@@ -651,6 +655,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pod", default="", help="pod label for the DCGM exporter (Kubernetes mapping)")
     p.add_argument("--namespace", default="", help="namespace label for the DCGM exporter")
     p.add_argument(
+        "--engine-version",
+        help="serve an older release's metrics (e.g. trtllm 1.2: latency histograms and the request count)",
+    )
+    p.add_argument(
         "--file",
         action="append",
         default=[],
@@ -704,6 +712,7 @@ async def _serve(opts: argparse.Namespace, parsed: ParsedCommand, port: int) -> 
             dcgm_path=opts.dcgm_path,
             pod=opts.pod,
             namespace=opts.namespace,
+            engine_version=opts.engine_version,
         )
     except StartupOOM as err:
         print(f"{OOM_STARTUP_PREFIX[engine]}: out of memory at start-up: {err}", file=sys.stderr)

@@ -1,0 +1,214 @@
+"""Step 1 of `make contract` (project venv): every command line the adapters can render, as JSON.
+
+Every categorical knob value x memory-fraction edges x TP 1/2 for vLLM and SGLang, every Deployment
+rendered from examples/, and every extraArgs sample the validation accepts, each with the values the
+engine's own parser must read back. Also the twin's exposition and the recipe's names for vLLM, for
+step 3. Usage: python cases.py OUT.json
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from prefixtune.api import parse_spec, validate_spec
+from prefixtune.controller import render as R
+from prefixtune.engines import get_adapter
+from prefixtune.engines.base import KnobConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+FRACTIONS = (0.05, 0.5, 0.9999, 1.0)
+# extraArgs the validation accepts and the engines' parsers must accept too (and what each sets).
+ACCEPTED: dict[str, list[tuple[list[str], dict[str, Any]]]] = {
+    "vllm": [
+        (["--max-num-seqs", "256"], {"max_num_seqs": 256}),
+        (["--max-num-batched-tokens", "8192"], {"max_num_batched_tokens": 8192}),
+        (["--disable-chunked-prefill"], {"enable_chunked_prefill": False}),
+        (["--enable-chunked-prefill"], {"enable_chunked_prefill": True}),
+        (["--kv-cache-dtype", "fp8"], {"kv_cache_dtype": "fp8"}),
+        (["--max-model-len", "8192"], {"max_model_len": 8192}),
+        (["--api-key", "a", "b"], {"api_key": ["a", "b"]}),
+        (["--quantization", "fp8"], {"quantization": "fp8"}),
+        (["--dtype", "bfloat16"], {"dtype": "bfloat16"}),
+        (["--enforce-eager"], {"enforce_eager": True}),
+        (["--kv-offloading-size", "8", "--kv-offloading-backend", "native"], {"kv_offloading_size": 8.0}),
+        (["--prefix-caching-hash-algo", "xxhash"], {"prefix_caching_hash_algo": "xxhash"}),
+        (["--served-model-name", "a", "b"], {"served_model_name": ["a", "b"]}),
+        (["--trust-remote-code"], {"trust_remote_code": True}),
+        (["--uvicorn-log-level", "warning"], {"uvicorn_log_level": "warning"}),
+    ],
+    "sglang": [
+        (["--max-running-requests", "256"], {"max_running_requests": 256}),
+        (["--chunked-prefill-size", "4096"], {"chunked_prefill_size": 4096}),
+        (["--chunked-prefill-size", "-1"], {"chunked_prefill_size": -1}),
+        (["--context-length", "8192"], {"context_length": 8192}),
+        (["--kv-cache-dtype", "fp8_e4m3"], {"kv_cache_dtype": "fp8_e4m3"}),
+        (["--cuda-graph-max-bs-decode", "64"], {"cuda_graph_max_bs_decode": 64}),
+        (["--cuda-graph-max-bs-prefill", "4096"], {"cuda_graph_max_bs_prefill": 4096}),
+        (["--enable-hierarchical-cache", "--hicache-ratio", "2"], {"enable_hierarchical_cache": True}),
+        (["--radix-eviction-policy", "lfu"], {"radix_eviction_policy": "lfu"}),
+        (["--log-level", "warning"], {"log_level": "warning"}),
+        (["--disable-cuda-graph"], {"disable_cuda_graph": True}),
+        (["--enable-priority-scheduling"], {"enable_priority_scheduling": True}),
+        (["--trust-remote-code"], {"trust_remote_code": True}),
+    ],
+}
+
+
+def knob_cases(engine: str) -> list[dict[str, Any]]:
+    adapter = get_adapter(engine)
+    knobs = adapter.knobs()
+    out = []
+    for fraction, block, caching, policy, tp in itertools.product(
+        FRACTIONS,
+        knobs["block_size"].choices,
+        knobs["prefix_caching"].choices,
+        knobs["schedule_policy"].choices,
+        (1, 2),
+    ):
+        config = KnobConfig(float(fraction), int(block), bool(caching), str(policy))  # type: ignore[arg-type]
+        rendered = adapter.render(MODEL, config, tensor_parallel=tp, ttft_slo_s=0.05)
+        out.append(
+            {"engine": engine, "source": "knobs", "argv": list(rendered.argv), "expect": expect(config, tp)}
+        )
+    return out
+
+
+def expect(config: KnobConfig, tp: int) -> dict[str, Any]:
+    return {
+        "memory_fraction": config.memory_fraction,
+        "block_size": config.block_size,
+        "prefix_caching": config.prefix_caching,
+        "schedule_policy": config.schedule_policy,
+        "tensor_parallel": tp,
+    }
+
+
+def extra_arg_cases(engine: str) -> list[dict[str, Any]]:
+    adapter = get_adapter(engine)
+    out = []
+    for args, sets in ACCEPTED[engine]:
+        _, errors = validate_spec({"engine": engine, "model": MODEL, "extraArgs": args})
+        if errors:
+            raise SystemExit(f"{engine} {args}: prefixtune's validation refuses it: {errors}")
+        config = adapter.default_config()
+        rendered = adapter.render(MODEL, config, args)
+        out.append(
+            {
+                "engine": engine,
+                "source": f"extraArgs {' '.join(args)}",
+                "argv": list(rendered.argv),
+                "expect": expect(config, 1),
+                "sets": sets,
+            }
+        )
+    return out
+
+
+def example_cases() -> list[dict[str, Any]]:
+    out = []
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not isinstance(doc, dict) or doc.get("kind") != "ServingDeployment":
+                continue
+            spec = parse_spec(doc["spec"])
+            owner = R.Owner(namespace="default", name=str(doc["metadata"]["name"]), uid="contract")
+            dep = R.render_deployment(owner, spec, spec.knob_config(), "baseline", spec.replicas)
+            (container,) = dep["spec"]["template"]["spec"]["containers"]
+            out.append(
+                {
+                    "engine": str(spec.engine),
+                    "source": f"examples/{path.name}",
+                    "argv": [*container["command"], *container["args"]],
+                    "expect": expect(spec.knob_config(), spec.gpu.count),
+                }
+            )
+    return out
+
+
+def twin_vllm_families() -> dict[str, Any]:
+    """The twin's vLLM exposition and the recipe's names (step 3 compares them with vLLM's own)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from prefixtune.metrics.recipe import for_engine
+    from prefixtune.twin.engine import TwinEngine
+    from prefixtune.twin.exporter import EngineExporter
+    from prefixtune.twin.run import parse_command
+    from prefixtune.twin.workloads import generate
+
+    parsed = parse_command("vllm", [], model=MODEL)
+    exporter = EngineExporter("vllm", MODEL, parsed=parsed)
+    eng = TwinEngine(parsed, "H100-80GB", 1, exporter)
+    exporter.bind(eng.gauges, lambda: eng.cache.stats)
+    eng.submit_all(generate("chatbot", rate=2.0, duration_s=5.0, seed=1))
+    eng.advance(float("inf"))
+    families = {}
+    for fam in text_string_to_metric_families(exporter.render().decode()):
+        labels = sorted({k for s in fam.samples for k in s.labels if k != "le"})
+        buckets = sorted(
+            {float(s.labels["le"]) for s in fam.samples if "le" in s.labels and s.labels["le"] != "+Inf"}
+        )
+        families[fam.name] = {"type": fam.type, "labels": labels, "buckets": buckets}
+    r = for_engine("vllm")
+    read = {t.name for t in r.counters()} | set(r.gauges()) | set(r.histograms())
+    names = get_adapter("vllm").metrics
+    read.add(names.config_info)
+    return {"twin": families, "recipe": sorted(read)}
+
+
+def engine_sets() -> dict[str, Any]:
+    """Value sets the adapters offer, for step 2 to compare with the engines' own (and the command
+    lines the adapters refuse, which the engines must refuse too)."""
+    from prefixtune.engines.sglang import CACHE_AWARE_POLICIES
+
+    vllm = get_adapter("vllm").table.by_dest("quantization")
+    quantization = [q for q in REAL_QUANTIZATION_PROBE if _accepts(vllm.convert, q)]
+    sglang = get_adapter("sglang")
+    return {
+        "vllm_quantization": quantization,
+        "sglang_policies": list(sglang.knobs()["schedule_policy"].choices),
+        "sglang_cache_aware": sorted(CACHE_AWARE_POLICIES),
+        "refused": [
+            {"engine": "vllm", "quantization": "bitsandbytes"},
+            {"engine": "vllm", "quantization": "gguf"},
+            {"engine": "sglang", "argv": ["--model-path", MODEL, "--cuda-graph-max-bs", "64"]},
+        ],
+    }
+
+
+# Every value vLLM 0.33's QuantizationMethods has plus the two prefixtune refuses (the check compares
+# the accepted subset with vLLM's own list).
+REAL_QUANTIZATION_PROBE = (
+    "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
+    "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
+    "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8",
+    "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
+    "nvfp4_per_token", "mxfp8", "bitsandbytes", "gguf",
+)  # fmt: skip
+
+
+def _accepts(convert: Any, value: str) -> bool:
+    try:
+        convert(value)
+    except ValueError:
+        return False
+    return True
+
+
+def main() -> int:
+    cases = [*knob_cases("vllm"), *knob_cases("sglang"), *extra_arg_cases("vllm"), *extra_arg_cases("sglang")]
+    cases += example_cases()
+    document = {"cases": cases, "vllm_metrics": twin_vllm_families(), "sets": engine_sets()}
+    Path(sys.argv[1]).write_text(json.dumps(document))
+    print(f"{len(cases)} command lines", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
