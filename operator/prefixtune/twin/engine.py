@@ -383,6 +383,15 @@ class TwinEngine:
             status=self.status,
         )
 
+    def progress(self) -> dict[int, int]:
+        """Output tokens each running request has produced so far (req_id -> count), for streaming:
+        a decoding request's count follows the decode step counter, so jumps are reflected too."""
+        g = self._g
+        return {
+            s.req.req_id: (s.out - (s.finish_g - g) if s.state == "decode" else s.generated)
+            for s in self._running
+        }
+
     @property
     def cache_stats(self) -> CacheStats:
         return self.cache.stats
