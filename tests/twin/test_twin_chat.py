@@ -162,6 +162,7 @@ async def test_stream_sends_a_chunk_per_engine_step() -> None:
         await server.stop()
     assert sum(k for _, k in times) == n
     assert [k for _, k in times] == [1] * n  # one token per chunk: one per engine step
+    assert len(server.first_chunk_s) == 1  # the server's side of the client's TTFT, recorded
 
 
 @pytest.mark.parametrize("engine", ENGINES)

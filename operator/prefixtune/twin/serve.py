@@ -59,6 +59,7 @@ import signal
 import sys
 import time
 from array import array
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,6 +214,9 @@ class TwinServer:
         self.dcgm_path = dcgm_path
         self.pending: dict[int, _Pending] = {}
         self.streams: set[int] = set()  # req_ids of the pending requests that stream
+        # Wall seconds from a streamed chat request's handler start to its first chunk written: the
+        # server's side of a client's TTFT (benchmarks compare the two). The latest ones only.
+        self.first_chunk_s: deque[float] = deque(maxlen=100_000)
         self.exporter = EngineExporter(self.engine_name, parsed.model, parsed=parsed)
         self.dcgm = DcgmExporter(
             gpu_model=gpu,
@@ -414,6 +418,7 @@ class TwinServer:
         return web.json_response(self._response(body, entries, want_ids))
 
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        entered = time.monotonic()
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -427,7 +432,7 @@ class TwinServer:
                 chat.prompt, len(chat.output_ids), chat.output_ids, self.sim_now(), chat.stream
             )
             if chat.stream:
-                return await self._chat_stream(request, chat, entry)
+                return await self._chat_stream(request, chat, entry, entered)
             await entry.done
         except RequestError as err:
             return self._error(err)
@@ -477,7 +482,9 @@ class TwinServer:
             continuous_usage=bool(opts.get("continuous_usage_stats", False)),
         )
 
-    async def _chat_stream(self, request: web.Request, chat: _Chat, e: _Pending) -> web.StreamResponse:
+    async def _chat_stream(
+        self, request: web.Request, chat: _Chat, e: _Pending, entered: float
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         cid = f"chatcmpl-twin-{e.req.req_id}"
@@ -496,6 +503,7 @@ class TwinServer:
                 break
             if sent == 0:  # the engines send the role with their first output
                 await send(chat_chunk(cid, chat.model, {"role": "assistant", "content": ""}, None, so_far(0)))
+                self.first_chunk_s.append(time.monotonic() - entered)
             piece = chat.text[4 * sent : 4 * (sent + count)]  # 4 bytes per token (chat.answer)
             sent += count
             finish = chat.finish_reason if sent >= n_out else None
