@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from prefixtune.twin.chat import Message, answer, parse_messages, render_chat, text_tokens
 from prefixtune.twin.openai_api import error_message
@@ -129,7 +130,8 @@ async def test_streaming_chat_with_usage(engine: str) -> None:
 
 async def test_stream_sends_a_chunk_per_engine_step() -> None:
     """With the clock driven by hand in steps shorter than an engine step, every chunk after the role
-    carries exactly one token."""
+    carries exactly one token, and none arrives before the simulated time the engine produced it at
+    (an advance completes the step under way, so the engine runs up to a step ahead of the clock)."""
     server = make_server("vllm", MODEL, GPU, speedup=1.0)
     url = await server.start()
     assert server._ticker is not None
@@ -138,14 +140,18 @@ async def test_stream_sends_a_chunk_per_engine_step() -> None:
     server.sim_now = lambda: clock[0]  # type: ignore[method-assign]
     times: list[tuple[float, int]] = []
     n = 12
+    arrival = done_at = -1.0
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello"}]
     try:
         async with aiohttp.ClientSession() as http:
-            body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": n, "stream": True}
+            body = {"messages": messages, "max_tokens": n, "stream": True}
             async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
                 assert resp.status == 200
                 while True:
                     clock[0] += 0.0005  # 0.5 ms of simulated time: shorter than any decode step
                     server.catch_up()
+                    if arrival < 0 and server.pending:
+                        arrival = next(iter(server.pending.values())).req.arrival_s
                     try:
                         line = await asyncio.wait_for(resp.content.readline(), 0.01)
                     except TimeoutError:
@@ -154,6 +160,7 @@ async def test_stream_sends_a_chunk_per_engine_step() -> None:
                         continue
                     data = line[len(b"data: ") :].strip()
                     if data == b"[DONE]":
+                        done_at = clock[0]
                         break
                     delta = json.loads(data)["choices"][0]["delta"]
                     if delta.get("content"):
@@ -163,6 +170,16 @@ async def test_stream_sends_a_chunk_per_engine_step() -> None:
     assert sum(k for _, k in times) == n
     assert [k for _, k in times] == [1] * n  # one token per chunk: one per engine step
     assert len(server.first_chunk_s) == 1  # the server's side of the client's TTFT, recorded
+    sums = {
+        name: value
+        for family in text_string_to_metric_families(server.exporter.render().decode())
+        for name, _, value in [(s.name, s.labels, s.value) for s in family.samples]
+        if name in {"vllm:time_to_first_token_seconds_sum", "vllm:e2e_request_latency_seconds_sum"}
+    }
+    ttft, e2e = sums["vllm:time_to_first_token_seconds_sum"], sums["vllm:e2e_request_latency_seconds_sum"]
+    assert ttft > 0.001 and e2e > ttft
+    assert times[0][0] >= arrival + ttft  # the first token is not sent before the engine made it
+    assert done_at >= arrival + e2e  # nor the end before the request finished
 
 
 @pytest.mark.parametrize("engine", ENGINES)

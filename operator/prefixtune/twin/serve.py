@@ -54,6 +54,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import heapq
 import json
 import signal
 import sys
@@ -123,6 +124,7 @@ class _Pending:
     chunks: asyncio.Queue[int] = field(default_factory=asyncio.Queue)  # token counts; 0 = the end
     sent: int = 0  # output tokens already put on ``chunks``
     cached: int | None = None  # prompt tokens the engine found cached at its first admission
+    engine_done: bool = False  # finished in the engine (answered when wall time reaches its finish)
 
     def emit(self, produced: int) -> None:
         """The request has produced ``produced`` output tokens in all: queue the new ones."""
@@ -157,22 +159,17 @@ class _ServeObserver(NullObserver):
             p.cached = int(match.hit_tokens)
 
     def first_token(self, req: Request, ttft_s: float, now: float) -> None:
-        p = self.server.pending.get(req.req_id)
-        if p is not None:
-            p.emit(1)
+        if req.req_id in self.server.pending:
+            self.server.due(now, req.req_id, None)
 
     def finished(
         self, req: Request, now: float, e2e_s: float, queue_s: float, prefill_s: float, decode_s: float
     ) -> None:
-        p = self.server.pending.pop(req.req_id, None)
-        if p is not None and not p.done.done():
-            p.done.set_result(
-                {"e2e_s": e2e_s, "queue_s": queue_s, "prefill_s": prefill_s, "decode_s": decode_s}
-            )
-            p.emit(req.output_len)
-            if p.stream:
-                self.server.streams.discard(req.req_id)
-                p.chunks.put_nowait(0)
+        p = self.server.pending.get(req.req_id)
+        if p is not None:
+            p.engine_done = True
+            timings = {"e2e_s": e2e_s, "queue_s": queue_s, "prefill_s": prefill_s, "decode_s": decode_s}
+            self.server.due(now, req.req_id, timings)
 
     def oom(self, now: float, reason: str) -> None:
         self.server.on_oom(reason)
@@ -214,6 +211,10 @@ class TwinServer:
         self.dcgm_path = dcgm_path
         self.pending: dict[int, _Pending] = {}
         self.streams: set[int] = set()  # req_ids of the pending requests that stream
+        # First tokens and finishes the engine has simulated, answered when wall time reaches them:
+        # (simulated time, order, req_id, None for a first token | the finished request's timings).
+        self._due: list[tuple[float, int, int, dict[str, float] | None]] = []
+        self._due_order = 0
         # Wall seconds from a streamed chat request's handler start to its first chunk written: the
         # server's side of a client's TTFT (benchmarks compare the two). The latest ones only.
         self.first_chunk_s: deque[float] = deque(maxlen=100_000)
@@ -249,19 +250,20 @@ class TwinServer:
         return (time.monotonic() - self._t0) * self.speedup
 
     def catch_up(self) -> None:
-        """Advance the engine to the current simulated time."""
+        """Advance the engine to the current simulated time, and answer what is due by then.
+
+        An advance completes the step under way, so the engine may end up to one step ahead of the
+        wall clock: what it produced is sent only once wall time reaches the simulated time it was
+        produced at (first tokens and finishes at their own times; the tokens of running requests
+        when wall time reaches the engine's time), never early."""
         target = self.sim_now()
+        self._release(target)
         if target > self.engine.now:
             self.engine.advance(target)
-            if self.streams:  # stream what the running requests produced in this advance
-                pending = self.pending
-                for rid, produced in self.engine.progress().items():
-                    p = pending.get(rid)
-                    if p is not None:
-                        p.emit(produced)
+            self._release(target)
         if self.engine.status == "ok" and self.pending and self.engine.idle():
             # The engine dropped requests it could never admit (as the engines reject them).
-            for rid in list(self.pending):
+            for rid in [r for r, p in self.pending.items() if not p.engine_done]:
                 p = self.pending.pop(rid)
                 self.streams.discard(rid)
                 if not p.done.done():
@@ -269,6 +271,35 @@ class TwinServer:
                         RequestError("the engine rejected the request: it cannot fit the KV pool", status=400)
                     )
                     p.chunks.put_nowait(0)
+
+    def due(self, t: float, rid: int, timings: dict[str, float] | None) -> None:
+        heapq.heappush(self._due, (t, self._due_order, rid, timings))
+        self._due_order += 1
+
+    def _release(self, target: float) -> None:
+        """Answer the first tokens and finishes simulated by ``target``; stream the running requests'
+        tokens when the engine is not ahead of ``target``."""
+        due, pending = self._due, self.pending
+        while due and due[0][0] <= target:
+            _, _, rid, timings = heapq.heappop(due)
+            p = pending.get(rid)
+            if p is None:
+                continue
+            if timings is None:
+                p.emit(1)
+                continue
+            del pending[rid]
+            if not p.done.done():
+                p.done.set_result(timings)
+            p.emit(p.req.output_len)
+            if p.stream:
+                self.streams.discard(rid)
+                p.chunks.put_nowait(0)
+        if self.streams and self.engine.now <= target:
+            for rid, produced in self.engine.progress().items():
+                p = pending.get(rid)
+                if p is not None:
+                    p.emit(produced)
 
     async def _tick(self) -> None:
         while True:
@@ -283,6 +314,7 @@ class TwinServer:
             p.chunks.put_nowait(0)
         self.pending.clear()
         self.streams.clear()
+        self._due.clear()
 
     def on_oom(self, reason: str) -> None:
         self.oom_reason = reason
