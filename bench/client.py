@@ -110,6 +110,9 @@ def client_report(report: Mapping[str, Any]) -> dict[str, float]:
         "cached_prompt_tokens": _avg(report, "total_usage_prompt_cache_read_tokens"),
         "output_tokens_per_s": _avg(report, "output_token_throughput"),
         "requests_per_s": _avg(report, "request_throughput"),
+        # How the stream arrived: HTTP reads per request and the gap between them.
+        "http_chunks_per_request_mean": _avg(report, "http_req_chunks_received"),
+        "inter_chunk_p50_ms": float(report.get("inter_chunk_latency", {}).get("p50", float("nan"))),
         # Where the client's time goes before the server sees the request (explains TTFT's gap).
         "http_connecting_mean_ms": _avg(report, "http_req_connecting"),
         "http_sending_mean_ms": _avg(report, "http_req_sending"),

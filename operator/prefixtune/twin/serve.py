@@ -31,8 +31,9 @@ Endpoints (as the engines serve them):
   per request per step; the server advances every ``TICK_S`` of wall time, so at ``--speedup 1``
   with steps longer than a tick a chunk is one engine step (one token), as the engines stream; a
   tick spanning several steps sends their tokens in one chunk, as vLLM's output collector merges the
-  outputs of a client that has not read them yet. TTFT and ITL as a client measures them are the
-  simulated ones divided by the speedup, plus up to one tick.
+  outputs of a client that has not read them yet. Nothing is sent before wall time reaches the
+  simulated time it was produced at (``catch_up``). TTFT and ITL as a client measures them are the
+  simulated ones divided by the speedup, plus up to one tick and the HTTP path.
 - Extension for multi-turn load generators, ``"prefixtune": {"output_token_ids": [ids]}``: the tokens
   the twin "generates" (their count replaces ``max_tokens``). The next turn's prompt, which contains
   them, then hits the blocks this request cached. Without it the output ids are derived from the
