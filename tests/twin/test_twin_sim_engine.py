@@ -347,3 +347,39 @@ def test_cli_errors_name_the_problem(capsys: pytest.CaptureFixture[str]) -> None
     )
     assert "--rate must be > 0" in capsys.readouterr().err
     assert main(["nope"]) == 2
+
+
+class _Gaps(NullObserver):
+    """Sums the inter-token gaps the engine reports, and each request's decode time."""
+
+    def __init__(self) -> None:
+        self.gap_sum = 0.0
+        self.gaps = 0
+        self.decode_sum = 0.0
+        self.preempted_any = False
+
+    def tokens(self, gap_s: float, count: int, now: float) -> None:
+        self.gap_sum += gap_s * count
+        self.gaps += count
+
+    def finished(
+        self, req: Request, now: float, e2e_s: float, queue_s: float, prefill_s: float, decode_s: float
+    ) -> None:
+        self.decode_sum += decode_s
+
+    def preempted(self, req: Request, now: float) -> None:
+        self.preempted_any = True
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_inter_token_gaps_add_up_to_each_requests_decode_time(engine: str) -> None:
+    # Arrivals while others decode: SGLang then runs prefill-only batches, and its decoding requests
+    # wait through them; that wait is part of their next token's gap (as a client measures it).
+    reqs = make_requests(80, 12.0, groups=2, shared=800, unique=400, output=60, seed=4)
+    gaps = _Gaps()
+    eng = TwinEngine(parse_command(engine, [], model=M8), "H100", seed=0, observer=gaps)
+    eng.submit_all(reqs)
+    eng.advance(math.inf)
+    assert not gaps.preempted_any and eng.counters.finished == len(reqs)
+    assert gaps.gaps == sum(r.output_len - 1 for r in reqs)
+    assert gaps.gap_sum == pytest.approx(gaps.decode_sum, rel=1e-6)

@@ -37,6 +37,7 @@ import aiohttp
 from prefixtune.sandbox import controllers as ctl
 from prefixtune.sandbox.kubelet import ApiClient, ApiStatusError, Wakeup, stop_task
 from prefixtune.twin.loadgen import Record, completion_body
+from prefixtune.twin.openai_api import error_message
 from prefixtune.twin.request import Request
 
 logger = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ class ServiceLoad:
                 if isinstance(data, dict):
                     usage = data.get("usage") or {}
                     if status != 200:
-                        error = str(data.get("message", ""))
+                        error = error_message(data)
         except (TimeoutError, aiohttp.ClientError, ValueError) as err:
             error = f"{type(err).__name__}: {err}"
         if status == 200:

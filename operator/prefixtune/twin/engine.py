@@ -299,6 +299,9 @@ class TwinEngine:
         self._lookahead = max(LOOKAHEAD_TOKENS, self.block_size)
         self._spare = self.memory.num_blocks // 4
         self._last_usage = 0.0
+        # SGLang's prefill-only batches: [requests, seconds] of the decoding requests that waited
+        # through them (those waiting longest first); their next token's gap includes the wait.
+        self._stalls: list[list[float]] = []
         self._usage_at = 0.0
 
     def _make_cache(self, factory: CacheFactory | None) -> KVCache:
@@ -383,6 +386,15 @@ class TwinEngine:
             free_blocks=int(self.cache.free_blocks()),
             status=self.status,
         )
+
+    def progress(self) -> dict[int, int]:
+        """Output tokens each running request has produced so far (req_id -> count), for streaming:
+        a decoding request's count follows the decode step counter, so jumps are reflected too."""
+        g = self._g
+        return {
+            s.req.req_id: (s.out - (s.finish_g - g) if s.state == "decode" else s.generated)
+            for s in self._running
+        }
 
     @property
     def cache_stats(self) -> CacheStats:
@@ -621,7 +633,9 @@ class TwinEngine:
         self.counters.generation_tokens += n_dec
         self.observer.step(self.now, dt, 1, prefill_tokens, n_dec)
         if n_dec:
-            self.observer.tokens(dt, n_dec, self.now)
+            self._emit_tokens(dt, n_dec)
+        elif self._n_dec:  # a prefill-only batch (SGLang): the decoding requests wait through it
+            self._stall(dt)
         # 4. Prefill progress: commit, first tokens, decode start.
         for s, chunk in chunks:
             s.prefilled += chunk
@@ -630,6 +644,31 @@ class TwinEngine:
             if s.prefilled >= s.known:
                 self._prefill_done(s)
         self._finish_due()
+
+    def _stall(self, dt: float) -> None:
+        stalls = self._stalls
+        for entry in stalls:
+            entry[1] += dt
+        new = self._n_dec - sum(int(c) for c, _ in stalls)
+        if new > 0:
+            stalls.append([new, dt])
+
+    def _emit_tokens(self, gap: float, n: int) -> None:
+        """``n`` decode tokens, each ``gap`` after the request's previous one; the requests that
+        waited through prefill-only batches since their previous token waited that much longer."""
+        stalls = self._stalls
+        if not stalls:
+            self.observer.tokens(gap, n, self.now)
+            return
+        left = n
+        for count, waited in stalls:
+            c = min(int(count), left)
+            if c:
+                self.observer.tokens(gap + waited, c, self.now)
+                left -= c
+        stalls.clear()
+        if left:
+            self.observer.tokens(gap, left, self.now)
 
     def _wants_prefill(self) -> bool:
         return bool(self._prefill) or (
@@ -878,7 +917,12 @@ class TwinEngine:
         self._g = g + k
         self.counters.generation_tokens += n * k
         self.observer.step(self.now, dt, k, 0, n * k)
-        self.observer.tokens(dt / k, n * k, self.now)
+        if self._stalls:
+            self._emit_tokens(dt / k, n)
+            if k > 1:
+                self.observer.tokens(dt / k, n * (k - 1), self.now)
+        else:
+            self.observer.tokens(dt / k, n * k, self.now)
         self._finish_due()
 
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from prefixtune.twin.openai_api import error_message
 from prefixtune.twin.request import Request
 
 Balance = Literal["random", "round-robin"]
@@ -153,7 +154,7 @@ async def run_load(
             in_flight -= 1
         latency = time.monotonic() - t0 - sent
         if status != 200 or not isinstance(data, dict):
-            message = data.get("message", "") if isinstance(data, dict) else str(data)
+            message = error_message(data)
             return Record(
                 req.req_id, req.session, req.kind, target, due, sent, status, latency, error=str(message)
             )

@@ -16,7 +16,24 @@ Endpoints (as the engines serve them):
   The twin generates exactly ``max_tokens`` tokens (default 16, as vLLM). ``usage`` has
   ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
   ``prompt_tokens_details.cached_tokens`` (the engine's prefix-cache hit for this request).
-  Text prompts are not tokenized: every 4 UTF-8 bytes count as one token (an approximation).
+  Text prompts are not tokenized: every 4 UTF-8 bytes count as one token (``chat.text_tokens``, an
+  approximation).
+- ``POST /v1/chat/completions``: ``{"model", "messages", "max_completion_tokens" | "max_tokens",
+  "stream"?, "stream_options"?: {"include_usage", "continuous_usage_stats"}, "ignore_eos"?}``. The
+  messages go through the twin's chat template (``chat.render_chat``: each message tokenized on its
+  own, so a conversation's earlier turns are the same leading tokens every turn and hit the cache).
+  With ``max_tokens`` the twin generates exactly that many tokens (``finish_reason`` "length");
+  without, ``CHAT_ANSWER_TOKENS`` and "stop" (a model ending its turn). The answer text re-tokenizes
+  to the generated ids, so sending it back as the next turn's assistant message hits that cache too.
+  Objects and error bodies as each engine shapes them (``openai_api``).
+- Streaming (both routes): a chunk when the engine emits a request's first token, then a chunk per
+  advance of the engine with the tokens the request produced in it. The engine produces one token
+  per request per step; the server advances every ``TICK_S`` of wall time, so at ``--speedup 1``
+  with steps longer than a tick a chunk is one engine step (one token), as the engines stream; a
+  tick spanning several steps sends their tokens in one chunk, as vLLM's output collector merges the
+  outputs of a client that has not read them yet. Nothing is sent before wall time reaches the
+  simulated time it was produced at (``catch_up``). TTFT and ITL as a client measures them are the
+  simulated ones divided by the speedup, plus up to one tick and the HTTP path.
 - Extension for multi-turn load generators, ``"prefixtune": {"output_token_ids": [ids]}``: the tokens
   the twin "generates" (their count replaces ``max_tokens``). The next turn's prompt, which contains
   them, then hits the blocks this request cached. Without it the output ids are derived from the
@@ -38,11 +55,13 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import heapq
 import json
 import signal
 import sys
 import time
 from array import array
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,17 +71,28 @@ from aiohttp import web
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import ArgsError, EngineName, ParsedCommand
 from prefixtune.twin.cache.base import Match
+from prefixtune.twin.chat import VOCAB, ChatError, answer, parse_messages, render_chat, text_tokens
 from prefixtune.twin.cliargs import add_target_args
 from prefixtune.twin.engine import TwinEngine
 from prefixtune.twin.exporter import CONTENT_TYPE, DcgmExporter, EngineExporter
 from prefixtune.twin.memory import StartupOOM
 from prefixtune.twin.observer import FanOut, NullObserver
+from prefixtune.twin.openai_api import (
+    chat_chunk,
+    chat_completion,
+    error_body,
+    stream_error_event,
+    usage,
+    usage_chunk,
+)
 from prefixtune.twin.prompt import ROOT_KEY, Segment, TokenSeq
 from prefixtune.twin.request import Request
 from prefixtune.twin.run import parse_command
 
 DEFAULT_MAX_TOKENS = 16  # vLLM's default for /v1/completions
-VOCAB = 128_256  # Llama 3 vocabulary
+# A chat request without max_tokens: the twin's "model" stops (finish_reason "stop") after this many
+# tokens; the engines would run to the model's end-of-turn token (or the context limit).
+CHAT_ANSWER_TOKENS = 128
 TICK_S = 0.005  # wall seconds between background advances
 
 OWNED_BY = {EngineName.VLLM: "vllm", EngineName.SGLANG: "sglang", EngineName.TRTLLM: "tensorrt_llm"}
@@ -84,13 +114,38 @@ class RequestError(ValueError):
 
 @dataclass
 class _Pending:
-    """A request in flight: what the handler waits for."""
+    """A request in flight: what the handler waits for. A streamed request gets, on ``chunks``, the
+    count of output tokens the engine produced since the last chunk (0 = the end): its first token
+    when the engine emits it, then what each advance of the engine produced (``TwinServer.catch_up``)."""
 
     req: Request
     output_ids: list[int]
     done: asyncio.Future[dict[str, float]]
+    stream: bool = False
     chunks: asyncio.Queue[int] = field(default_factory=asyncio.Queue)  # token counts; 0 = the end
+    sent: int = 0  # output tokens already put on ``chunks``
     cached: int | None = None  # prompt tokens the engine found cached at its first admission
+    engine_done: bool = False  # finished in the engine (answered when wall time reaches its finish)
+
+    def emit(self, produced: int) -> None:
+        """The request has produced ``produced`` output tokens in all: queue the new ones."""
+        if self.stream and produced > self.sent:
+            self.chunks.put_nowait(produced - self.sent)
+            self.sent = produced
+
+
+@dataclass(frozen=True)
+class _Chat:
+    """A parsed chat request: the rendered prompt and the answer the twin will generate."""
+
+    model: str
+    prompt: list[int]
+    text: str  # the answer, 4 bytes per output token
+    output_ids: list[int]
+    finish_reason: str
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
 
 
 class _ServeObserver(NullObserver):
@@ -105,21 +160,17 @@ class _ServeObserver(NullObserver):
             p.cached = int(match.hit_tokens)
 
     def first_token(self, req: Request, ttft_s: float, now: float) -> None:
-        p = self.server.pending.get(req.req_id)
-        if p is not None:
-            p.chunks.put_nowait(1)
+        if req.req_id in self.server.pending:
+            self.server.due(now, req.req_id, None)
 
     def finished(
         self, req: Request, now: float, e2e_s: float, queue_s: float, prefill_s: float, decode_s: float
     ) -> None:
-        p = self.server.pending.pop(req.req_id, None)
-        if p is not None and not p.done.done():
-            p.done.set_result(
-                {"e2e_s": e2e_s, "queue_s": queue_s, "prefill_s": prefill_s, "decode_s": decode_s}
-            )
-            if req.output_len > 1:  # the engine reports decode tokens per batch, not per request
-                p.chunks.put_nowait(req.output_len - 1)
-            p.chunks.put_nowait(0)
+        p = self.server.pending.get(req.req_id)
+        if p is not None:
+            p.engine_done = True
+            timings = {"e2e_s": e2e_s, "queue_s": queue_s, "prefill_s": prefill_s, "decode_s": decode_s}
+            self.server.due(now, req.req_id, timings)
 
     def oom(self, now: float, reason: str) -> None:
         self.server.on_oom(reason)
@@ -161,6 +212,14 @@ class TwinServer:
         self.dcgm_port = dcgm_port
         self.dcgm_path = dcgm_path
         self.pending: dict[int, _Pending] = {}
+        self.streams: set[int] = set()  # req_ids of the pending requests that stream
+        # First tokens and finishes the engine has simulated, answered when wall time reaches them:
+        # (simulated time, order, req_id, None for a first token | the finished request's timings).
+        self._due: list[tuple[float, int, int, dict[str, float] | None]] = []
+        self._due_order = 0
+        # Wall seconds from a streamed chat request's handler start to its first chunk written: the
+        # server's side of a client's TTFT (benchmarks compare the two). The latest ones only.
+        self.first_chunk_s: deque[float] = deque(maxlen=100_000)
         # engine_version: an older release's exposition (TensorRT-LLM 1.2 lacks most series)
         self.exporter = EngineExporter(self.engine_name, parsed.model, parsed=parsed, version=engine_version)
         self.dcgm = DcgmExporter(
@@ -194,19 +253,56 @@ class TwinServer:
         return (time.monotonic() - self._t0) * self.speedup
 
     def catch_up(self) -> None:
-        """Advance the engine to the current simulated time."""
+        """Advance the engine to the current simulated time, and answer what is due by then.
+
+        An advance completes the step under way, so the engine may end up to one step ahead of the
+        wall clock: what it produced is sent only once wall time reaches the simulated time it was
+        produced at (first tokens and finishes at their own times; the tokens of running requests
+        when wall time reaches the engine's time), never early."""
         target = self.sim_now()
+        self._release(target)
         if target > self.engine.now:
             self.engine.advance(target)
+            self._release(target)
         if self.engine.status == "ok" and self.pending and self.engine.idle():
             # The engine dropped requests it could never admit (as the engines reject them).
-            for rid in list(self.pending):
+            for rid in [r for r, p in self.pending.items() if not p.engine_done]:
                 p = self.pending.pop(rid)
+                self.streams.discard(rid)
                 if not p.done.done():
                     p.done.set_exception(
                         RequestError("the engine rejected the request: it cannot fit the KV pool", status=400)
                     )
                     p.chunks.put_nowait(0)
+
+    def due(self, t: float, rid: int, timings: dict[str, float] | None) -> None:
+        heapq.heappush(self._due, (t, self._due_order, rid, timings))
+        self._due_order += 1
+
+    def _release(self, target: float) -> None:
+        """Answer the first tokens and finishes simulated by ``target``; stream the running requests'
+        tokens when the engine is not ahead of ``target``."""
+        due, pending = self._due, self.pending
+        while due and due[0][0] <= target:
+            _, _, rid, timings = heapq.heappop(due)
+            p = pending.get(rid)
+            if p is None:
+                continue
+            if timings is None:
+                p.emit(1)
+                continue
+            del pending[rid]
+            if not p.done.done():
+                p.done.set_result(timings)
+            p.emit(p.req.output_len)
+            if p.stream:
+                self.streams.discard(rid)
+                p.chunks.put_nowait(0)
+        if self.streams and self.engine.now <= target:
+            for rid, produced in self.engine.progress().items():
+                p = pending.get(rid)
+                if p is not None:
+                    p.emit(produced)
 
     async def _tick(self) -> None:
         while True:
@@ -220,6 +316,8 @@ class TwinServer:
                 p.done.set_exception(RequestError(message, status=status))
             p.chunks.put_nowait(0)
         self.pending.clear()
+        self.streams.clear()
+        self._due.clear()
 
     def on_oom(self, reason: str) -> None:
         self.oom_reason = reason
@@ -237,6 +335,7 @@ class TwinServer:
     async def start(self) -> str:
         app = web.Application(client_max_size=64 * 1024**2)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get(self.adapter.health_path, self._health)
         if self.adapter.ready_path != self.adapter.health_path:
@@ -335,14 +434,16 @@ class TwinServer:
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(RequestError("the request body is not valid JSON"))
+            return self._error(RequestError("the request body is not valid JSON"))
         try:
             if self.engine.status != "ok":
                 raise RequestError(f"engine crashed: {self.oom_reason}", status=500)
             prompts, max_tokens, outputs, stream, want_ids = self._parse(body)
             self.catch_up()
             arrival = self.sim_now()
-            entries = [self._submit(p, max_tokens, o, arrival) for p, o in zip(prompts, outputs, strict=True)]
+            entries = [
+                self._submit(p, max_tokens, o, arrival, stream) for p, o in zip(prompts, outputs, strict=True)
+            ]
             if stream:
                 return await self._stream(request, body, entries, want_ids)
             results = await asyncio.gather(*(e.done for e in entries), return_exceptions=True)
@@ -350,19 +451,118 @@ class TwinServer:
                 if isinstance(r, BaseException):
                     raise r
         except RequestError as err:
-            return _error(err)
+            return self._error(err)
         return web.json_response(self._response(body, entries, want_ids))
 
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        entered = time.monotonic()
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return self._error(RequestError("the request body is not valid JSON"))
+        try:
+            if self.engine.status != "ok":
+                raise RequestError(f"engine crashed: {self.oom_reason}", status=500)
+            chat = self._parse_chat(body)
+            self.catch_up()
+            entry = self._submit(
+                chat.prompt, len(chat.output_ids), chat.output_ids, self.sim_now(), chat.stream
+            )
+            if chat.stream:
+                return await self._chat_stream(request, chat, entry, entered)
+            await entry.done
+        except RequestError as err:
+            return self._error(err)
+        return web.json_response(
+            chat_completion(
+                f"chatcmpl-twin-{entry.req.req_id}",
+                chat.model,
+                chat.text,
+                chat.finish_reason,
+                usage(entry.req.prompt_len, entry.req.output_len, entry.cached or 0),
+            )
+        )
+
+    def _parse_chat(self, body: Any) -> _Chat:
+        self._check_body(body)
+        try:
+            prompt = render_chat(parse_messages(body.get("messages")))
+        except ChatError as err:
+            raise RequestError(str(err), err.param) from None
+        if body.get("n", 1) not in (1, None):
+            raise RequestError("only n=1 is supported by the twin", "n")
+        # vLLM: max_completion_tokens, else the deprecated max_tokens.
+        param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        asked = body.get(param)
+        if asked is not None and (not _is_int(asked) or int(asked) < 1):
+            raise RequestError(f"{param} must be an integer >= 1; got {asked!r}", param)
+        limit = int(self.engine.memory.max_request_tokens)
+        if asked is not None:
+            n_out, finish = int(asked), "length"
+        elif body.get("ignore_eos"):
+            n_out, finish = max(1, limit - len(prompt)), "length"
+        else:
+            n_out, finish = CHAT_ANSWER_TOKENS, "stop"
+        self._check_length(len(prompt), n_out, "messages")
+        opts = body.get("stream_options") or {}
+        if not isinstance(opts, dict):
+            raise RequestError("stream_options must be an object", "stream_options")
+        text, output_ids = answer(prompt, n_out)
+        return _Chat(
+            model=str(body.get("model") or self._served_names()[0]),
+            prompt=prompt,
+            text=text,
+            output_ids=output_ids,
+            finish_reason=finish,
+            stream=bool(body.get("stream", False)),
+            include_usage=bool(opts.get("include_usage", False)),
+            continuous_usage=bool(opts.get("continuous_usage_stats", False)),
+        )
+
+    async def _chat_stream(
+        self, request: web.Request, chat: _Chat, e: _Pending, entered: float
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        cid = f"chatcmpl-twin-{e.req.req_id}"
+        n_out = len(chat.output_ids)
+
+        def so_far(tokens: int) -> dict[str, Any] | None:
+            return usage(e.req.prompt_len, tokens, e.cached or 0) if chat.continuous_usage else None
+
+        async def send(event: dict[str, Any]) -> None:
+            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+
+        sent = 0
+        while True:
+            count = await e.chunks.get()
+            if count == 0:
+                break
+            if sent == 0:  # the engines send the role with their first output
+                await send(chat_chunk(cid, chat.model, {"role": "assistant", "content": ""}, None, so_far(0)))
+                self.first_chunk_s.append(time.monotonic() - entered)
+            piece = chat.text[4 * sent : 4 * (sent + count)]  # 4 bytes per token (chat.answer)
+            sent += count
+            finish = chat.finish_reason if sent >= n_out else None
+            await send(chat_chunk(cid, chat.model, {"content": piece}, finish, so_far(sent)))
+        if e.done.done() and e.done.exception() is not None:
+            err = e.done.exception()
+            status = err.status if isinstance(err, RequestError) else 500
+            await send(stream_error_event(self.engine_name, str(err), status))
+        elif chat.include_usage:
+            await send(usage_chunk(cid, chat.model, usage(e.req.prompt_len, n_out, e.cached or 0)))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
     def _parse(self, body: Any) -> tuple[list[list[int]], int, list[list[int] | None], bool, bool]:
-        if not isinstance(body, dict):
-            raise RequestError("the request body must be a JSON object")
-        model = body.get("model")
-        if model is not None and model not in self._served_names():
-            raise RequestError(f"The model `{model}` does not exist.", "model", status=404)
+        self._check_body(body)
         prompt = body.get("prompt")
         prompts: list[list[int]]
         if isinstance(prompt, str):
-            prompts = [_text_tokens(prompt)]
+            prompts = [text_tokens(prompt)]
+            if not prompts[0]:
+                raise RequestError("prompt must not be empty", "prompt")
         elif isinstance(prompt, list) and prompt and _token_list(prompt):
             prompts = [prompt]
         elif (
@@ -411,15 +611,8 @@ class TwinServer:
             if lo < 0 or hi >= VOCAB:
                 bad = lo if lo < 0 else hi
                 raise RequestError(f"Token id {bad} is out of vocabulary (0..{VOCAB - 1})", "prompt")
-        limit = int(self.engine.memory.max_request_tokens)
         for p, o in zip(prompts, outputs, strict=True):
-            n_out = len(o) if o is not None else int(max_tokens)
-            if len(p) + n_out > limit:
-                raise RequestError(
-                    f"This model's maximum context length is {limit} tokens. However, you requested "
-                    f"{len(p) + n_out} tokens ({len(p)} in the messages, {n_out} in the completion).",
-                    "prompt",
-                )
+            self._check_length(len(p), len(o) if o is not None else int(max_tokens), "prompt")
         return (
             prompts,
             int(max_tokens),
@@ -428,8 +621,34 @@ class TwinServer:
             bool(body.get("return_token_ids")),
         )
 
+    def _check_body(self, body: Any) -> None:
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model not in self._served_names():
+            raise RequestError(f"The model `{model}` does not exist.", "model", status=404)
+
+    def _check_length(self, prompt_len: int, n_out: int, param: str) -> None:
+        limit = int(self.engine.memory.max_request_tokens)
+        if prompt_len + n_out > limit:
+            raise RequestError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + n_out} tokens ({prompt_len} in the messages, {n_out} in the completion).",
+                param,
+            )
+
+    def _error(self, err: RequestError) -> web.Response:
+        return web.json_response(
+            error_body(self.engine_name, str(err), err.status, err.param), status=err.status
+        )
+
     def _submit(
-        self, prompt: list[int], max_tokens: int, output: list[int] | None, arrival: float
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        output: list[int] | None,
+        arrival: float,
+        stream: bool = False,
     ) -> _Pending:
         """Queue one prompt arriving at simulated time ``arrival``. The engine runs it from that time
         at the next advance (the ticker's, within 5 ms wall): forcing a step here would push the
@@ -447,8 +666,12 @@ class TwinServer:
             output_len=len(output),
             kind="http",
         )
-        entry = _Pending(req=req, output_ids=output, done=asyncio.get_running_loop().create_future())
+        entry = _Pending(
+            req=req, output_ids=output, done=asyncio.get_running_loop().create_future(), stream=stream
+        )
         self.pending[rid] = entry
+        if stream:
+            self.streams.add(rid)
         self.engine.submit(req)
         return entry
 
@@ -510,7 +733,9 @@ class TwinServer:
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
             if e.done.done() and e.done.exception() is not None:
                 err = e.done.exception()
-                await resp.write(f"data: {json.dumps({'error': {'message': str(err)}})}\n\n".encode())
+                status = err.status if isinstance(err, RequestError) else 500
+                event = stream_error_event(self.engine_name, str(err), status)
+                await resp.write(f"data: {json.dumps(event)}\n\n".encode())
                 await resp.write(b"data: [DONE]\n\n")
                 return resp
         final = self._response(body, entries, want_ids=False)
@@ -564,22 +789,6 @@ def _token_list(values: list[Any]) -> bool:
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _text_tokens(text: str) -> list[int]:
-    """A stand-in tokenizer for text prompts: every 4 UTF-8 bytes are one token (ids from the bytes)."""
-    raw = text.encode()
-    if not raw:
-        raise RequestError("prompt must not be empty", "prompt")
-    return [int.from_bytes(raw[i : i + 4], "little") % VOCAB for i in range(0, len(raw), 4)]
-
-
-def _error(err: RequestError) -> web.Response:
-    kind = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}.get(err.status, "Error")
-    return web.json_response(
-        {"object": "error", "message": str(err), "type": kind, "param": err.param, "code": err.status},
-        status=err.status,
-    )
 
 
 @contextlib.asynccontextmanager
