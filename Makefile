@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: all venv sysdeps lint typecheck unit test demo crd contract bench-client clean
+.PHONY: all venv sysdeps lint typecheck unit test demo crd contract bench-client calibrate clean
 
 all: test
 
@@ -62,5 +62,18 @@ $(AIPERF_VENV)/bin/aiperf:
 bench-client: venv $(AIPERF_VENV)/bin/aiperf
 	$(BIN)/prefixtune bench client --out docs/bench-results/client-aiperf.json
 
+# Refit the twin's step costs to AIConfigurator's measured kernels (docs/calibration.md). Not part of
+# `make test`: AIConfigurator goes in its own venv (.venv-aic), the twin never imports it. Writes
+# operator/prefixtune/twin/data/step_costs.json and bench/calibration/reference_points.json, then
+# prints the fit's errors (python -m prefixtune.twin.calibration check prints them again).
+AIC_VENV := .venv-aic
+AIC_RAW := .cache/calibration/aic-raw.json
+calibrate: venv
+	test -x $(AIC_VENV)/bin/python || $(PY) -m venv $(AIC_VENV)
+	$(AIC_VENV)/bin/python -m pip install --quiet 'aiconfigurator==0.12.0'
+	mkdir -p $(dir $(AIC_RAW))
+	$(AIC_VENV)/bin/python bench/calibration/query_aic.py $(AIC_RAW)
+	$(BIN)/python -m prefixtune.twin.calibration fit $(AIC_RAW)
+
 clean:
-	rm -rf $(VENV) .venv-contract .venv-aiperf .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-contract .venv-aiperf $(AIC_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -78,7 +78,7 @@ def test_prefill_bound_near_capacity_with_tiny_outputs() -> None:
     # With chunked prefill every decode step carries a prefill chunk, so ITL p50 is prefill time and
     # the latency split alone would call this decode-bound; the token mix names it right.
     spec = WorkloadSpec(name="diag-prefill-tiny", suffix=Dist(value=6000), output=Dist(value=4))
-    s, sig = measure(spec, 4.0, CACHING_OFF)
+    s, sig = measure(spec, 6.0, CACHING_OFF)
     assert s.input_tokens_per_s > 1000 * s.output_tokens_per_s and s.gpu_busy_fraction > 0.8
     d = diagnose(sig)
     assert d.bound == PREFILL, d.reason
@@ -89,7 +89,7 @@ def test_prefill_bound_near_capacity_with_tiny_outputs() -> None:
 def test_decode_bound_short_prompts_long_outputs_full_batch() -> None:
     s, sig = measure(
         WorkloadSpec(name="diag-decode", suffix=Dist(value=100), output=Dist(value=400)),
-        14.0,
+        18.0,
         ["--max-num-seqs", "64"],
     )
     assert s.max_running >= 0.9 * 64 and s.mean_running >= 0.7 * 64  # the batch is (nearly) full
@@ -104,7 +104,7 @@ SMALL_POOL = ["--gpu-memory-utilization", "0.3", "--max-model-len", "16384"]
 
 
 def test_kv_capacity_bound_small_pool_long_contexts() -> None:
-    s, sig = measure(KV_HEAVY, 2.0, SMALL_POOL, horizon_s=60.0)
+    s, sig = measure(KV_HEAVY, 3.0, SMALL_POOL, horizon_s=60.0)
     assert s.kv_pool_tokens < 100_000 and s.preemptions > 0 and s.kv_usage_mean >= 0.9
     d = diagnose(sig)
     assert d.bound == KV_CAPACITY, d.reason
@@ -115,8 +115,8 @@ QUEUED = WorkloadSpec(name="diag-queue", suffix=Dist(value=2000), output=Dist(va
 
 
 def test_queueing_arrivals_above_capacity() -> None:
-    s, sig = measure(QUEUED, 12.0, ["--max-num-seqs", "16"])
-    assert s.requests_per_s < 0.8 * 12.0  # the engine finishes fewer than arrive
+    s, sig = measure(QUEUED, 16.0, ["--max-num-seqs", "16"])
+    assert s.requests_per_s < 0.8 * 16.0  # the engine finishes fewer than arrive
     assert sig.waiting_mean is not None and sig.running_mean is not None
     assert sig.waiting_mean > 2 * sig.running_mean and s.kv_usage_mean < 0.5  # a queue, not a full pool
     d = diagnose(sig)
@@ -167,10 +167,10 @@ def test_ttft_p50_down_p99_unchanged() -> None:
 
 def test_eviction_pressure_on_full_pool_with_preemptions() -> None:
     # A larger pool, same workload: no eviction pressure (the control for the KV case above).
-    s, sig = measure(KV_HEAVY, 2.0, ["--max-model-len", "16384"], horizon_s=60.0)
+    s, sig = measure(KV_HEAVY, 3.0, ["--max-model-len", "16384"], horizon_s=60.0)
     assert s.preemptions == 0
     assert "eviction-pressure" not in diagnose(sig).codes
-    _, tight = measure(KV_HEAVY, 2.0, SMALL_POOL, horizon_s=60.0)
+    _, tight = measure(KV_HEAVY, 3.0, SMALL_POOL, horizon_s=60.0)
     assert "eviction-pressure" in diagnose(tight).codes
 
 

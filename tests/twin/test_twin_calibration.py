@@ -3,7 +3,8 @@
 The anchor setup, simulated: ``trtllm-bench`` style, every request queued at once (infinite rate),
 FP8 checkpoints with FP8 KV, KV fraction 0.95, the batch limited by the pool (guaranteed_no_evict
 reserves each request's whole KV), random prompts (no prefix reuse). The figure is total output
-tokens / total time, as the benchmark reports. Tolerance +-25%.
+tokens / total time, as the benchmark reports. Tolerance +-15% (issue 22: the step costs are fitted to
+AIConfigurator's measured kernels; these rows are the second, end-to-end check).
 """
 
 from __future__ import annotations
@@ -57,4 +58,4 @@ def test_trtllm_anchor(model: str, gpu: str, tp: int, isl: int, osl: int, publis
     s = simulate("trtllm", parsed, gpu, _requests(REQUESTS, isl, osl))
     assert s.status == "ok" and s.finished == REQUESTS
     ratio = s.output_tokens_per_s / published
-    assert 0.75 <= ratio <= 1.25, f"model {s.output_tokens_per_s:.0f} vs published {published} ({ratio:.2f}x)"
+    assert 0.85 <= ratio <= 1.15, f"model {s.output_tokens_per_s:.0f} vs published {published} ({ratio:.2f}x)"

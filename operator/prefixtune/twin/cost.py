@@ -1,30 +1,55 @@
-"""How long one engine step takes: the roofline of ``reference/workloads-and-calibration.md`` section C.
+"""How long one engine step takes: fitted to measured kernels where there are data, else a roofline.
 
-A step processes ``N_tok`` new tokens (decode tokens plus prefill chunks) and reads ``S_read`` cached
-tokens' KV::
+**Fitted** (``FittedCost``, ``setup.cost_source = "aiconfigurator"``): per (engine, model, GPU, KV
+dtype, TP) small tables fitted to the GPU kernels NVIDIA AIConfigurator 0.12.0 measured (GEMMs,
+attention, all-reduce; ``twin/data/step_costs.json``, written by ``make calibrate`` through
+``twin/calibration.py``; docs/calibration.md)::
+
+    t_step = t_host + t_host_seq*B + linear(N) + allreduce(N) + per_seq(B) + read(B)*S_read + pair*F
+
+**Roofline** (``RooflineCost``, ``setup.cost_source = "roofline"``), where the data have no such case
+(a model or GPU AIConfigurator lacks), ``reference/workloads-and-calibration.md`` section C::
 
     t_mem  = (W_step/eta_w + kappa*S_read/eta_kv) / (TP*BW)
     t_cmp  = (2*P_lin*N_tok + F_attn) / (TP*eta_f*F_peak)      F_attn = sum_i 4*L*d*(n_i*p_i + n_i^2/2)
     t_step = t_oh + t_seq*B + max(t_mem, t_cmp) + [TP>1]*2*L*t_ar
 
-``t_seq`` (per running sequence: sampling, block tables, input preparation) is the per-sequence cost
-section C suggests to stop the model being optimistic at very large decode batches; 5 us is fitted
-to the TensorRT-LLM anchors of B2 (see tests/twin/test_twin_calibration.py). Engines differ by
-small multipliers on ``t_oh`` and ``t_seq`` (ours; not measured).
+A step processes ``N`` new tokens (decode tokens plus prefill chunks) of ``B`` sequences and reads
+``S_read`` cached tokens' KV. In the roofline, ``t_seq`` (per running sequence) is 5 us fitted to the
+TensorRT-LLM anchors of B2; engines differ by small multipliers on ``t_oh`` and ``t_seq`` (ours).
 
 Decode runs: with a stable batch of ``B`` decoding sequences, step ``j`` reads ``S0 + j*B`` tokens,
-so both roofline terms are linear in ``j``; ``DecodeRun`` sums them in closed form and finds how many
-steps fit before a deadline, which is what lets the engine skip ahead.
+so every term is linear in ``j`` in both models; ``DecodeRun`` sums them in closed form and finds
+how many steps fit before a deadline, which is what lets the engine skip ahead.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from enum import StrEnum
+from functools import cache
+from importlib import resources
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from prefixtune.engines.base import EngineName
-from prefixtune.twin.catalog import GpuSpec, ModelSpec
+from prefixtune.twin.catalog import GpuSpec, ModelSpec, kv_dtype_bytes
+
+# The fitted step costs (bench/calibration/fit.py writes it; ``make calibrate``).
+STEP_COSTS_FILE = "step_costs.json"
+ROOFLINE_PROVENANCE = "roofline (reference/workloads-and-calibration.md section C); no measured kernels"
+
+
+class CostSource(StrEnum):
+    """Where a twin's step times come from (``setup.cost_source`` of every run)."""
+
+    AICONFIGURATOR = "aiconfigurator"  # fitted to kernels AIConfigurator measured (data/step_costs.json)
+    ROOFLINE = "roofline"  # no measured data for this (engine, model, GPU, KV dtype, TP)
+
 
 ETA_W = 0.8  # weight streaming efficiency
 ETA_KV = 0.6  # paged-KV read efficiency
@@ -42,8 +67,9 @@ ENGINE_OVERHEADS: dict[EngineName, tuple[float, float]] = {
 
 
 @dataclass(frozen=True)
-class CostModel:
-    """Step-time roofline for one model on one GPU type, TP ranks, KV dtype and engine."""
+class RooflineCost:
+    """Step-time roofline for one model on one GPU type, TP ranks, KV dtype and engine: the fallback
+    where the calibration data has no case (``cost_source`` says which one ran)."""
 
     model: ModelSpec
     gpu: GpuSpec
@@ -52,15 +78,24 @@ class CostModel:
     t_oh: float
     t_seq: float
     eta_kv: float = ETA_KV
+    provenance: str = ROOFLINE_PROVENANCE
+    source: ClassVar[CostSource] = CostSource.ROOFLINE
 
     @classmethod
     def for_engine(
-        cls, engine: EngineName | str, model: ModelSpec, gpu: GpuSpec, tp: int, kv_dtype: str, block_size: int
-    ) -> CostModel:
+        cls,
+        engine: EngineName | str,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        tp: int,
+        kv_dtype: str,
+        block_size: int,
+        provenance: str = ROOFLINE_PROVENANCE,
+    ) -> RooflineCost:
         t_oh, t_seq = ENGINE_OVERHEADS[EngineName(engine)]
         # Small blocks cost kernel efficiency (calibration B4: an assumption, 0.9 below 16 tokens).
         eta_kv = ETA_KV * (0.9 if block_size < 16 else 1.0)
-        return cls(model, gpu, tp, float(model.kv_bytes_per_token(kv_dtype)), t_oh, t_seq, eta_kv)
+        return cls(model, gpu, tp, float(model.kv_bytes_per_token(kv_dtype)), t_oh, t_seq, eta_kv, provenance)
 
     def __post_init__(self) -> None:
         # Constants of the hot path, computed once (the dataclass is frozen).
@@ -112,6 +147,241 @@ class CostModel:
         c0 = self.t_per_new * b + self.t_per_pair * (read0 - b / 2.0)
         c1 = self.t_per_pair * b
         return DecodeRun(base, m0, m1, c0, c1)
+
+
+class StepCost(Protocol):
+    """What the engine asks of a cost model (``RooflineCost`` or ``FittedCost``)."""
+
+    source: ClassVar[CostSource]
+
+    @property
+    def provenance(self) -> str: ...
+
+    def step_time(self, n_seqs: int, new_tokens: int, read_tokens: int, attn_pairs: float) -> float: ...
+
+    def prefill_chunk(self, n: int, p: int) -> tuple[int, float]: ...
+
+    def host_transfer_time(self, tokens: int) -> float: ...
+
+    def decode_run(self, batch: int, read0: int) -> DecodeRun: ...
+
+
+class _Table:
+    """Values at increasing knots, interpolated linearly; beyond the last knot extrapolated along the
+    last segment (``extend``) or held; below the first held. Lookups are memoized per argument: the
+    engine asks for the same few batch sizes and chunk lengths over and over."""
+
+    __slots__ = ("_memo", "extend", "knots", "values")
+
+    def __init__(self, knots: Sequence[float], values: Sequence[float], extend: bool) -> None:
+        if len(knots) != len(values) or len(knots) < 2 or any(b <= a for a, b in itertools.pairwise(knots)):
+            raise ValueError("a cost table needs >= 2 increasing knots and one value per knot")
+        self.knots = tuple(float(k) for k in knots)
+        self.values = tuple(float(v) for v in values)
+        self.extend = extend
+        self._memo: dict[float, float] = {}
+
+    def __call__(self, x: float) -> float:
+        try:
+            return self._memo[x]
+        except KeyError:
+            pass
+        ks, vs = self.knots, self.values
+        if x <= ks[0]:
+            y = vs[0]
+        elif x >= ks[-1] and not self.extend:
+            y = vs[-1]
+        else:
+            i = min(bisect.bisect_right(ks, x), len(ks) - 1)
+            k0, k1, v0, v1 = ks[i - 1], ks[i], vs[i - 1], vs[i]
+            y = v0 + (v1 - v0) * (x - k0) / (k1 - k0)
+        if len(self._memo) < 65_536:
+            self._memo[x] = y
+        return y
+
+
+class FittedCost:
+    """Step times fitted to measured kernels (AIConfigurator's database, see ``step_costs.json``)::
+
+        t_step = t_host + t_host_seq*B + linear(N) + allreduce(N) + per_seq(B) + read(B)*S_read + pair*F
+
+    ``N`` new tokens (the linear layers' M: GEMMs, norms, activation, embedding), ``B`` sequences in
+    the step (logits GEMM and the attention kernels' fixed part), ``S_read`` KV tokens read and
+    ``F = sum_i (n_i*p_i + n_i^2/2)`` attention pairs. ``linear``, ``allreduce``, ``per_seq`` and
+    ``read`` are small tables interpolated linearly (``_Table``); ``t_host`` / ``t_host_seq`` are the
+    host-side costs the kernel measurements cannot see (``host_overhead`` in the data file).
+
+    For a decode run (fixed ``B`` and ``N = B``) everything but the ``S_read`` / ``F`` terms is
+    constant and those grow linearly with the step, so ``DecodeRun``'s closed form holds.
+    """
+
+    source: ClassVar[CostSource] = CostSource.AICONFIGURATOR
+
+    def __init__(
+        self,
+        *,
+        linear: _Table,
+        allreduce: _Table,
+        per_seq: _Table,
+        read: _Table,
+        pair_s: float,
+        t_host: float,
+        t_host_seq: float,
+        read_penalty: float,
+        kv_bytes_per_token: float,
+        tp: int,
+        pcie_bandwidth: float,
+        provenance: str,
+    ) -> None:
+        self.linear = linear
+        self.allreduce = allreduce
+        self.per_seq = per_seq
+        self.read = read
+        self.pair_s = pair_s
+        self.t_host = t_host
+        self.t_host_seq = t_host_seq
+        self.read_penalty = read_penalty
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.tp = tp
+        self.pcie_bandwidth = pcie_bandwidth
+        self.provenance = provenance
+        # Hot-path memos (the engine asks for the same few token and sequence counts over and over):
+        # tokens -> linear + all-reduce; sequences -> (fixed part of the step, cost per token read).
+        self._tok: dict[int, float] = {}
+        self._seq: dict[int, tuple[float, float]] = {}
+
+    def _tok_cost(self, n: int) -> float:
+        v = self.linear(n) + self.allreduce(n)
+        if len(self._tok) < 65_536:
+            self._tok[n] = v
+        return v
+
+    def _seq_cost(self, b: int) -> tuple[float, float]:
+        v = (self.t_host + self.t_host_seq * b + self.per_seq(b), self.read(b) * self.read_penalty)
+        if len(self._seq) < 65_536:
+            self._seq[b] = v
+        return v
+
+    def step_time(self, n_seqs: int, new_tokens: int, read_tokens: int, attn_pairs: float) -> float:
+        """One step: ``n_seqs`` sequences, ``new_tokens`` computed, ``read_tokens`` KV read, and
+        ``attn_pairs`` = sum_i (n_i*p_i + n_i^2/2)."""
+        tok = self._tok.get(new_tokens)
+        if tok is None:
+            tok = self._tok_cost(new_tokens)
+        seq = self._seq.get(n_seqs)
+        fixed, per_read = seq if seq is not None else self._seq_cost(n_seqs)
+        return tok + fixed + per_read * read_tokens + self.pair_s * attn_pairs
+
+    def prefill_chunk(self, n: int, p: int) -> tuple[int, float]:
+        """(tokens read, attention pairs) of a chunk of ``n`` new tokens after ``p`` cached ones."""
+        return p + n, n * p + n * n / 2.0
+
+    def host_transfer_time(self, tokens: int) -> float:
+        """Onboarding ``tokens`` of KV from the host tier over PCIe (each rank its share, in parallel)."""
+        return self.kv_bytes_per_token * tokens / (self.tp * self.pcie_bandwidth)
+
+    def decode_run(self, batch: int, read0: int) -> DecodeRun:
+        """Consecutive decode-only steps of ``batch`` sequences whose contexts sum to ``read0``: a
+        decode step's pairs are its reads less ``batch/2``, so every step is ``base + per_read*reads``."""
+        b = batch
+        tok = self._tok.get(b)
+        if tok is None:
+            tok = self._tok_cost(b)
+        seq = self._seq.get(b)
+        fixed, per_read = seq if seq is not None else self._seq_cost(b)
+        pair = self.pair_s
+        per_read += pair
+        m0, m1 = per_read * read0, per_read * b
+        return DecodeRun(tok + fixed - pair * b / 2.0, m0, m1, m0, m1)
+
+
+def _kv_key(kv_dtype: str, model: ModelSpec) -> str:
+    return "fp8" if kv_dtype_bytes(kv_dtype, model) == 1 else "bf16"
+
+
+@cache
+def step_cost_data() -> dict[str, Any]:
+    """The committed calibration data (package file ``twin/data/step_costs.json``)."""
+    text = resources.files("prefixtune.twin").joinpath("data", STEP_COSTS_FILE).read_text()
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+@cache
+def _case_index() -> dict[tuple[str, str, str, str, int], dict[str, Any]]:
+    return {(c["engine"], c["model"], c["gpu"], c["kv"], int(c["tp"])): c for c in step_cost_data()["cases"]}
+
+
+def fitted_case(engine: EngineName | str, model: str, gpu: str, kv: str, tp: int) -> dict[str, Any] | None:
+    """The data file's case for (engine, twin model name, twin GPU name, "bf16" | "fp8", TP), or None."""
+    return _case_index().get((str(EngineName(engine).value), model, gpu, kv, int(tp)))
+
+
+def reload_step_costs() -> None:
+    """Forget the loaded data file (after ``make calibrate`` rewrote it in this process)."""
+    step_cost_data.cache_clear()
+    _case_index.cache_clear()
+
+
+def fitted_cost(
+    case: dict[str, Any],
+    engine: EngineName,
+    kv_bytes_per_token: float,
+    tp: int,
+    pcie_bandwidth: float,
+    block_size: int,
+    default_block: int,
+) -> FittedCost:
+    """A ``FittedCost`` from one case of the data file (knots in tokens / sequences, times in ms)."""
+    data = step_cost_data()
+    ms = 1e-3
+    tk, sk = case["token_knots"], case["seq_knots"]
+    host = data["host_overhead"][engine.value]
+    # Small blocks cost kernel efficiency (calibration B4, an assumption): below 16 tokens, unless the
+    # engine's own default is that small (SGLang's page 1: what its kernels were measured with).
+    penalty = 1.0 / 0.9 if block_size < min(16, default_block) else 1.0
+    prov = (
+        f"aiconfigurator {data['provenance']['aiconfigurator_version']}: {case['engine']} "
+        f"{case['framework_version']} on {case['system']}, gemm {case['quant']['gemm']}, "
+        f"kv {case['quant']['kv']}, tp {case['tp']}"
+    )
+    return FittedCost(
+        linear=_Table(tk, [v * ms for v in case["linear_ms"]], extend=True),
+        allreduce=_Table(tk, [v * ms for v in case["allreduce_ms"]], extend=True),
+        per_seq=_Table(sk, [v * ms for v in case["per_seq_ms"]], extend=True),
+        read=_Table(sk, [v * 1e-9 for v in case["read_ns"]], extend=False),
+        pair_s=float(case["pair_ps"]) * 1e-12,
+        t_host=float(host["step_us"]) * 1e-6,
+        t_host_seq=float(host["seq_us"]) * 1e-6,
+        read_penalty=penalty,
+        kv_bytes_per_token=kv_bytes_per_token,
+        tp=tp,
+        pcie_bandwidth=pcie_bandwidth,
+        provenance=prov,
+    )
+
+
+def step_cost(
+    engine: EngineName | str,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    tp: int,
+    kv_dtype: str,
+    block_size: int,
+    default_block: int = 16,
+) -> StepCost:
+    """The fitted cost model where the calibration data has this case, else the roofline."""
+    eng = EngineName(engine)
+    kv = _kv_key(kv_dtype, model)
+    case = fitted_case(eng, model.name, gpu.name, kv, tp)
+    if case is None:
+        why = (
+            f"{ROOFLINE_PROVENANCE}: no AIConfigurator data for {eng.value} {model.name} {gpu.name} "
+            f"kv {kv} tp {tp}"
+        )
+        return RooflineCost.for_engine(eng, model, gpu, tp, kv_dtype, block_size, provenance=why)
+    kappa = float(model.kv_bytes_per_token(kv_dtype))
+    return fitted_cost(case, eng, kappa, tp, gpu.pcie_bandwidth, block_size, default_block)
 
 
 class DecodeRun(NamedTuple):

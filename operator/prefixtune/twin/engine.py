@@ -2,8 +2,9 @@
 
 One *step* is one engine iteration: every running request in its decode phase produces one token,
 and prefill work (new requests, or the next chunk of a long prompt) fills the rest of the token
-budget. Step time comes from the roofline (``cost.py``), KV blocks from the engine's cache model
-(``cache/``), the pool size and OOM behaviour from ``memory.py``.
+budget. Step time comes from the cost model (``cost.py``: fitted to measured kernels, or the
+roofline), KV blocks from the engine's cache model (``cache/``), the pool size and OOM behaviour
+from ``memory.py``.
 
 Scheduling, per engine (``reference/engines.md``):
 
@@ -53,9 +54,10 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from prefixtune.engines.base import EngineName, ParsedCommand
+from prefixtune.engines.registry import get_adapter
 from prefixtune.twin.cache.base import CacheStats, KVCache
 from prefixtune.twin.catalog import GpuSpec, ModelSpec, check_tp, get_gpu, get_model
-from prefixtune.twin.cost import CostModel
+from prefixtune.twin.cost import StepCost, step_cost
 from prefixtune.twin.memory import MemoryPlan, StartupOOM, plan_memory
 from prefixtune.twin.observer import EngineObserver, Gauges, NullObserver
 from prefixtune.twin.request import Request
@@ -265,8 +267,14 @@ class TwinEngine:
         if max_running < 1:
             raise ValueError(f"option max_running must be >= 1; got {max_running}")
         self.max_running = min(max_running, self.limits.max_batched_tokens)
-        self.cost = CostModel.for_engine(
-            self.engine, self.model, self.gpu, self.tp, self.limits.kv_cache_dtype, self.block_size
+        self.cost: StepCost = step_cost(
+            self.engine,
+            self.model,
+            self.gpu,
+            self.tp,
+            self.limits.kv_cache_dtype,
+            self.block_size,
+            get_adapter(self.engine).default_config().block_size,
         )
         self.cache: KVCache = self._make_cache(cache_factory)
         self.observer: EngineObserver = observer if observer is not None else NullObserver()

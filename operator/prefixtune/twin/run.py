@@ -118,6 +118,8 @@ def simulate(
     except StartupOOM as exc:
         return failed_summary("oom_startup", str(exc), info, time.perf_counter() - t0)
     info["memory"] = eng.memory.to_dict()
+    info["cost_source"] = eng.cost.source.value
+    info["cost_provenance"] = eng.cost.provenance
     info["limits"] = {
         "max_running": int(eng.max_running),
         "max_batched_tokens": int(eng.limits.max_batched_tokens),
