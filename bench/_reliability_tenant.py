@@ -513,6 +513,7 @@ async def scraped_twice(window_s: int = 8, timeout_s: float = 90.0) -> dict[str,
     light load: its requests in one window as the operator's query counts them, as one job alone
     counts them, and as every series summed (what the query did before: pod name only, no
     de-duplication). Needs a ``prometheus`` binary on PATH."""
+    from prefixtune.controller.render import prometheus_labels
     from prefixtune.metrics import prometheus_source
     from prefixtune.metrics.bounded import BoundedPrometheus
     from prefixtune.metrics.exposition import Matcher
@@ -559,6 +560,14 @@ async def scraped_twice(window_s: int = 8, timeout_s: float = 90.0) -> dict[str,
             for r in client.custom_query(f"up{sel.render()}", {"time": f"{end:.3f}"})
         }
         counted = await asyncio.to_thread(requests, sel)
+        # With --prometheus-operator-labels: the resource's own series carry its pod labels ...
+        labelled = await asyncio.to_thread(
+            requests, Selector.pods(pods, namespace="default", **prometheus_labels("twice"))
+        )
+        # ... and a series without them (here: a pod label claiming another resource) never counts.
+        foreign = await asyncio.to_thread(
+            requests, Selector.pods(pods, namespace="default", **prometheus_labels("someone-else"))
+        )
         one_job = await asyncio.to_thread(
             requests, Selector((*sel.matchers, Matcher("job", "=", ENGINE_JOB)))
         )
@@ -568,4 +577,11 @@ async def scraped_twice(window_s: int = 8, timeout_s: float = 90.0) -> dict[str,
             summed = await asyncio.to_thread(requests, Selector.pods(pods))
         finally:
             prometheus_source._one_job_per_pod = keep  # type: ignore[assignment]
-        return {"jobs": sorted(jobs), "counted": counted, "one_job": one_job, "every_series": summed}
+        return {
+            "jobs": sorted(jobs),
+            "counted": counted,
+            "one_job": one_job,
+            "every_series": summed,
+            "with_operator_labels": labelled,
+            "with_foreign_labels": foreign,
+        }

@@ -139,3 +139,29 @@ def test_spec_to_settings_maps_every_field() -> None:
     single = parse_spec({"engine": "vllm", "model": "m/x", "replicas": 1})
     assert tuning_settings(single, "ns", "a").strategy == "rolling"
     assert tuning_settings(single, "ns", "a", ready_timeout=30).ready_timeout_s == 30
+
+
+async def test_the_meter_requires_the_operators_pod_labels_only_when_the_admin_says_so() -> None:
+    """--prometheus-operator-labels: the window query selects namespace, pods and the operator's own
+    pod labels (so a series of a pod it does not manage never counts); without it, namespace and pods."""
+    import asyncio
+
+    from prefixtune.controller.admin import AdminPolicy
+    from prefixtune.controller.measure import Meter
+    from prefixtune.controller.render import prometheus_labels
+
+    spec = parse_spec({"engine": "vllm", "model": "m", "tuning": {"metrics": {"source": "prometheus"}}})
+    state = initial_state("vllm", TuningSettings(warmup_s=1, measure_s=5), BASE)
+    seen: list[dict[str, str]] = []
+
+    class Recording(Meter):
+        async def _prometheus(self, *args: Any) -> None:  # type: ignore[override]
+            seen.append(dict(args[-1]))
+
+    meter = Recording()
+    on = AdminPolicy(prometheus_url="http://prom:9090", prometheus_operator_labels=True)
+    off = AdminPolicy(prometheus_url="http://prom:9090")
+    await meter.observe("u", spec, state, [], 0.0, admin=on, namespace="ns", name="rag")
+    await meter.observe("u", spec, state, [], 0.0, admin=off, namespace="ns", name="rag")
+    await asyncio.sleep(0)
+    assert seen == [prometheus_labels("rag"), {}]

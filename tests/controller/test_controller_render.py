@@ -123,6 +123,15 @@ def test_service_monitor_selects_the_service() -> None:
     assert mon["kind"] == "ServiceMonitor"
     assert mon["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
     assert mon["spec"]["selector"]["matchLabels"][R.LABEL_RESOURCE] == "rag"
+    # The operator's labels travel onto the series, so its queries can require them.
+    assert mon["spec"]["podTargetLabels"] == [R.LABEL_MANAGED_BY, R.LABEL_RESOURCE]
+
+
+def test_prometheus_labels_are_the_pod_labels_as_prometheus_names_them() -> None:
+    assert R.prometheus_labels("rag") == {
+        "app_kubernetes_io_managed_by": "prefixtune",
+        "prefixtune_io_resource": "rag",
+    }
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])

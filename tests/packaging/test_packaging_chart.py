@@ -598,6 +598,7 @@ def test_tenant_policy_values_become_operator_flags_and_the_probe_sees_the_loop(
     assert opts.admin.prometheus_url == "https://prometheus.monitoring:9090"
     assert opts.admin.prometheus_hosts == ("thanos.monitoring:9090",)
     assert opts.admin.prometheus_ca_file == "/etc/prefixtune/prometheus-ca/ca.crt"
+    assert opts.admin.prometheus_operator_labels  # the chart's default: only the operator's series
     assert opts.metrics_address == "0.0.0.0" and opts.metrics_per_resource
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["prometheus-ca"]["mountPath"] == "/etc/prefixtune/prometheus-ca"
@@ -607,6 +608,8 @@ def test_tenant_policy_values_become_operator_flags_and_the_probe_sees_the_loop(
     default = options_from_args(container(deployments(render(chart, {}))[0])["args"])
     assert default.admin.allowed_images and default.admin.prometheus_url is None
     assert not default.metrics_per_resource and default.metrics_address == "0.0.0.0"
+    dropped = render(chart, {"prometheus": {"operatorLabels": False}})
+    assert not options_from_args(container(deployments(dropped)[0])["args"]).admin.prometheus_operator_labels
 
 
 async def test_the_operators_own_rbac_entries_are_exactly_the_calls_it_makes() -> None:

@@ -335,3 +335,7 @@ async def test_a_pod_scraped_by_two_jobs_is_counted_once_through_a_real_promethe
     # or two apart), where summing every series (the query before) counted it about twice.
     assert abs(report["counted"] - report["one_job"]) <= 0.1 * report["one_job"], report
     assert report["every_series"] > 1.6 * report["one_job"], report
+    # Selected by the operator's own pod labels too (--prometheus-operator-labels): its series are
+    # found, and series claiming another resource's labels are not its.
+    assert report["with_operator_labels"] == report["counted"], report
+    assert not report["with_foreign_labels"], report

@@ -300,7 +300,7 @@ def test_scrape_targets_use_each_engines_port_and_metrics_path(tmp_path: Path) -
 
     def pod(name: str, argv: tuple[str, ...], ip: str) -> dict[str, Any]:
         return {
-            "metadata": {"name": name, "namespace": "ml"},
+            "metadata": {"name": name, "namespace": "ml", "labels": {"prefixtune.io/resource": name}},
             "spec": {"containers": [{"name": "engine", "command": list(argv[:1]), "args": list(argv[1:])}]},
             "status": {"phase": "Running", "podIP": ip},
         }
@@ -311,6 +311,7 @@ def test_scrape_targets_use_each_engines_port_and_metrics_path(tmp_path: Path) -
     assert set(engines) == {"t", "v"}
     assert engines["t"]["labels"]["__metrics_path__"] == "/prometheus/metrics"
     assert engines["v"]["targets"] == ["127.2.0.2:8000"] and engines["v"]["labels"]["namespace"] == "ml"
+    assert engines["v"]["labels"]["prefixtune_io_resource"] == "v"  # pod labels, as a labelmap copies them
     assert [g["targets"] for g in groups[DCGM_JOB]] == [["127.2.0.1:9400"], ["127.2.0.2:9400"]]
     config = yaml.safe_load(config_yaml(tmp_path, 0.5))
     assert [j["job_name"] for j in config["scrape_configs"]] == [ENGINE_JOB, DCGM_JOB]

@@ -5,7 +5,11 @@ and the checks of a tenant's spec against it. One place for these facts:
 - ``prometheus_url``: the Prometheus the operator queries for ``metrics.source: prometheus``; a
   spec's own ``metrics.url`` is used only when its host is in ``prometheus_hosts`` (default: none),
   so a tenant cannot make the operator fetch an address of its choosing from the operator's network;
-- ``prometheus_ca_file``: the CA bundle for an https Prometheus (TLS is always verified).
+- ``prometheus_ca_file``: the CA bundle for an https Prometheus (TLS is always verified);
+- ``prometheus_operator_labels``: every queried series must also carry the operator's own pod labels
+  (``render.prometheus_labels``: the ServiceMonitor it renders copies them; a ``labelmap`` of the pod
+  labels does too), so a series of a pod the operator does not manage never counts. Off by default
+  for scrape configs that drop pod labels; the chart turns it on.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class AdminPolicy:
     prometheus_url: str | None = None
     prometheus_hosts: tuple[str, ...] = ()
     prometheus_ca_file: str | None = None
+    prometheus_operator_labels: bool = False
 
     def spec_problems(self, spec: ServingDeploymentSpec) -> list[str]:
         """Why the admin's policy refuses this spec ("path: reason"; empty: it does not)."""

@@ -22,7 +22,7 @@ from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.controller import applied
 from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.observe import PodView, desired, pods_of
-from prefixtune.controller.render import Role, config_hash
+from prefixtune.controller.render import Role, config_hash, prometheus_labels
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import MetricNames
 from prefixtune.metrics.bounded import METRICS_POOL, BoundedPrometheus
@@ -126,12 +126,17 @@ class Meter:
         *,
         admin: AdminPolicy | None = None,
         namespace: str | None = None,
+        name: str | None = None,
     ) -> Observation | None:
         """The window observation due now (or a partial one, or trial_invalidated); None if none.
         ``admin`` names the Prometheus to query; ``namespace`` is the resource's (series of a
-        same-named pod elsewhere are not its)."""
+        same-named pod elsewhere are not its), ``name`` the resource's (with the admin's
+        ``prometheus_operator_labels``, only series carrying its pod labels count)."""
         if spec.tuning.metrics.source.value == "prometheus":
-            return await self._prometheus(uid, spec, state, pods, now, admin or AdminPolicy(), namespace)
+            policy = admin or AdminPolicy()
+            wanted = policy.prometheus_operator_labels and name is not None
+            labels = prometheus_labels(name) if wanted and name is not None else {}
+            return await self._prometheus(uid, spec, state, pods, now, policy, namespace, labels)
         return await self._scraped(uid, spec, state, pods, now)
 
     def _window_key(self, state: PolicyState) -> tuple[tuple[object, ...], float] | None:
@@ -276,6 +281,7 @@ class Meter:
         now: float,
         admin: AdminPolicy,
         namespace: str | None,
+        labels: Mapping[str, str],
     ) -> Observation | None:
         found = self._window_key(state)
         url = admin.prometheus_for(spec)
@@ -309,7 +315,9 @@ class Meter:
             names = [p.name for p in group]
             if not names:
                 return None
-            return source.measure(Selector.pods(names, namespace=namespace), window, end=now).signals
+            return source.measure(
+                Selector.pods(names, namespace=namespace, **labels), window, end=now
+            ).signals
 
         loop = asyncio.get_running_loop()
         try:

@@ -194,6 +194,12 @@ def _parser() -> argparse.ArgumentParser:
         help="host[:port]s a spec's metrics.url may name (default: none; the operator's own URL is used)",
     )
     p.add_argument("--prometheus-ca-file", default=None, help="CA bundle for an https Prometheus")
+    p.add_argument(
+        "--prometheus-operator-labels",
+        action="store_true",
+        help="count only series that carry the operator's pod labels (app_kubernetes_io_managed_by, "
+        "prefixtune_io_resource: its ServiceMonitor copies them)",
+    )
     peer = p.add_mutually_exclusive_group()
     peer.add_argument(
         "--peering", default=None, help="kopf peering name: replicas sharing it elect one active"
@@ -242,6 +248,7 @@ def options_from_args(argv: Sequence[str]) -> OperatorOptions:
         prometheus_url=args.prometheus_url,
         prometheus_hosts=parse_list(args.prometheus_allowed_hosts),
         prometheus_ca_file=args.prometheus_ca_file,
+        prometheus_operator_labels=bool(args.prometheus_operator_labels),
     )
     namespaces = list(args.namespace)
     clusterwide = bool(args.all_namespaces) or not namespaces

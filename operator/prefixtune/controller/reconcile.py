@@ -182,7 +182,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
         if checked is not None:
             state = await _advance(state, checked, now, actions)
         window = await ctx.meter.observe(
-            uid, spec, state, children.pods, now, admin=ctx.admin, namespace=namespace
+            uid, spec, state, children.pods, now, admin=ctx.admin, namespace=namespace, name=name
         )
         if window is not None:
             state = await _advance(state, window, now, actions)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -100,6 +101,16 @@ def selector_labels(owner_name: str, role: Role | None = None) -> dict[str, str]
     if role is not None:
         labels[LABEL_ROLE] = role
     return labels
+
+
+def prometheus_labels(owner_name: str) -> dict[str, str]:
+    """The operator's own pod labels as Prometheus names them once a scrape copies them (the
+    ServiceMonitor's ``podTargetLabels``, or the usual ``labelmap`` of ``__meta_kubernetes_pod_label_*``):
+    every character outside ``[a-zA-Z0-9_]`` becomes ``_``."""
+    return {
+        re.sub(r"[^a-zA-Z0-9_]", "_", LABEL_MANAGED_BY): MANAGER,
+        re.sub(r"[^a-zA-Z0-9_]", "_", LABEL_RESOURCE): owner_name,
+    }
 
 
 def common_labels(owner: Owner, spec: ServingDeploymentSpec) -> dict[str, str]:
@@ -253,6 +264,9 @@ def render_service_monitor(owner: Owner, spec: ServingDeploymentSpec) -> dict[st
         "spec": {
             "selector": {"matchLabels": {LABEL_RESOURCE: owner.name, LABEL_MANAGED_BY: MANAGER}},
             "namespaceSelector": {"matchNames": [owner.namespace]},
+            # Copied onto every series: the operator's queries can then require them
+            # (--prometheus-operator-labels), so a series of a pod it does not manage never counts.
+            "podTargetLabels": [LABEL_MANAGED_BY, LABEL_RESOURCE],
             "endpoints": [{"port": PORT_NAME, "path": adapter.metrics_path, "interval": "15s"}],
         },
     }

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -65,6 +66,8 @@ def scrape_targets(
             "pod": str(meta.get("name")),
             "container": str(container.get("name", "engine")),
             "engine": engine.value,
+            # the pod's labels, as the usual labelmap of __meta_kubernetes_pod_label_* copies them
+            **{re.sub(r"[^a-zA-Z0-9_]", "_", k): str(v) for k, v in (meta.get("labels") or {}).items()},
         }
         engines.append(
             {"targets": [f"{ip}:{port}"], "labels": {**labels, "__metrics_path__": adapter.metrics_path}}
