@@ -96,7 +96,6 @@ def test_trtllm_kv_cache_dtype_is_refused_on_a_1_2_image_only() -> None:
     ("engine", "args"),
     [
         ("vllm", ["--disable-chunked-prefill"]),
-        ("vllm", ["--api-key", "a", "b"]),
         ("vllm", ["--quantization", "fp8"]),
         ("sglang", ["--cuda-graph-max-bs-decode", "64", "--cuda-graph-max-bs-prefill", "8192"]),
         ("trtllm", ["--reasoning_parser", "qwen3"]),
@@ -104,6 +103,14 @@ def test_trtllm_kv_cache_dtype_is_refused_on_a_1_2_image_only() -> None:
 )
 def test_spellings_the_engines_accept_are_accepted(engine: str, args: list[str]) -> None:
     assert _errors(engine=engine, extraArgs=args) == []
+
+
+def test_vllm_api_key_with_several_values_parses_and_is_refused_only_as_a_secret() -> None:
+    """vLLM takes ``--api-key a b`` (nargs="+"): the spelling parses (no complaint about ``b``), and
+    the one refusal is the secrets rule's (issue #17: keys come from spec.apiKeySecret)."""
+    errors = _errors(engine="vllm", extraArgs=["--api-key", "a", "b"])
+    assert len(errors) == 1 and "spec.apiKeySecret" in errors[0], errors
+    assert "'a'" not in errors[0] and "'b'" not in errors[0], errors  # the value is never quoted
 
 
 def test_vllm_canonical_disable_prefix_caching_is_rendered_and_every_spelling_is_owned() -> None:
