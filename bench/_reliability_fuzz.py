@@ -39,9 +39,10 @@ from hypothesis import strategies as st
 
 from prefixtune.api.enums import GpuType, MetricsSource, Objective, RolloutStrategy, TuningMode
 from prefixtune.api.models import MAX_EXTRA_ARG_LENGTH, MAX_EXTRA_ARGS
+from prefixtune.api.rules import narrowed_choices
 from prefixtune.api.secret_flags import is_secret_flag
 from prefixtune.api.validation import FieldError, validate_spec
-from prefixtune.controller.render import Owner, render_deployment, render_service
+from prefixtune.controller.render import Owner, render_command, render_deployment, render_service
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.engines import get_adapter
 from prefixtune.engines._argv import Kind, Role
@@ -140,10 +141,12 @@ def valid_spec(draw: st.DrawFn, engine: str | None = None, max_replicas: int = 8
         spec["gpu"] = draw(
             _optional({"count": st.integers(1, 8), "type": st.sampled_from([g.value for g in GpuType])})
         )
-    spec["config"] = draw(_optional({_CAMEL[k]: _knob_value(knobs[k]) for k in KNOB_NAMES}))
     if draw(st.booleans()):
         options = draw(st.lists(st.sampled_from(_OPTIONS[engine]), max_size=4, unique=True))
         spec["extraArgs"] = [token for item in options for token in item]
+    # Extra args may narrow what the engine starts with (SGLang's priority scheduling: fcfs, lof).
+    knobs = narrowed_choices(adapter, spec.get("extraArgs", []))
+    spec["config"] = draw(_optional({_CAMEL[k]: _knob_value(knobs[k]) for k in KNOB_NAMES}))
     strategies = [RolloutStrategy.ROLLING.value] + ([RolloutStrategy.CANARY.value] if replicas >= 2 else [])
     space: dict[str, st.SearchStrategy[Any]] = {
         "blockSize": st.lists(st.sampled_from(knobs["block_size"].choices), min_size=1, unique=True),
@@ -587,7 +590,7 @@ def check_accepted(spec_model: Any) -> list[str]:
         failures.append(f"its JSON form does not validate to itself: {[str(e) for e in errors]}")
     adapter = get_adapter(spec.engine)
     config = spec.knob_config()
-    rendered = adapter.render(spec.model, config, spec.extra_args, None, spec.gpu.count)
+    rendered = render_command(spec, config)  # what the controller renders (SGLang: SLO buckets too)
     parsed = adapter.parse(rendered.argv, rendered.files)
     if parsed.model != spec.model:
         failures.append(f"model read back as {parsed.model!r}")

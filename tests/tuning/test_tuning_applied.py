@@ -174,3 +174,14 @@ def test_an_objective_it_can_score_still_tunes_with_the_gap_named() -> None:
     assert any(
         isinstance(a, SetCondition) and a.type == "SignalsMissing" and a.status == "True" for a in acts
     )
+
+
+def test_an_unverifiable_trial_is_scored_with_a_warning_naming_why() -> None:
+    r = Run()
+    r(Observation(kind="rollout_ready", config=DEFAULT), 0.0)
+    r(Observation(kind="tick"), 60.0)
+    acts = r(Observation(kind="config_checked", config=DEFAULT, reason="the operator could not scrape"), 61.0)
+    events = [a for a in acts if isinstance(a, EmitEvent) and a.reason == "KnobsUnverified"]
+    assert events and "could not scrape" in events[0].message
+    r.window(361.0)
+    assert r.state.trial(0).outcome == "ok"

@@ -106,6 +106,14 @@ class Meter:
         mine = [p for p in pods_of(pods, role, config_hash(trial.config)) if p.ready]
         snaps, _ = await self._scrape(spec, mine) if mine else ({}, [])
         if not snaps:
+            if mine and spec.tuning.metrics.source.value == "prometheus":
+                # Windows come from Prometheus; the operator may not reach the pods itself. Say so
+                # rather than hold the trial forever.
+                return Observation(
+                    kind="config_checked",
+                    config=trial.config,
+                    reason="the operator could not scrape the pods to read back their effective config",
+                )
             return None
         adapter = get_adapter(spec.engine)
         reads = [applied.read_back(adapter, pod, snap) for pod, snap in sorted(snaps.items())]

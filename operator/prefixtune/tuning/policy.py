@@ -364,6 +364,9 @@ class _Ctx:
         trial.verified = True
         trial.kv_tokens = obs.kv_tokens
         if not obs.mismatches:
+            if obs.reason:
+                why = f"trial {trial.id} {_cfg(trial.config)}: {obs.reason}; scored without that check"
+                self.event("Warning", "KnobsUnverified", why)
             return
         detail = "; ".join(obs.mismatches)
         self.finish_trial(
