@@ -14,10 +14,10 @@ the runtime's default seccomp profile, no service links (a Service named ``vllm`
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from prefixtune.api.models import ServingDeploymentSpec
+from prefixtune.controller import podspec
 
 GIB = 1024**3
 DEFAULT_WEIGHT_BYTES = 16e9  # an unknown model without a size in its name: an 8B model in BF16
@@ -38,23 +38,10 @@ POD_SECURITY: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def weight_bytes(model: str) -> float:
-    """The model's weights in bytes: the twin's catalog when it knows the checkpoint, else the
-    parameter count in its name (``...-70B-...``) at 2 bytes each (4 bits: ``awq``/``gptq`` 0.5 B;
-    ``fp8``/``int8`` 1 B), else an 8B model's."""
-    from prefixtune.twin.catalog import get_model
-
-    try:
-        return float(get_model(model).weight_bytes)
-    except (KeyError, ValueError):
-        pass
-    found = re.search(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)[bB](?![a-zA-Z])", model)
-    if found is None:
-        return DEFAULT_WEIGHT_BYTES
-    lower = model.lower()
-    per = 0.5 if any(w in lower for w in ("awq", "gptq", "int4", "4bit")) else 2.0
-    if any(w in lower for w in ("fp8", "int8", "8bit")):
-        per = 1.0
-    return float(found.group(1)) * 1e9 * per
+    """The model's weights in bytes (``podspec.weight_bytes``), an 8B model's when its size cannot
+    be told."""
+    found = podspec.weight_bytes(model)
+    return DEFAULT_WEIGHT_BYTES if found is None else found
 
 
 def requests(spec: ServingDeploymentSpec) -> dict[str, str]:

@@ -67,17 +67,25 @@ def shm_volume(spec: ServingDeploymentSpec) -> tuple[dict[str, Any], dict[str, A
 
 def weight_bytes(model: str) -> float | None:
     """The model's weight bytes: the twin catalog's figure for a known model, else the parameter count
-    in its name ("...-70B-...") at bf16; None when neither tells."""
+    in its name ("...-70B-...") at bf16 (4-bit ``awq``/``gptq``/``int4``: 0.5 B a parameter;
+    ``fp8``/``int8``: 1 B); None when neither tells. The one estimate both the startup budget and
+    the pod's memory request (``engine_pod.requests``) use."""
     from prefixtune.twin.catalog import get_model
 
     try:
         return float(get_model(model).weight_bytes)
-    except ValueError:
+    except (KeyError, ValueError):
         pass
     found = _PARAMS.findall(model.rsplit("/", 1)[-1])
     if not found:
         return None
-    return float(found[-1]) * 1e9 * BF16_BYTES_PER_PARAM
+    lower = model.lower()
+    per = BF16_BYTES_PER_PARAM
+    if any(w in lower for w in ("awq", "gptq", "int4", "4bit")):
+        per = 0.5
+    if any(w in lower for w in ("fp8", "int8", "8bit")):
+        per = 1.0
+    return float(found[-1]) * 1e9 * per
 
 
 def startup_budget_s(spec: ServingDeploymentSpec) -> float:
