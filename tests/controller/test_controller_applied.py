@@ -23,8 +23,8 @@ class _Meter(Meter):
         super().__init__()
         self.snaps = dict(snaps)
 
-    async def _scrape(self, spec: Any, pods: Sequence[PodView]) -> dict[str, Snapshot]:
-        return {p.name: self.snaps[p.name] for p in pods if p.name in self.snaps}
+    async def _scrape(self, spec: Any, pods: Sequence[PodView]) -> tuple[dict[str, Snapshot], list[str]]:
+        return {p.name: self.snaps[p.name] for p in pods if p.name in self.snaps}, []
 
 
 def _setup(source: str = "scrape") -> tuple[Any, PolicyState, PodView]:
