@@ -430,14 +430,20 @@ class TwinServer:
         ]
         return web.json_response({"object": "list", "data": data})
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def _accepted_body(self, request: web.Request) -> Any:
+        """The request's JSON body, once the engine can take requests (a RequestError otherwise):
+        the prologue of both generation routes."""
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return self._error(RequestError("the request body is not valid JSON"))
+            raise RequestError("the request body is not valid JSON") from None
+        if self.engine.status != "ok":
+            raise RequestError(f"engine crashed: {self.oom_reason}", status=500)
+        return body
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
         try:
-            if self.engine.status != "ok":
-                raise RequestError(f"engine crashed: {self.oom_reason}", status=500)
+            body = await self._accepted_body(request)
             prompts, max_tokens, outputs, stream, want_ids = self._parse(body)
             self.catch_up()
             arrival = self.sim_now()
@@ -457,12 +463,7 @@ class TwinServer:
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
         entered = time.monotonic()
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return self._error(RequestError("the request body is not valid JSON"))
-        try:
-            if self.engine.status != "ok":
-                raise RequestError(f"engine crashed: {self.oom_reason}", status=500)
+            body = await self._accepted_body(request)
             chat = self._parse_chat(body)
             self.catch_up()
             entry = self._submit(
