@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from tests.conftest import require_component
 
 from prefixtune.metrics import bounded
 from prefixtune.metrics.bounded import BoundedPrometheus, FetchError, fetch, fetch_sync
@@ -105,8 +106,7 @@ def test_tls_is_verified() -> None:
 
 @pytest.fixture(scope="module")
 def https_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl not available to make a certificate")
+    require_component(shutil.which("openssl") is not None, "openssl (to make a test certificate)")
     folder = tmp_path_factory.mktemp("tls")
     cert, key = folder / "cert.pem", folder / "key.pem"
     subprocess.run(
