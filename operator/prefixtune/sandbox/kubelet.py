@@ -50,11 +50,14 @@ import aiohttp
 from prefixtune.engines import ArgsError, get_adapter
 from prefixtune.sandbox import controllers as ctl
 from prefixtune.sandbox import pods as podlib
+from prefixtune.sandbox.clock import SandboxClock
 from prefixtune.sandbox.faults import MetricsFaults, install_metrics_faults
 
 logger = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+PROBE_FAILURE_THRESHOLD = 3  # kube's default failureThreshold of a probe
+PROBE_TIMEOUT_S = 2.0  # wall seconds a probe may take
 WATCHED = (
     "/apis/apps/v1/deployments",
     "/apis/apps/v1/replicasets",
@@ -432,7 +435,7 @@ class PodWorker:
                             "backoff", restart_count=self.restarts, message=message, last_exit=last_exit
                         )
                     )
-                    await asyncio.sleep(cfg.wall(backoff))
+                    await self.kubelet.clock.sleep(cfg.wall(backoff))
                     backoff = min(backoff * 2, cfg.backoff_max_s)
                 self.restarts += 1
         finally:
@@ -465,7 +468,7 @@ class PodWorker:
             # merge of kv_cache_config, a page size a backend forces); its metrics report what it runs.
             parsed = replace(parsed, config=parsed.config.with_(**self.kubelet.knob_overrides))
         await self._report(running)
-        await asyncio.sleep(cfg.wall(cfg.startup_delay_s))
+        await self.kubelet.clock.sleep(cfg.wall(cfg.startup_delay_s))
         try:
             server = TwinServer(
                 plan.engine,
@@ -480,6 +483,7 @@ class PodWorker:
                 pod=self.name,
                 namespace=self.namespace,
                 engine_version=adapter.version_of(self.image) if self.image else None,
+                clock=self.kubelet.clock.now,
             )
         except StartupOOM as err:
             return _Exit(1, "Error", f"{OOM_STARTUP_PREFIX[plan.engine]}: {err}", started)
@@ -507,13 +511,19 @@ class PodWorker:
     async def _probe_until_exit(self, server: Any, running: podlib.ContainerState, engine: str) -> None:
         """Probe readiness every period until the twin's process exits (after a runtime OOM)."""
         cfg = self.kubelet.config
-        path, period = _readiness(self.pod, get_adapter(engine).health_path, cfg.probe_period_s)
+        path, period, threshold = _readiness(self.pod, get_adapter(engine).health_path, cfg.probe_period_s)
         url = f"{server.url}{path}"
         ready = False
+        failures = 0
         exited = asyncio.ensure_future(server.exited.wait())
         try:
             while not exited.done():
-                ok = await self.kubelet.probe(url)
+                answer = await self.kubelet.probe(url)
+                if answer is not None:  # None: timed out while the sandbox itself stood still
+                    failures = 0 if answer else failures + 1
+                # As the kubelet: Ready on one success, NotReady after failureThreshold failures in a
+                # row (one probe that timed out while the machine was busy is not a dead engine).
+                ok = failures == 0 if not ready else failures < threshold
                 if ok != ready:
                     ready = ok
                     await self._report(
@@ -550,13 +560,15 @@ class PodWorker:
         await self.kubelet.api.patch(f"{self.path}/status", {"status": status})
 
 
-def _readiness(pod: Mapping[str, Any], default_path: str, default_period: float) -> tuple[str, float]:
+def _readiness(pod: Mapping[str, Any], default_path: str, default_period: float) -> tuple[str, float, int]:
+    """The readiness probe's path, period and failureThreshold (kube's defaults: 10 s, 3)."""
     for container in pod.get("spec", {}).get("containers") or ():
         probe = container.get("readinessProbe") or {}
         http = probe.get("httpGet")
         if http:
-            return str(http.get("path", "/")), float(probe.get("periodSeconds", 10))
-    return default_path, default_period
+            threshold = max(1, int(probe.get("failureThreshold", PROBE_FAILURE_THRESHOLD)))
+            return str(http.get("path", "/")), float(probe.get("periodSeconds", 10)), threshold
+    return default_path, default_period, PROBE_FAILURE_THRESHOLD
 
 
 def _seconds_between(start: str, end: str) -> float:
@@ -572,9 +584,10 @@ def _seconds_between(start: str, end: str) -> float:
 class Kubelet:
     """Runs the pods of the sandbox node as live twins (see the module docstring)."""
 
-    def __init__(self, api: ApiClient, config: KubeletConfig) -> None:
+    def __init__(self, api: ApiClient, config: KubeletConfig, clock: SandboxClock | None = None) -> None:
         self.api = api
         self.config = config
+        self.clock = clock or SandboxClock()  # start-up delays, back-offs and the twins' time
         rng = random.Random(config.seed)
         self.addresses = AddressPool.claim(config.ip_octet)
         self._seed = rng.randrange(2**31)
@@ -613,13 +626,18 @@ class Kubelet:
         items = await self.api.list(f"/api/v1/namespaces/{namespace}/configmaps")
         return {str(cm["metadata"]["name"]): dict(cm.get("data") or {}) for cm in items}
 
-    async def probe(self, url: str) -> bool:
+    async def probe(self, url: str) -> bool | None:
+        """Whether the probe passed; None when it timed out while sandbox time stood still (the
+        machine was too busy for this process to run, the engine's answer says nothing)."""
         if self._probe_session is None:
-            self._probe_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+            self._probe_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S))
+        began = self.clock.now()
         try:
             async with self._probe_session.get(url) as resp:
                 return 200 <= resp.status < 400
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except TimeoutError:
+            return None if self.clock.now() - began < PROBE_TIMEOUT_S else False
+        except (aiohttp.ClientError, OSError):
             return False
 
     async def register_node(self) -> None:
