@@ -40,7 +40,6 @@ import json
 import logging
 import random
 import socket
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -279,9 +278,10 @@ _OCTET_CLAIM_PORT = 65000  # on 127.S.255.1: no pod gets that address (pods get 
 class ControllerManager:
     """Runs the Deployment, ReplicaSet and Endpoints controllers until cancelled."""
 
-    def __init__(self, api: ApiClient, config: KubeletConfig) -> None:
+    def __init__(self, api: ApiClient, config: KubeletConfig, clock: SandboxClock | None = None) -> None:
         self.api = api
         self.config = config
+        self.clock = clock or SandboxClock()  # progressDeadlineSeconds runs on sandbox time
         self.wakeup = Wakeup()
         self.syncs = 0
 
@@ -299,7 +299,8 @@ class ControllerManager:
         replicasets = await self.api.list("/apis/apps/v1/replicasets")
         for deployment in deployments:
             try:
-                writes = ctl.reconcile_deployment(deployment, replicasets, time.time(), self.config.speedup)
+                now = self.clock.now()
+                writes = ctl.reconcile_deployment(deployment, replicasets, now, self.config.speedup)
             except ValueError as err:
                 logger.warning("deployment %s: %s", deployment.get("metadata", {}).get("name"), err)
                 continue

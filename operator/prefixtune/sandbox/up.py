@@ -211,7 +211,7 @@ async def sandbox(
             try:
                 for crd in crds or ():
                     await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-                controllers = ControllerManager(api, cfg)
+                controllers = ControllerManager(api, cfg, clock)
                 kubelet = Kubelet(api, cfg, clock)
                 files.callback(kubelet.close)  # its address octet is claimed until the sandbox ends
                 kubelet.metrics_faults = metrics_faults
@@ -286,6 +286,8 @@ def usage_text(sb: Sandbox) -> str:
         f"  kubectl --kubeconfig {kc} apply --validate=false -f examples/vllm-rag.yaml",
         f"  kubectl --kubeconfig {kc} get deployments,pods,endpoints -o wide",
         f"  KUBECONFIG={kc} <the operator>   # kopf's default login reads the kubeconfig",
+        f"  prefixtune run -A --standalone --kubeconfig {kc} --time-scale {sb.config.speedup:g} \\",
+        f"      --clock-file {sb.clock_file}   # windows and timeouts on the sandbox's clock",
         "",
         "kubectl needs --validate=false (no OpenAPI); scale, diff and server-side apply are not",
         "emulated. Ctrl-C stops everything.",
