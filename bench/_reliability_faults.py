@@ -54,7 +54,7 @@ from prefixtune.sandbox.emulator import kubeconfig
 from prefixtune.sandbox.faults import ApiFaults, AuditEntry, MetricsFaults
 from prefixtune.sandbox.kubelet import ApiStatusError, KubeletConfig
 from prefixtune.sandbox.up import Sandbox, sandbox
-from prefixtune.sandbox.waiting import wait_until
+from prefixtune.sandbox.waiting import tuning_progress, wait_until
 from prefixtune.tuning.state import PolicyState
 
 SPEEDUP = 10.0
@@ -355,8 +355,14 @@ class Run:
         return policy_state_of((obj or {}).get("status"))
 
     async def wait(self, check: Callable[[], Awaitable[T | None]], timeout_s: float, what: str) -> T:
-        """Wait on the sandbox's clock (a busy machine slows it: the deadline follows its progress)."""
-        return await wait_until(check, timeout_s, what, every_s=0.25, clock=self.sb.clock.now)
+        """Wait on the sandbox's clock (a busy machine slows it), and for as long as the resource's
+        tuning makes progress (a busy machine slows the operators too): the deadline follows both."""
+        return await wait_until(
+            check, timeout_s, what, every_s=0.25, clock=self.sb.clock.now, progress=self.progress
+        )
+
+    async def progress(self) -> tuple[object, ...]:
+        return tuning_progress(await self.state())
 
     async def pause(self, seconds: float) -> None:
         """Sleep ``seconds`` of sandbox time (the operators' clock: ``--clock-file``)."""

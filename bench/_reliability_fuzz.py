@@ -47,7 +47,7 @@ from prefixtune.controller.settings import tuning_settings
 from prefixtune.engines import get_adapter
 from prefixtune.engines._argv import Kind, Role
 from prefixtune.engines.base import KNOB_NAMES, EngineAdapter, EngineName, KnobSpec
-from prefixtune.sandbox.waiting import wait_until
+from prefixtune.sandbox.waiting import PROGRESS_CAP, wait_until
 from prefixtune.tuning.policy import initial_state
 
 ENGINES: tuple[str, ...] = tuple(e.value for e in EngineName)
@@ -774,8 +774,11 @@ async def fuzz_live(n: int, seed: int) -> dict[str, Any]:
                 originals = {x.name: await _deployment(api, x.name) for x in live if x.update}
                 # The batch, concurrently: creates, and replacing the spec of the existing ones.
                 await asyncio.gather(*(_apply(api, item) for item in live))
-                # On the sandbox's clock: a machine too busy for the sandbox to keep up extends it.
-                deadline = sb.clock.now() + max(90.0, 1.0 * len(live))
+                # On the sandbox's clock (a machine too busy for the sandbox to keep up extends it),
+                # and while the operator settles specs: a stall is no progress for `quiet` seconds.
+                quiet = max(90.0, 1.0 * len(live))
+                began = sb.clock.now()
+                deadline = began + quiet
                 pending = list(live)
                 while pending and sb.clock.now() < deadline:
                     if proc.poll() is not None:
@@ -785,6 +788,8 @@ async def fuzz_live(n: int, seed: int) -> dict[str, Any]:
                     for item in pending:
                         if not await _settled(api, item, originals.get(item.name)):
                             still.append(item)
+                    if len(still) < len(pending):
+                        deadline = min(began + PROGRESS_CAP * quiet, max(deadline, sb.clock.now() + quiet))
                     pending = still
                     if pending:
                         await asyncio.sleep(2.0)

@@ -33,7 +33,7 @@ from prefixtune.engines.base import KnobConfig
 from prefixtune.sandbox.clock import HANG_GUARD_S
 from prefixtune.sandbox.kubelet import KubeletConfig
 from prefixtune.sandbox.up import Sandbox, sandbox
-from prefixtune.sandbox.waiting import wait_until
+from prefixtune.sandbox.waiting import tuning_progress, wait_until
 from prefixtune.tuning.state import PolicyState
 from prefixtune.twin.run import simulate
 from prefixtune.twin.workloads import generate
@@ -105,11 +105,25 @@ class Cluster:
         return [e for e in items if (e.get("involvedObject") or {}).get("name") == name]
 
     async def wait_for(
-        self, check: Callable[[], Awaitable[T | None]], timeout_s: float, what: str, every_s: float = 1.0
+        self,
+        check: Callable[[], Awaitable[T | None]],
+        timeout_s: float,
+        what: str,
+        every_s: float = 1.0,
+        follow: str | None = None,
     ) -> T:
         """Wait on the sandbox's clock: on a machine too busy for the sandbox to keep up, the
-        deadline follows its progress (``sandbox.clock``) instead of failing a run that lagged."""
-        return await wait_until(check, timeout_s, what, every_s, clock=self.sb.clock.now)
+        deadline follows its progress (``sandbox.clock``) instead of failing a run that lagged; with
+        ``follow`` (a resource's name), also for as long as its tuning makes progress (a busy machine
+        slows the operator too)."""
+
+        async def progress() -> tuple[object, ...]:
+            assert follow is not None
+            return tuning_progress(policy_state_of(await self.status(follow)))
+
+        return await wait_until(
+            check, timeout_s, what, every_s, clock=self.sb.clock.now, progress=progress if follow else None
+        )
 
 
 def resource(
@@ -233,7 +247,9 @@ async def test_vllm_rag_converges_through_an_operator_kill_and_beats_its_baselin
     finished_before = {t.id: t for t in before.trials if t.outcome != "running"}
     await asyncio.sleep(2)
     cluster.operator.start()
-    state = await cluster.wait_for(lambda: _converged(cluster, "rag"), 200, "the vLLM resource to converge")
+    state = await cluster.wait_for(
+        lambda: _converged(cluster, "rag"), 200, "the vLLM resource to converge", follow="rag"
+    )
     _check_history(state, 4)
     after = {t.id: t for t in state.trials}
     for trial_id, trial in finished_before.items():
@@ -267,8 +283,12 @@ async def test_sglang_canary_and_trtllm_rolling_converge_and_beat_their_baseline
         return await cluster.deployment("chat-canary") is not None
 
     await cluster.wait_for(canary_seen, 120, "the SGLang canary Deployment", every_s=0.5)
-    chat = await cluster.wait_for(lambda: _converged(cluster, "chat"), 240, "SGLang to converge")
-    agent = await cluster.wait_for(lambda: _converged(cluster, "agent"), 120, "TensorRT-LLM to converge")
+    chat = await cluster.wait_for(
+        lambda: _converged(cluster, "chat"), 240, "SGLang to converge", follow="chat"
+    )
+    agent = await cluster.wait_for(
+        lambda: _converged(cluster, "agent"), 120, "TensorRT-LLM to converge", follow="agent"
+    )
     assert await cluster.deployment("chat-canary") is None  # deleted after the trials
     for state, engine, workload, slo in ((chat, "sglang", "rag", 0.17), (agent, "trtllm", "agent", 0.1)):
         _check_history(state, 3)
@@ -322,7 +342,7 @@ async def test_a_config_that_ooms_under_load_is_rolled_back_and_never_retried(cl
     window_s = 2 + 6
     # within one trial window (+ ticks and API latency), in sandbox time (it follows the sandbox's progress)
     assert cluster.sb.clock.now() - burst_at <= window_s + 10
-    state = await cluster.wait_for(lambda: _converged(cluster, "hot"), 150, "tuning to finish")
+    state = await cluster.wait_for(lambda: _converged(cluster, "hot"), 150, "tuning to finish", follow="hot")
     failed = [t for t in state.trials if t.config == oom_config]
     assert len(failed) == 1 and failed[0].outcome == "infeasible" and failed[0].failure.startswith("oom")
     assert state.trials.index(failed[0]) == len(state.trials) - 1 or all(

@@ -231,3 +231,55 @@ async def test_an_unreachable_probe_is_a_failure() -> None:
     finally:
         await kubelet.stop_all()
         kubelet.close()
+
+
+class Steps:
+    """A clock that moves by ``step`` on every read (time passes on its own)."""
+
+    def __init__(self, step: float) -> None:
+        self.t = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+async def test_a_wait_that_follows_progress_outlasts_its_timeout_while_progress_goes_on() -> None:
+    clock = Steps(1.0)
+    moves = iter(range(1000))
+
+    async def moving() -> int:
+        return next(moves)  # the operator does something on every poll
+
+    async def never() -> bool:
+        return False
+
+    # Steady progress: the deadline moves on, up to the cap (4x the timeout in all).
+    with pytest.raises(TimeoutError, match="after 40s in all"):
+        await wait_until(never, 10, "a slow tuning", every_s=0, clock=clock, progress=moving)
+    assert 35 <= clock.t <= 50
+
+    async def stuck() -> int:
+        return 0
+
+    clock = Steps(1.0)
+    with pytest.raises(TimeoutError, match="after 10s without progress"):
+        await wait_until(never, 10, "a stuck tuning", every_s=0, clock=clock, progress=stuck)
+    assert clock.t <= 15
+
+
+def test_tuning_progress_changes_with_the_policy() -> None:
+    from prefixtune.engines.base import KnobConfig
+    from prefixtune.sandbox.waiting import tuning_progress
+    from prefixtune.tuning.settings import TuningSettings
+    from prefixtune.tuning.state import PolicyState, Trial
+
+    a = KnobConfig(0.9, 16, False, "fcfs")
+    base = PolicyState(engine="vllm", settings=TuningSettings(), spec_config=a, current=a, trials=[])
+    trial = Trial(id=0, epoch=0, role="baseline", config=a, outcome="running", started_at=0.0)
+    measuring = base.model_copy(update={"trials": [trial], "active": 0, "step": "Measuring"})
+    remeasured = measuring.model_copy(update={"trials": [trial.model_copy(update={"invalidations": 1})]})
+    tokens = [tuning_progress(s) for s in (None, base, measuring, remeasured)]
+    assert len(set(tokens)) == 4
+    assert tuning_progress(measuring.model_copy()) == tokens[2]
