@@ -15,7 +15,10 @@ Container lifecycle, in sandbox time (seconds divided by ``speedup``):
 
 * ``ContainerCreating`` -> running, not ready, for ``startup_delay_s`` (weights loading), then the
   twin boots and binds; the pod turns Ready when its readiness probe passes (the container's
-  ``readinessProbe.httpGet`` if any, else the engine's health path), probed every probe period.
+  ``readinessProbe.httpGet`` if any, else the engine's health path), probed every probe period, and
+  NotReady after ``failureThreshold`` (kube's default 3) failures in a row; a probe that timed out
+  while sandbox time stood still (``clock.py``: the machine was too busy) counts for nothing.
+* Delays and back-offs run on the sandbox clock, as the twins' simulated time does.
 * The container fails as the engine would: a wrong flag (the adapter's ArgsError, exit code 2, at
   once), an unknown model or GPU (exit 1), a start-up OOM (exit 1, after the start-up delay), a bad
   port (exit 1). A running twin that hits a runtime OOM answers 503 on /health (the pod goes NotReady)
