@@ -283,6 +283,7 @@ class ScenarioResult:
     seed: int
     injected: dict[str, int] = field(default_factory=dict)
     survived: dict[str, int] = field(default_factory=dict)
+    missed: dict[str, int] = field(default_factory=dict)  # faults that missed their window, retried
     converged: bool = False
     invariants: Invariants = field(default_factory=Invariants)
     checks: dict[str, bool] = field(default_factory=dict)
@@ -298,7 +299,7 @@ class ScenarioResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind, "seed": self.seed, "ok": self.ok, "converged": self.converged,
-            "injected": dict(self.injected), "survived": dict(self.survived),
+            "injected": dict(self.injected), "survived": dict(self.survived), "missed": dict(self.missed),
             "trials_lost": self.invariants.trials_lost, "duplicate_trials": self.invariants.duplicate_trials,
             "rollouts_on_missing_data": self.invariants.rollouts_on_missing_data,
             "checks": dict(self.checks), "details": list(self.invariants.details) + list(self.notes),
@@ -364,6 +365,21 @@ class Run:
     async def progress(self) -> tuple[object, ...]:
         return tuning_progress(await self.state())
 
+    async def hit(self, injection: Injection) -> bool:
+        """Once its trial is over: whether the fault hit its window (``missed``); a miss is noted,
+        taken off the injected counts, and the injector tries another window."""
+        final = await self.state()
+        audit = self.api.audit if self.api is not None else []
+        why = "" if final is None else missed(injection, written_states(audit, self.name), final)
+        if why:
+            injection.missed = why
+            self.result.injected[injection.kind] -= 1
+            if not self.result.injected[injection.kind]:
+                del self.result.injected[injection.kind]
+            self.result.missed[injection.kind] = self.result.missed.get(injection.kind, 0) + 1
+            self.result.notes.append(f"missed: {injection.kind} trial={injection.trial}: {why}")
+        return not why
+
     async def pause(self, seconds: float) -> None:
         """Sleep ``seconds`` of sandbox time (the operators' clock: ``--clock-file``)."""
         await self.sb.clock.sleep(seconds)
@@ -423,6 +439,7 @@ class Injection:
     client: str = ""  # operator_kill: the restarted one; active_replica_kill: the standby
     handled: bool = False
     at: float = 0.0  # when, on the sandbox's clock (the operators' clock: their windows' times)
+    missed: str = ""  # why it missed its window (``missed``); not counted as injected
 
 
 def handled(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], final: PolicyState) -> bool:
@@ -456,6 +473,30 @@ def handled(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], fi
     return True  # API faults: survived when the scenario converges with its invariants
 
 
+WINDOW_FAULTS = ("engine_oom", "engine_crash", "pod_delete", "metrics_unreachable", "metrics_gap",
+                 "metrics_nan", "metrics_reset")  # fmt: skip
+
+
+def missed(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], final: PolicyState) -> str:
+    """Why a fault aimed at a measurement window did not hit it ("" when it did), from what the
+    operators wrote: the last status written before the fault had left that window, or the trial was
+    scored by a reconcile that began before the fault (its ``finished_at``, on the operators' clock).
+    On a busy machine an operator writes late, so an injector that read "Measuring" can act after the
+    operator moved on; such a fault tests nothing and is tried again on another window."""
+    if inj.kind not in WINDOW_FAULTS:
+        return ""
+    before = [s for t, _, s in states if t <= inj.t]
+    last = before[-1] if before else None
+    if last is None or last.step != "Measuring" or last.active != inj.trial:
+        where = "none" if last is None else f"{last.phase}/{last.step}, active {last.active}"
+        return f"the operator had left the window of trial {inj.trial} ({where})"
+    trial = next((t for t in final.trials if t.id == inj.trial), None)
+    scored = None if trial is None or trial.outcome != "ok" else trial.finished_at
+    if scored is not None and scored <= inj.at:
+        return f"trial {inj.trial} was scored at {scored:.2f}, before the fault ({inj.at:.2f})"
+    return ""
+
+
 Injector = Callable[[Run, Scenario], Awaitable[None]]
 
 
@@ -476,7 +517,8 @@ async def _inject_metrics(run: Run, sc: Scenario) -> None:
     assert run.metrics is not None
     modes = ("unreachable", "gap", "nan", "reset")
     offset = run.rng.randrange(len(modes))
-    for i in range(sc.repeats):
+    i = hits = 0
+    while hits < sc.repeats:  # until that many faults hit a window (TuningOver ends it sooner)
         delay = run.rng.uniform(0.0, 1.5)
         while True:  # a random point of a measurement window (the fault must hit one)
             await run.wait(run.measuring, 120, "a measurement window")
@@ -496,6 +538,9 @@ async def _inject_metrics(run: Run, sc: Scenario) -> None:
         injection.until = time.time()
         run.result.notes.append(f"metrics {mode} for {injection.until - began:.1f}s")
         await run.pause(run.rng.uniform(3.0, 6.0))
+        await run.wait(partial(_not_active, run, state.active), 120, "the faulted window's trial to finish")
+        i += 1
+        hits += await run.hit(injection)
 
 
 async def _noticed(run: Run, trial_id: int | None) -> bool:
@@ -511,8 +556,8 @@ async def _measured_pods(
     run: Run, measuring: Callable[[], Awaitable[PolicyState | None]], what: str, max_delay_s: float
 ) -> tuple[PolicyState, list[dict[str, Any]]]:
     """Wait for ``what`` in its measurement window, then, at a random point up to ``max_delay_s``
-    into it, the pods that run the measured config; none when the window is over by then (the fault
-    would not hit it: a window that ended before the fault is not a fault survived)."""
+    into it, the pods that run the measured config; none when the operator has left the window by
+    then (``missed`` judges the fault afterwards, from what the operator wrote)."""
     state = await run.wait(measuring, 150, f"{what} in its measurement window")
     assert state.active is not None
     digest = config_hash(state.trial(state.active).config)
@@ -522,8 +567,7 @@ async def _measured_pods(
     same = now is not None and (now.active, now.step, now.measure_from) == (
         state.active, "Measuring", state.measure_from
     )  # fmt: skip
-    until = None if now is None else now.measure_until
-    if not same or until is None or run.sb.clock.now() >= until:
+    if not same:
         run.result.notes.append(f"missed the window of trial {state.active}: it ended before the fault")
         return state, []
     return state, pods
@@ -537,11 +581,13 @@ async def _inject_engine_crash(run: Run, sc: Scenario) -> None:
             await run.wait(partial(_not_active, run, state.active), 60, "the missed trial to finish")
             continue
         oom = (i + run.rng.randrange(2)) % 2 == 0
+        injection = None
         if run.sb.kubelet.crash("default", pods[0]["metadata"]["name"], oom=oom):
-            run.count("engine_oom" if oom else "engine_crash", trial=state.active)
+            injection = run.count("engine_oom" if oom else "engine_crash", trial=state.active)
             run.result.notes.append(f"crashed trial {state.active} ({'oom' if oom else 'crash'})")
-            i += 1
         await run.wait(partial(_not_active, run, state.active), 60, "the crashed trial to finish")
+        if injection is not None and await run.hit(injection):
+            i += 1
 
 
 async def _not_active(run: Run, trial_id: int | None) -> bool:
@@ -558,10 +604,10 @@ async def _inject_pod_delete(run: Run, sc: Scenario) -> None:
             continue
         name = pods[0]["metadata"]["name"]
         await run.sb.api.delete(f"/api/v1/namespaces/default/pods/{name}")
-        run.count("pod_delete", trial=state.active)
-        deleted += 1
+        injection = run.count("pod_delete", trial=state.active)
         run.result.notes.append(f"deleted pod {name} while measuring trial {state.active}")
         await run.wait(partial(_not_active, run, state.active), 90, "the trial to finish")
+        deleted += await run.hit(injection)
 
 
 async def _inject_peering(run: Run, sc: Scenario) -> None:
@@ -714,7 +760,7 @@ async def run_scenario(sc: Scenario, workdir: Path) -> ScenarioResult:
             result.notes.append(f"faulty scrapes served: {metrics.served}")
     result.wall_s = time.monotonic() - started
     result.survived = {k: 0 for k in result.injected}
-    for injection in result.injections:
+    for injection in (i for i in result.injections if not i.missed):
         if result.ok and (injection.handled or injection.kind not in _CHECKED_EACH):
             result.survived[injection.kind] += 1
     for kind, n in result.injected.items():  # API faults are counted by the emulator, not one by one
@@ -729,11 +775,12 @@ async def _scenario_checks(
     checks = run.result.checks
     states = written_states(api.audit, run.name)
     trials = final.trials
-    for injection in run.result.injections:
+    hits = [i for i in run.result.injections if not i.missed]
+    for injection in hits:
         injection.handled = handled(injection, states, final)
         if not injection.handled:
             run.result.notes.append(f"not handled: {injection}")
-    checks["each_fault_handled"] = all(i.handled for i in run.result.injections)
+    checks["each_fault_handled"] = all(i.handled for i in hits)
     if sc.kind == "api_faults":
         checks["faults_hit_the_operator"] = sum(api.injected.values()) > 0
     elif sc.kind == "metrics":

@@ -250,6 +250,24 @@ def test_a_metrics_fault_is_judged_on_the_operators_clock_not_the_wall_clock() -
     assert not faults_bench.handled(inj, [(1141.0, "op", early), (1150.0, "op", final)], final)
 
 
+def test_a_fault_that_came_after_the_operator_left_its_window_is_a_miss_not_a_failure() -> None:
+    # Found under load (issue 25): the injector read "Measuring", but the operator, writing late on
+    # a busy machine, had already left the window (or begun the reconcile that scored it).
+    measuring = _state([_trial(0, A, "running", None)], step="Measuring", active=0, measure_from=100.0)
+    left = measuring.model_copy(update={"step": "WaitingReady"})
+    trial = _trial(0, A).model_copy(update={"finished_at": 104.0})
+    final = _state([trial])
+    pod = faults_bench.Injection("pod_delete", t=50.0, trial=0, at=103.0)
+    assert faults_bench.missed(pod, [(40.0, "op", measuring)], final) == ""  # a hit: judged as ever
+    assert "had left the window" in faults_bench.missed(
+        pod, [(40.0, "op", measuring), (49.0, "op", left)], final
+    )
+    late = faults_bench.Injection("engine_crash", t=50.0, trial=0, at=105.0)
+    assert "scored at 104.00, before the fault" in faults_bench.missed(late, [(40.0, "op", measuring)], final)
+    kill = faults_bench.Injection("operator_kill", t=50.0)
+    assert faults_bench.missed(kill, [(49.0, "op", left)], final) == ""  # not a window fault
+
+
 def test_invariants_hold_for_a_clean_history() -> None:
     s1 = _state([_trial(0, A)], target=B, step="RollingOut")
     s2 = _state([_trial(0, A), _trial(1, B, "running", None)], target=B, step="RollingOut")
