@@ -283,3 +283,20 @@ def test_tuning_progress_changes_with_the_policy() -> None:
     tokens = [tuning_progress(s) for s in (None, base, measuring, remeasured)]
     assert len(set(tokens)) == 4
     assert tuning_progress(measuring.model_copy()) == tokens[2]
+
+
+def test_pod_times_are_written_on_the_sandbox_clock() -> None:
+    # Found under load: pods' startedAt came from the wall clock, which runs ahead of sandbox time by
+    # the stalls dropped from it, so the operator (on sandbox time) saw every pod as restarted after
+    # its window began and re-measured the same trial 205 times.
+    from prefixtune.sandbox.kubelet import PodWorker
+
+    api: Any = None
+    lagging, _ = frozen(start=1_000_000.0)  # sandbox time, far behind the wall clock
+    kubelet = Kubelet(api, KubeletConfig(), clock=lagging)
+    try:
+        assert kubelet.stamp() == "1970-01-12T13:46:40Z"
+        worker = PodWorker(kubelet, {"metadata": {"name": "p", "namespace": "default", "uid": "u"}})
+        assert worker.start_time == kubelet.stamp()
+    finally:
+        kubelet.close()

@@ -44,7 +44,7 @@ import logging
 import random
 import socket
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -379,7 +379,7 @@ class _Exit:
     reason: str
     message: str
     started_at: str
-    finished_at: str = field(default_factory=podlib.now_iso)
+    finished_at: str = ""  # set on the sandbox clock when the exit is handled
 
 
 class PodWorker:
@@ -395,7 +395,7 @@ class PodWorker:
         self.ip = ""
         self.server: Any = None  # the running TwinServer, if any
         self.restarts = 0
-        self.start_time = podlib.now_iso()
+        self.start_time = kubelet.stamp()
         self._status: dict[str, Any] = {}
         self.injected_exit = ""  # a crash injected by Kubelet.crash: the container's exit message
 
@@ -420,6 +420,7 @@ class PodWorker:
             await self._report(podlib.ContainerState("creating"))
             while True:
                 exit_ = await self._run_container(last_exit)
+                exit_.finished_at = exit_.finished_at or self.kubelet.stamp()
                 last_exit = podlib.terminated(
                     exit_.code, exit_.reason, exit_.message, exit_.started_at, exit_.finished_at
                 )
@@ -451,7 +452,7 @@ class PodWorker:
         from prefixtune.twin.serve import OOM_STARTUP_PREFIX, TwinServer
 
         cfg = self.kubelet.config
-        started = podlib.now_iso()
+        started = self.kubelet.stamp()
         running = podlib.ContainerState(
             "running", started_at=started, restart_count=self.restarts, last_exit=last_exit
         )
@@ -559,6 +560,7 @@ class PodWorker:
             host_ip="127.0.0.1",
             start_time=self.start_time,
             previous=self._status,
+            now=self.kubelet.stamp(),
         )
         self._status = status
         await self.kubelet.api.patch(f"{self.path}/status", {"status": status})
@@ -622,6 +624,12 @@ class Kubelet:
             return True
         return False
 
+    def stamp(self) -> str:
+        """Now on the sandbox clock, as Kubernetes writes times: the pods' start and transition
+        times must compare with the operator's clock (``--clock-file``), not with the wall clock,
+        which runs ahead of sandbox time by the stalls dropped from it."""
+        return podlib.now_iso(self.clock.now())
+
     def seed_for(self, uid: str, restarts: int) -> int:
         digest = hashlib.sha256(f"{self._seed}/{uid}/{restarts}".encode()).digest()
         return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
@@ -659,7 +667,7 @@ class Kubelet:
                     "type": "Ready",
                     "status": "True",
                     "reason": "KubeletReady",
-                    "lastHeartbeatTime": podlib.now_iso(),
+                    "lastHeartbeatTime": self.stamp(),
                 }
             ],
             "addresses": [
