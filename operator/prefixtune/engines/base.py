@@ -1,16 +1,35 @@
-"""The engine-neutral knob vocabulary and the protocol every engine adapter implements.
+"""The protocol every engine adapter implements, and what one knob is on one engine (``KnobSpec``).
 
-The tuning policy speaks only these knobs. Each adapter (vllm.py, sglang.py, trtllm.py) renders them
+The tuning policy speaks only the engine-neutral knobs of ``prefixtune.engines.knobs`` (re-exported
+here). Each adapter (vllm.py, sglang.py, trtllm.py) renders them
 to the engine's real flags, parses the same flags back, lists valid values and defaults, and names
 the engine's metrics. Nothing outside ``prefixtune.engines`` should know an engine flag.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+from prefixtune.engines.knobs import (
+    BLOCK_SIZE,
+    KNOB_NAMES,
+    MEMORY_FRACTION,
+    PREFIX_CACHING,
+    SCHEDULE_POLICY,
+    KnobConfig,
+)
+
+__all__ = [
+    "BLOCK_SIZE",
+    "KNOB_NAMES",
+    "MEMORY_FRACTION",
+    "PREFIX_CACHING",
+    "SCHEDULE_POLICY",
+    "KnobConfig",
+]
 
 
 class EngineName(StrEnum):
@@ -19,47 +38,31 @@ class EngineName(StrEnum):
     TRTLLM = "trtllm"
 
 
-# Knob names, engine-neutral. The policy, the API (camelCase) and the twin all use these.
-MEMORY_FRACTION = "memory_fraction"
-BLOCK_SIZE = "block_size"
-PREFIX_CACHING = "prefix_caching"
-SCHEDULE_POLICY = "schedule_policy"
-KNOB_NAMES: tuple[str, ...] = (MEMORY_FRACTION, BLOCK_SIZE, PREFIX_CACHING, SCHEDULE_POLICY)
+def _no_tokens(value: Any) -> tuple[str, ...]:
+    return ()
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 @dataclass(frozen=True)
-class KnobConfig:
-    """One engine-neutral configuration: the values of the tuned knobs.
+class Binding:
+    """How one knob reaches one engine and is read back: the adapter's loops run on these.
 
-    ``memory_fraction`` keeps each engine's own meaning (vLLM: share of total GPU memory; SGLang:
-    share for weights + KV; TensorRT-LLM: share of the memory left after weights and activations).
-    The twin and the adapters normalise it to KV bytes; the tuner only needs it to be monotone.
+    ``dest``: the flag dest that carries the knob on the command line ("" when none does);
+    ``option``: its ``section.key`` in an options file the operator renders (TensorRT-LLM's YAML);
+    ``render``: the knob's command-line tokens for a value (none when it goes to the options file);
+    ``encode`` / ``decode``: the engine's value for a knob value and back (identity by default);
+    ``label``: the label (or series) the engine reports the running value under ("" when it does not).
     """
 
-    memory_fraction: float
-    block_size: int
-    prefix_caching: bool
-    schedule_policy: str
-
-    def with_(self, **changes: object) -> KnobConfig:
-        return replace(self, **changes)  # type: ignore[arg-type]
-
-    def to_dict(self) -> dict[str, float | int | bool | str]:
-        return {
-            MEMORY_FRACTION: float(self.memory_fraction),
-            BLOCK_SIZE: int(self.block_size),
-            PREFIX_CACHING: bool(self.prefix_caching),
-            SCHEDULE_POLICY: str(self.schedule_policy),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> KnobConfig:
-        return cls(
-            memory_fraction=float(data[MEMORY_FRACTION]),  # type: ignore[arg-type]
-            block_size=int(data[BLOCK_SIZE]),  # type: ignore[call-overload]
-            prefix_caching=bool(data[PREFIX_CACHING]),
-            schedule_policy=str(data[SCHEDULE_POLICY]),
-        )
+    dest: str = ""
+    option: str = ""
+    render: Callable[[Any], tuple[str, ...]] = _no_tokens
+    encode: Callable[[Any], object] = _same
+    decode: Callable[[Any], object] = _same
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class KnobSpec:
     searched: bool = True
     flag: str = ""  # the engine flag or option key the knob renders to, for messages
     doc: str = ""
+    binding: Binding = field(default_factory=Binding, compare=False)
 
     @property
     def continuous(self) -> bool:
