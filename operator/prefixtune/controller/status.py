@@ -14,6 +14,7 @@ from typing import Any
 
 from prefixtune.api.models import ServingDeploymentStatus
 from prefixtune.engines.base import KnobConfig
+from prefixtune.engines.knobs import to_api
 from prefixtune.metrics.diagnosis import Diagnosis
 from prefixtune.tuning.actions import Action, Recommend, SetCondition
 from prefixtune.tuning.objective import confidence_better
@@ -33,12 +34,8 @@ def iso(t: float | datetime.datetime) -> str:
 
 
 def knob_values(config: KnobConfig) -> dict[str, Any]:
-    return {
-        "memoryFraction": float(config.memory_fraction),
-        "blockSize": int(config.block_size),
-        "prefixCaching": bool(config.prefix_caching),
-        "schedulePolicy": str(config.schedule_policy),
-    }
+    """The config as the status records it (camelCase, from the knob registry)."""
+    return to_api(config)
 
 
 def policy_state_of(status: Mapping[str, Any] | None) -> PolicyState | None:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from prefixtune.engines.base import KnobConfig
+from prefixtune.engines.knobs import config_text
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.actions import (
     Action,
@@ -910,10 +911,7 @@ def _all_missing(s: Signals) -> bool:
 
 
 def _cfg(c: KnobConfig) -> str:
-    return (
-        f"[memory {c.memory_fraction:.3g}, block {c.block_size}, "
-        f"caching {'on' if c.prefix_caching else 'off'}, policy {c.schedule_policy}]"
-    )
+    return f"[{config_text(c)}]"
 
 
 def _score_text(s: Score) -> str:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from prefixtune.engines.base import KnobConfig
+from prefixtune.engines.knobs import to_api
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.settings import TuningSettings
 
@@ -35,12 +36,9 @@ ObservationKind = Literal[
     "config_checked",
 ]
 
-_CAMEL = {"memory_fraction": "memoryFraction", "block_size": "blockSize", "prefix_caching": "prefixCaching",
-          "schedule_policy": "schedulePolicy"}  # fmt: skip
-
 
 def config_to_api(config: KnobConfig) -> dict[str, Any]:
-    return {_CAMEL[k]: v for k, v in config.to_dict().items()}
+    return to_api(config)
 
 
 class _Model(BaseModel):
