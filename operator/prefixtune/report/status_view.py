@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prefixtune.engines.knobs import api_text
+from prefixtune.tuning.phases import Phase
 
 DEFAULT_BUDGET = 20  # spec.tuning.budget.maxTrials when the spec omits it (the API's default)
 
@@ -68,7 +69,7 @@ def summarize(resource: Mapping[str, Any]) -> dict[str, Any]:
         "model": str(spec.get("model") or "?"),
         "mode": str(tuning.get("mode") or "auto"),
         "objective": str(tuning.get("objective") or "goodput"),
-        "phase": str(status.get("phase") or "Pending"),
+        "phase": str(status.get("phase") or Phase.PENDING),
         "trials": len(trials),
         "budget": int((tuning.get("budget") or {}).get("maxTrials") or DEFAULT_BUDGET),
         "outcomes": outcomes,

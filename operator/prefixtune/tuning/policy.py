@@ -47,6 +47,7 @@ from prefixtune.tuning.actions import (
 )
 from prefixtune.tuning.objective import InsufficientData, Score, load_normalized, paired, score, severe_breach
 from prefixtune.tuning.optimizer import Suggestion, TrialResult, seed_from, suggest
+from prefixtune.tuning.phases import HALTED_PHASES, ROLLOUT_STEPS, TRIAL_STEPS, WINDOW_STEPS, Phase, Step
 from prefixtune.tuning.settings import SpaceOverride, TuningSettings
 from prefixtune.tuning.space import SearchSpace, build_space
 from prefixtune.tuning.state import Observation, PolicyState, Trial
@@ -116,11 +117,11 @@ class _Ctx:
     def condition(self, type_: str, status: bool, reason: str, message: str) -> None:
         self.actions.append(SetCondition(type_, "True" if status else "False", reason, message))
 
-    def goto(self, phase: str | None = None, step: str | None = None) -> None:
+    def goto(self, phase: Phase | None = None, step: Step | None = None) -> None:
         if phase is not None:
-            self.s.phase = phase  # type: ignore[assignment]
+            self.s.phase = phase
         if step is not None:
-            self.s.step = step  # type: ignore[assignment]
+            self.s.step = step
         self.s.step_since = self.now
 
     def active(self) -> Trial | None:
@@ -183,21 +184,21 @@ class _Ctx:
             self.on_metrics_unavailable(obs)
             return
         phase = self.s.phase
-        if phase in ("Paused", "Failed"):
+        if phase in HALTED_PHASES:
             return
-        if phase == "Pending":
+        if phase == Phase.PENDING:
             self.start()
             if obs.kind != "window":
                 return
             phase = self.s.phase
-        if phase == "Observing":
+        if phase == Phase.OBSERVING:
             self.on_observing(obs)
             return
         if obs.kind == "tick":
             self.on_tick()
         elif obs.kind == "rollout_applied":
-            if self.s.step == "RollingOut":
-                self.goto(step="WaitingReady")
+            if self.s.step == Step.ROLLING_OUT:
+                self.goto(step=Step.WAITING_READY)
         elif obs.kind == "rollout_ready":
             self.on_ready(obs)
         elif obs.kind == "rollout_failed":
@@ -231,15 +232,15 @@ class _Ctx:
         self.signals_condition()
         if mode == "auto" and self.s.settings.refusal:
             # The objective cannot be scored from what this release exports: never tune blind.
-            self.goto("Observing", "Measuring")
+            self.goto(Phase.OBSERVING, Step.MEASURING)
             self.s.measure_from = self.now
             self.condition("Tuning", False, "SignalsMissing", self.s.settings.refusal)
             return
         if mode == "off":
-            self.goto("Paused", "Idle")
+            self.goto(Phase.PAUSED, Step.IDLE)
             self.condition("Tuning", False, "TuningOff", "tuning.mode is off: the spec config is kept")
         elif mode == "observe":
-            self.goto("Observing", "Measuring")
+            self.goto(Phase.OBSERVING, Step.MEASURING)
             self.s.measure_from = self.now
             self.condition("Tuning", False, "Observing", "tuning.mode is observe: measuring and recommending")
         else:
@@ -256,70 +257,70 @@ class _Ctx:
         self.s.active = t.id
         self.s.best = None
         self.s.extensions = 0
-        self.goto("Baseline")
+        self.goto(Phase.BASELINE)
         if warm and self.s.settings.warmup_s > 0:
-            self.goto(step="WarmingUp")
+            self.goto(step=Step.WARMING_UP)
             self.s.warm_until = self.now + self.s.settings.warmup_s
         else:
             self.begin_measuring()
         self.condition("Tuning", True, "Baseline", f"measuring the running config (epoch {self.s.epoch})")
 
     def begin_measuring(self) -> None:
-        self.goto(step="Measuring")
+        self.goto(step=Step.MEASURING)
         self.s.measure_from = self.now
         self.s.measure_until = self.now + self.s.settings.measure_s
 
     def on_tick(self) -> None:
         st = self.s.step
-        if st in ("RollingOut", "WaitingReady", "RollingBack"):
+        if st in ROLLOUT_STEPS:
             if self.now - self.s.step_since > self.s.settings.ready_timeout_s:
                 self.on_failed("timeout", f"not ready within {self.s.settings.ready_timeout_s:g}s")
-        elif st == "WarmingUp":
+        elif st == Step.WARMING_UP:
             if self.s.warm_until is not None and self.now >= self.s.warm_until:
                 self.begin_measuring()
-        elif st == "Idle":
-            if self.s.phase == "Exploring":
+        elif st == Step.IDLE:
+            if self.s.phase == Phase.EXPLORING:
                 self.decide()
-            elif self.s.phase == "Converged":
+            elif self.s.phase == Phase.CONVERGED:
                 self.apply_best()
 
     def on_ready(self, obs: Observation) -> None:
         st = self.s.step
         if obs.config is not None and self.s.target is not None and obs.config != self.s.target:
             return  # a stale report about an earlier rollout
-        if st in ("RollingOut", "WaitingReady"):
-            if self.s.phase == "Converged":
+        if st in (Step.ROLLING_OUT, Step.WAITING_READY):
+            if self.s.phase == Phase.CONVERGED:
                 self.s.current = self.s.target or self.s.current
                 self.s.target = None
-                self.goto(step="Watching")
+                self.goto(step=Step.WATCHING)
                 self.s.measure_from = self.now
                 return
             trial = self.active()
             if trial is not None and self.s.settings.strategy == "rolling":
                 self.s.current = trial.config
             self.s.target = None
-            self.goto(step="WarmingUp")
+            self.goto(step=Step.WARMING_UP)
             self.s.warm_until = self.now + self.s.settings.warmup_s
             if self.s.settings.warmup_s <= 0:
                 self.begin_measuring()
-        elif st == "RollingBack":
+        elif st == Step.ROLLING_BACK:
             self.s.current = self.s.target or self.s.current
             self.s.target = None
-            self.goto(step="Idle" if self.s.phase != "Converged" else "Watching")
-            if self.s.phase == "Converged":
+            self.goto(step=Step.IDLE if self.s.phase != Phase.CONVERGED else Step.WATCHING)
+            if self.s.phase == Phase.CONVERGED:
                 self.s.measure_from = self.now
 
     def on_failed(self, failure: str, detail: str) -> None:
         st = self.s.step
-        if st == "RollingBack":
-            self.goto("Failed", "Idle")
+        if st == Step.ROLLING_BACK:
+            self.goto(Phase.FAILED, Step.IDLE)
             self.s.note = f"rollback to {self.s.target} failed ({failure}): manual action needed"
             self.event("Warning", "RollbackFailed", self.s.note)
             self.condition("Degraded", True, "RollbackFailed", self.s.note)
             self.condition("Tuning", False, "Failed", self.s.note)
             return
         trial = self.active()
-        if trial is not None and trial.role == "baseline" and st in ("WarmingUp", "Measuring"):
+        if trial is not None and trial.role == "baseline" and st in WINDOW_STEPS:
             # The running (spec) config itself fails: record it and search for one that works.
             self.finish_trial(
                 trial, "infeasible", reason=f"{failure}: {detail}".rstrip(": "), failure=failure
@@ -330,13 +331,17 @@ class _Ctx:
                 f"the running config {_cfg(trial.config)} failed: {failure} {detail}".rstrip()
                 + "; recorded as infeasible, exploring for a config that works",
             )
-            self.goto("Exploring", "Idle")
+            self.goto(Phase.EXPLORING, Step.IDLE)
             self.decide()
             return
         if trial is None or trial.role != "trial" or st not in (
-            "RollingOut", "WaitingReady", "WarmingUp", "Measuring"
+            Step.ROLLING_OUT, Step.WAITING_READY, Step.WARMING_UP, Step.MEASURING
         ):  # fmt: skip
-            if self.s.phase == "Converged" and st in ("RollingOut", "WaitingReady", "Watching"):
+            if self.s.phase == Phase.CONVERGED and st in (
+                Step.ROLLING_OUT,
+                Step.WAITING_READY,
+                Step.WATCHING,
+            ):
                 self.rollback(self.s.current, f"applying the best config failed ({failure})")
             return
         self.finish_trial(trial, "infeasible", reason=f"{failure}: {detail}".rstrip(": "), failure=failure)
@@ -352,13 +357,13 @@ class _Ctx:
         self.actions.append(RollBack(to, reason))
         self.s.target = to
         self.s.last_rollout_at = self.now
-        self.goto(step="RollingBack")
+        self.goto(step=Step.ROLLING_BACK)
 
     def on_config_checked(self, obs: Observation) -> None:
         """The engine's effective config after the rollout: matched (or not readable on this engine),
         the trial goes on; another value than rendered ends it not_applied, never scored."""
         trial = self.active()
-        if trial is None or self.s.step not in ("WarmingUp", "Measuring") or trial.verified:
+        if trial is None or self.s.step not in WINDOW_STEPS or trial.verified:
             return
         if obs.config is not None and obs.config != trial.config:
             return  # a report about another rollout
@@ -380,18 +385,18 @@ class _Ctx:
             "not scored (the optimizer will avoid it)",
         )
         if trial.role == "baseline":
-            self.goto("Exploring", "Idle")
+            self.goto(Phase.EXPLORING, Step.IDLE)
             self.decide()
             return
         self.rollback(self.best_config(), f"trial {trial.id} not applied by the engine")
 
     def on_invalidated(self, obs: Observation) -> None:
         trial = self.active()
-        if trial is None or self.s.step not in ("WarmingUp", "Measuring"):
+        if trial is None or self.s.step not in WINDOW_STEPS:
             return
         trial.invalidations += 1
         self.s.extensions = 0
-        self.goto(step="WaitingReady")
+        self.goto(step=Step.WAITING_READY)
         self.s.measure_from = self.s.measure_until = None
         self.event(
             "Normal",
@@ -416,9 +421,9 @@ class _Ctx:
             return False
         self.s.metrics_held = False
         self.condition("MetricsUnavailable", False, "MetricsAvailable", "metrics are available again")
-        if self.s.step in ("Measuring", "Watching"):
+        if self.s.step in (Step.MEASURING, Step.WATCHING):
             self.s.measure_from = self.now
-            if self.s.step == "Measuring":
+            if self.s.step == Step.MEASURING:
                 self.s.measure_until = self.now + self.s.settings.measure_s
             return True
         return False
@@ -433,11 +438,11 @@ class _Ctx:
             return
         if self.release_hold():
             return
-        if self.s.phase == "Converged":
-            if self.s.step == "Watching" and not obs.partial:
+        if self.s.phase == Phase.CONVERGED:
+            if self.s.step == Step.WATCHING and not obs.partial:
                 self.check_drift(obs)
             return
-        if self.s.step != "Measuring":
+        if self.s.step != Step.MEASURING:
             return
         trial = self.active()
         if trial is None:
@@ -456,7 +461,7 @@ class _Ctx:
             # scored (it may not be the trial's config at all). Measure again once it is checked.
             self.begin_measuring()
             return
-        self.goto(step="Scoring")
+        self.goto(step=Step.SCORING)
         self.score_trial(trial, obs)
 
     def score_trial(self, trial: Trial, obs: Observation) -> None:
@@ -508,9 +513,9 @@ class _Ctx:
             + f"; {_evidence(obs.signals)}",
         )
         if trial.role == "baseline":
-            self.goto("Exploring", "Idle")
+            self.goto(Phase.EXPLORING, Step.IDLE)
         else:
-            self.goto(step="Idle")
+            self.goto(step=Step.IDLE)
         self.decide()
 
     def stable_trial(self) -> Trial | None:
@@ -545,7 +550,7 @@ class _Ctx:
             return
         if self.s.extensions < settings.max_extensions:
             self.s.extensions += 1
-            self.goto(step="Measuring")
+            self.goto(step=Step.MEASURING)
             self.s.measure_until = self.now + settings.measure_s
             self.event("Normal", "WindowExtended", f"trial {trial.id}: {why.reason}; measuring longer")
             return
@@ -555,12 +560,12 @@ class _Ctx:
         )
         if trial.role == "baseline":
             # No usable baseline: the workload is too light to tune against; watch and retry later.
-            self.goto("Converged", "Watching")
+            self.goto(Phase.CONVERGED, Step.WATCHING)
             self.s.note = "too little traffic to measure a baseline"
             self.s.measure_from = self.now
             self.condition("Tuning", False, "InsufficientTraffic", self.s.note)
             return
-        self.goto(step="Idle")
+        self.goto(step=Step.IDLE)
         starved = [
             t for t in self.epoch_trials()
             if t.role == "trial" and t.failure == TOO_LITTLE_TRAFFIC and t.config == trial.config
@@ -685,7 +690,7 @@ class _Ctx:
         self.s.active = t.id
         self.s.target = config
         self.s.last_rollout_at = self.now
-        self.goto(step="RollingOut")
+        self.goto(step=Step.ROLLING_OUT)
         self.actions.append(RollOut(config, settings.strategy, reason, trial=t.id))
         best = self.best_trial()
         self.event(
@@ -697,7 +702,7 @@ class _Ctx:
         )
 
     def converge(self, reason: str, condition_reason: str = "Converged") -> None:
-        self.goto("Converged", "Idle")
+        self.goto(Phase.CONVERGED, Step.IDLE)
         self.s.note = reason
         best = self.best_trial()
         msg = f"{reason}; best {_cfg(self.best_config())}" + (f" value {best.value:.4g}" if best else "")
@@ -708,7 +713,7 @@ class _Ctx:
     def apply_best(self) -> None:
         best = self.best_config()
         if best == self.s.current and self.s.settings.strategy == "rolling":
-            self.goto(step="Watching")
+            self.goto(step=Step.WATCHING)
             self.s.measure_from = self.now
             return
         if self.rate_limited_until() is not None or self.s.metrics_held:
@@ -716,7 +721,7 @@ class _Ctx:
         self.actions.append(RollOut(best, "rolling", f"apply the best config: {self.s.note}"))
         self.s.target = best
         self.s.last_rollout_at = self.now
-        self.goto(step="RollingOut")
+        self.goto(step=Step.ROLLING_OUT)
 
     def check_drift(self, obs: Observation) -> None:
         ref = self.s.reference
@@ -813,7 +818,7 @@ class _Ctx:
             old.objective, old.slo, old.space, old.method, old.refusal
         )  # fmt: skip
         self.s.settings = new
-        in_flight = self.s.step in ("RollingOut", "WaitingReady", "WarmingUp", "Measuring", "Scoring")
+        in_flight = self.s.step in TRIAL_STEPS
         trial = self.active()
         if config_changed:
             assert obs.config is not None
@@ -824,29 +829,29 @@ class _Ctx:
         if new.mode == "off":
             if in_flight and trial is not None and trial.role == "trial" and not config_changed:
                 self.rollback(self.best_config(), "tuning turned off during a trial")
-            self.goto("Paused", "Idle" if self.s.step != "RollingBack" else "RollingBack")
+            self.goto(Phase.PAUSED, Step.IDLE if self.s.step != Step.ROLLING_BACK else Step.ROLLING_BACK)
             self.condition("Tuning", False, "TuningOff", "tuning.mode is off")
             return
         if new.mode == "observe":
             if in_flight and trial is not None and trial.role == "trial" and not config_changed:
                 self.rollback(self.best_config(), "observe mode: the trial is rolled back")
-            self.s.phase = "Observing"
-            if self.s.step != "RollingBack":
-                self.goto("Observing", "Measuring")
+            self.s.phase = Phase.OBSERVING
+            if self.s.step != Step.ROLLING_BACK:
+                self.goto(Phase.OBSERVING, Step.MEASURING)
             self.condition("Tuning", False, "Observing", "tuning.mode is observe: measuring and recommending")
             return
         # auto
         if new.refusal:
             if in_flight and trial is not None and trial.role == "trial" and not config_changed:
                 self.rollback(self.best_config(), "the objective cannot be scored on this engine release")
-            if self.s.step != "RollingBack":
-                self.goto("Observing", "Measuring")
+            if self.s.step != Step.ROLLING_BACK:
+                self.goto(Phase.OBSERVING, Step.MEASURING)
                 self.s.measure_from = self.now
-            self.s.phase = "Observing"
+            self.s.phase = Phase.OBSERVING
             self.condition("Tuning", False, "SignalsMissing", new.refusal)
             return
         restart = old.mode != "auto" or config_changed or search_changed or deployment_changed
-        if restart or self.s.phase in ("Pending", "Failed"):
+        if restart or self.s.phase in (Phase.PENDING, Phase.FAILED):
             if self.s.trials:
                 self.s.epoch += 1
             self.s.reference = None
@@ -863,14 +868,14 @@ class _Ctx:
                     + f": earlier measurements do not describe it; re-tuning (epoch {self.s.epoch}) from a "
                     f"fresh baseline with the {len(self.s.trials)} earlier trials as warm start",
                 )
-            self.begin_baseline(warm=config_changed or deployment_changed or self.s.phase in ("Pending",))
+            self.begin_baseline(warm=config_changed or deployment_changed or self.s.phase in (Phase.PENDING,))
             return
         if in_flight and trial is not None:
             # Only timing/budget/rollout settings changed: re-run what was in flight.
             if trial.role == "baseline":
                 self.begin_baseline(warm=False)
                 return
-            self.goto(step="Idle")
+            self.goto(step=Step.IDLE)
             self.decide()
 
 
