@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, make_dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from prefixtune.engines.knobs import BY_NAME, KNOB_NAMES, KNOBS, KnobKind, Value, knob
+from prefixtune.metrics.histogram import Slo as Slo  # the one Slo
 
 Mode = Literal["off", "observe", "auto"]
 Objective = Literal["goodput", "throughput", "ttft"]
@@ -21,18 +22,6 @@ MODES: tuple[str, ...] = ("off", "observe", "auto")
 OBJECTIVES: tuple[str, ...] = ("goodput", "throughput", "ttft")
 STRATEGIES: tuple[str, ...] = ("canary", "rolling")
 METHODS: tuple[str, ...] = ("bo", "random", "grid")
-
-
-@dataclass(frozen=True)
-class Slo:
-    ttft_p99_s: float = 2.0
-    itl_p99_s: float = 0.150
-
-    def __post_init__(self) -> None:
-        for name in ("ttft_p99_s", "itl_p99_s"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise ValueError(f"slo.{name} must be > 0 seconds, got {value!r}")
 
 
 class _SpaceOverride:
