@@ -45,7 +45,15 @@ from prefixtune.tuning.actions import (
     RollOut,
     SetCondition,
 )
-from prefixtune.tuning.objective import InsufficientData, Score, load_normalized, paired, score, severe_breach
+from prefixtune.tuning.objective import (
+    InsufficientData,
+    Score,
+    goal,
+    load_normalized,
+    paired,
+    score,
+    severe_breach,
+)
 from prefixtune.tuning.optimizer import Suggestion, TrialResult, seed_from, suggest
 from prefixtune.tuning.phases import HALTED_PHASES, ROLLOUT_STEPS, TRIAL_STEPS, WINDOW_STEPS, Phase, Step
 from prefixtune.tuning.settings import SpaceOverride, TuningSettings
@@ -536,10 +544,8 @@ class _Ctx:
         anchor = stable.value if stable is not None else None
         if anchor is None or not math.isfinite(ratio) or ratio <= 0 or not math.isfinite(anchor):
             return own
-        if self.s.settings.objective == "ttft":
-            # ttft values are negative seconds; ratio = baseline TTFT / canary TTFT (> 1: canary better)
-            return anchor / ratio if anchor < 0 else own
-        return anchor * ratio if anchor > 0 else own
+        scaled = goal(self.s.settings.objective).scaled(anchor, ratio)
+        return own if scaled is None else scaled
 
     def insufficient(self, trial: Trial, why: InsufficientData) -> None:
         settings = self.s.settings
@@ -906,9 +912,7 @@ def _per_request(s: Signals, which: str) -> float | None:
 
 
 def _better(objective: str, a: float, b: float, margin: float) -> bool:
-    if objective == "ttft":
-        return a < 0 and b < 0 and (-b) >= margin * (-a)
-    return a >= margin * b
+    return goal(objective).beats(a, b, margin)
 
 
 def _all_missing(s: Signals) -> bool:
