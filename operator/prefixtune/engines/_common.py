@@ -3,6 +3,7 @@ frame of parse (command head, scan, ParsedCommand), owned-flag checks, option an
 
 from __future__ import annotations
 
+import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -109,9 +110,28 @@ class AdapterBase(ABC):
     metrics: MetricNames
     version: str  # the release series this adapter's facts are for (the default image's)
     ready_path: str = "/health"
+    prog_words: int = 1  # how many leading argv words name the program in the engine's messages
+    dashed_flags: bool = True  # the engine reads ``_`` in a flag name as ``-`` (argparse engines)
 
     def knobs(self) -> Mapping[str, KnobSpec]:
         return self._knobs
+
+    def prog(self, argv: Sequence[str]) -> str:
+        """The program name the engine's own usage errors start with (``vllm serve: error: ...``)."""
+        return " ".join(argv[: self.prog_words])
+
+    def display_flag(self, flag: str) -> str:
+        """A flag as the engine's documentation spells it."""
+        return flag.replace("_", "-") if self.dashed_flags else flag
+
+    def starts(self, argv: Sequence[str]) -> bool:
+        """Whether ``argv`` runs this engine: its command or an alias, the program by its base name."""
+        if not argv:
+            return False
+        head = (posixpath.basename(argv[0]), *argv[1:])
+        return any(
+            tuple(head[: len(accepted)]) == accepted for accepted in (self.command, *self.command_aliases)
+        )
 
     def version_of(self, image: str) -> str:
         """One supported series unless the adapter knows several (TensorRT-LLM)."""

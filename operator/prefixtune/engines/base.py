@@ -183,6 +183,18 @@ class EngineAdapter(Protocol):
         """Every engine-neutral knob with its valid values and default on this engine."""
         ...
 
+    def prog(self, argv: Sequence[str]) -> str:
+        """The program name the engine's own usage errors start with."""
+        ...
+
+    def display_flag(self, flag: str) -> str:
+        """A flag as the engine's documentation spells it."""
+        ...
+
+    def starts(self, argv: Sequence[str]) -> bool:
+        """Whether ``argv`` runs this engine."""
+        ...
+
     def default_config(self) -> KnobConfig: ...
 
     def tuned_flags(self) -> frozenset[str]:

@@ -29,6 +29,11 @@ def _lookup(name: str | EngineName) -> Adapter:
         raise ValueError(f"unknown engine {name!r}; known engines: {', '.join(ENGINE_NAMES)}") from None
 
 
+def detect_engine(argv: Sequence[str]) -> EngineName | None:
+    """The engine a command line starts (its adapter's command or an alias), or None."""
+    return next((adapter.name for adapter in _ADAPTERS.values() if adapter.starts(argv)), None)
+
+
 def get_adapter(name: str | EngineName) -> EngineAdapter:
     """The adapter for ``name`` (vllm | sglang | trtllm, case-insensitive); ValueError otherwise."""
     return _lookup(name)

@@ -332,6 +332,7 @@ class TrtllmAdapter(AdapterBase):
     metrics = METRICS
     table = FLAGS
     _knobs = KNOBS
+    dashed_flags = False  # click options: --tp_size is spelled with underscores
 
     def version_of(self, image: str) -> str:
         """``release:1.2.x`` (and older) is the 1.2 series, ``1.3.x``/``1.3.0rcN`` and newer 1.3; an image

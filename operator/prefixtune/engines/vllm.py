@@ -306,6 +306,7 @@ class VllmAdapter(AdapterBase):
     metrics = METRICS
     table = FLAGS
     _knobs = KNOBS
+    prog_words = 2  # "vllm serve: error: ..."
 
     def tuned_flags(self) -> frozenset[str]:
         # vLLM also accepts the underscore spelling of every long flag.

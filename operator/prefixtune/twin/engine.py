@@ -53,7 +53,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import attrgetter
 
-from prefixtune.engines.base import EngineName, ParsedCommand
+from prefixtune.engines.base import SCHEDULE_POLICY, EngineName, ParsedCommand
 from prefixtune.engines.registry import get_adapter
 from prefixtune.twin.cache.base import CacheStats, KVCache
 from prefixtune.twin.catalog import GpuSpec, ModelSpec, check_tp, get_gpu, get_model
@@ -73,10 +73,10 @@ _by_order = attrgetter("order")
 # A cache factory: (engine, num_blocks, block_size, prefix_caching, **engine options) -> KVCache.
 CacheFactory = Callable[..., KVCache]
 
+# The policies the twin models: each engine's schedule_policy choices (its adapter's).
 _POLICIES: dict[EngineName, tuple[str, ...]] = {
-    EngineName.VLLM: ("fcfs", "priority"),
-    EngineName.SGLANG: ("fcfs", "lpm", "dfs-weight", "hrrn", "lof", "random"),
-    EngineName.TRTLLM: ("guaranteed_no_evict", "max_utilization"),
+    engine: tuple(str(p) for p in get_adapter(engine).knobs()[SCHEDULE_POLICY].choices)
+    for engine in EngineName
 }
 
 
