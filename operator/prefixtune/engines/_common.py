@@ -109,6 +109,10 @@ class AdapterBase(ABC):
 
     metrics: MetricNames
     version: str  # the release series this adapter's facts are for (the default image's)
+    default_image: str
+    metrics_port: int
+    metrics_path: str
+    health_path: str
     ready_path: str = "/health"
     prog_words: int = 1  # how many leading argv words name the program in the engine's messages
     dashed_flags: bool = True  # the engine reads ``_`` in a flag name as ``-`` (argparse engines)
@@ -241,6 +245,10 @@ class AdapterBase(ABC):
 
     @abstractmethod
     def parse(self, argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedCommand: ...
+
+    @abstractmethod
+    def effective_config(self, samples: Sequence[tuple[str, Mapping[str, str], float]]) -> dict[str, object]:
+        """Read the effective config back from scraped samples (name, labels, value)."""
 
     def command_args(self, argv: Sequence[str]) -> list[str]:
         """The arguments after the command; ArgsError when ``argv`` does not start with an accepted one."""
