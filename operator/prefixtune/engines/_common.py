@@ -17,6 +17,7 @@ from prefixtune.engines.base import (
     ArgsError,
     Binding,
     EngineName,
+    EngineOptions,
     KnobConfig,
     KnobSpec,
     MetricNames,
@@ -277,7 +278,7 @@ class AdapterBase(ABC):
             config=config,
             port=scan.int_value("port", self.default_port),
             extra_args=self.extra_tokens(scan),
-            options=options,
+            options=EngineOptions(options),
             tensor_parallel=scan.int_value(self.tp_dest, 1),
         )
 

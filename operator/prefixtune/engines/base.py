@@ -8,10 +8,10 @@ the engine's metrics. Nothing outside ``prefixtune.engines`` should know an engi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from prefixtune.engines.knobs import (
     BLOCK_SIZE,
@@ -30,6 +30,9 @@ __all__ = [
     "SCHEDULE_POLICY",
     "KnobConfig",
 ]
+
+
+T = TypeVar("T")
 
 
 class EngineName(StrEnum):
@@ -126,6 +129,73 @@ class RenderedCommand:
         return self.command + self.args
 
 
+class EngineOptions(Mapping[str, object]):
+    """The untuned options a command sets, by neutral key, in the order it sets them: the contract
+    between the adapters and the twin. A mapping (``{**options}``, JSON, equality with a dict) with a
+    typed accessor for each neutral option the twin reads; None where the command leaves it out.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, object] | None = None) -> None:
+        self._values: dict[str, object] = dict(values or {})
+
+    def __getitem__(self, key: str) -> object:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"EngineOptions({self._values!r})"
+
+    def _typed(self, key: str, kind: type[T]) -> T | None:
+        value = self._values.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise ValueError(f"option {key} must be {kind.__name__}; got {value!r}")
+        return value
+
+    @property
+    def tensor_parallel(self) -> int | None:
+        return self._typed("tensor_parallel", int)
+
+    @property
+    def max_running(self) -> int | None:
+        """Requests in one running batch (vLLM --max-num-seqs, SGLang --max-running-requests, ...)."""
+        return self._typed("max_running", int)
+
+    @property
+    def max_batched_tokens(self) -> int | None:
+        """Tokens per step; -1: SGLang's chunking off."""
+        return self._typed("max_batched_tokens", int)
+
+    @property
+    def chunked_prefill(self) -> bool | None:
+        return self._typed("chunked_prefill", bool)
+
+    @property
+    def kv_cache_dtype(self) -> str | None:
+        return self._typed("kv_cache_dtype", str)
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self._typed("max_model_len", int)
+
+    @property
+    def host_cache_bytes(self) -> int | None:
+        return self._typed("host_cache_bytes", int)
+
+    @property
+    def host_cache_backend(self) -> str | None:
+        """vLLM's KV offload backend: native | lmcache."""
+        return self._typed("host_cache_backend", str)
+
+
 @dataclass(frozen=True)
 class ParsedCommand:
     """A command line read back: the model, the tuned knobs, and every other argument untouched."""
@@ -135,8 +205,12 @@ class ParsedCommand:
     config: KnobConfig
     port: int
     extra_args: tuple[str, ...] = ()
-    options: Mapping[str, object] = field(default_factory=dict)  # engine options not tuned (TRT YAML)
+    options: EngineOptions = field(default_factory=EngineOptions)  # engine options not tuned (TRT YAML)
     tensor_parallel: int = 1  # effective TP degree (options["tensor_parallel"] only when the command sets it)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, EngineOptions):  # a plain mapping (tests, hand-built commands)
+            object.__setattr__(self, "options", EngineOptions(self.options))
 
 
 class ArgsError(ValueError):

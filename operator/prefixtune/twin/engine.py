@@ -106,11 +106,11 @@ def engine_limits(parsed: ParsedCommand, gpu: GpuSpec, model: ModelSpec) -> Engi
         running_default, chunked_default = 0, True
     else:  # 1.3: trtllm-serve
         running_default, budget_default, chunked_default = 2048, 8192, False
-    chunked = opts.get("chunked_prefill", chunked_default)
-    budget = opts.get("max_batched_tokens", budget_default)
-    if isinstance(budget, int) and budget < 0:  # SGLang --chunked-prefill-size -1: chunking off
+    chunked = chunked_default if opts.chunked_prefill is None else opts.chunked_prefill
+    budget = budget_default if opts.max_batched_tokens is None else opts.max_batched_tokens
+    if budget < 0:  # SGLang --chunked-prefill-size -1: chunking off
         chunked, budget = False, 16384  # --max-prefill-tokens default
-    if eng is EngineName.SGLANG and not chunked and "max_batched_tokens" not in opts:
+    if eng is EngineName.SGLANG and not chunked and opts.max_batched_tokens is None:
         budget = 16384  # without chunking, a prefill batch is capped by --max-prefill-tokens
     policy = str(parsed.config.schedule_policy).lower().replace("_", "-")
     if eng is EngineName.TRTLLM:
@@ -120,14 +120,15 @@ def engine_limits(parsed: ParsedCommand, gpu: GpuSpec, model: ModelSpec) -> Engi
             f"schedule_policy {parsed.config.schedule_policy!r} is not modelled for {eng.value}; "
             f"allowed: {', '.join(_POLICIES[eng])}"
         )
-    max_len = opts.get("max_model_len")
+    max_len = opts.max_model_len
+    running = running_default if opts.max_running is None else opts.max_running
     return EngineLimits(
-        max_running=_positive_int(opts.get("max_running", running_default), "max_running", allow_zero=True),
+        max_running=_positive_int(running, "max_running", allow_zero=True),
         max_batched_tokens=_positive_int(budget, "max_batched_tokens"),
         chunked_prefill=bool(chunked),
-        kv_cache_dtype=str(opts.get("kv_cache_dtype", "auto")),
+        kv_cache_dtype=opts.kv_cache_dtype or "auto",
         max_model_len=None if max_len is None else _positive_int(max_len, "max_model_len"),
-        host_cache_bytes=_positive_int(opts.get("host_cache_bytes", 0), "host_cache_bytes", allow_zero=True),
+        host_cache_bytes=_positive_int(opts.host_cache_bytes or 0, "host_cache_bytes", allow_zero=True),
         policy=policy,
     )
 
