@@ -136,19 +136,7 @@ def parse_scenario(data: Any, source: str) -> Scenario:
     space = data.get("space") or {}
     try:
         slo_obj = Slo(float(slo.get("ttft_p99_s", 2.0)), float(slo.get("itl_p99_s", 0.15)))
-        fraction = space.get("memory_fraction")
-        space_obj = SpaceOverride(
-            memory_fraction=None if fraction is None else (float(fraction[0]), float(fraction[1])),
-            block_size=None
-            if space.get("block_size") is None
-            else tuple(int(b) for b in space["block_size"]),
-            prefix_caching=None
-            if space.get("prefix_caching") is None
-            else tuple(bool(b) for b in space["prefix_caching"]),
-            schedule_policy=None
-            if space.get("schedule_policy") is None
-            else tuple(str(p) for p in space["schedule_policy"]),
-        )
+        space_obj = SpaceOverride.from_mapping(space)
         scenario = Scenario(
             name=str(data["name"]),
             engine=str(data["engine"]),

@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL
+from prefixtune.tuning.phases import Phase
 
 EXAMPLES = ("vllm-rag.yaml", "sglang-chatbot.yaml", "trtllm-agent.yaml")
 SDEP_API = f"/apis/{API_GROUP}/{API_VERSION}"
@@ -90,7 +91,7 @@ def progress_rows(objs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
             [
                 f"{meta.get('namespace')}/{meta.get('name')}",
                 str(spec.get("engine", "")),
-                str(status.get("phase", "Pending")),
+                str(status.get("phase", Phase.PENDING)),
                 f"{done}/{budget}",
                 "-" if best is None else f"{best:.4g}",
                 "-" if hit is None else f"{hit:.0%}",
@@ -187,11 +188,11 @@ async def _run(args: argparse.Namespace) -> int:
                 if operator.poll() is not None:
                     print(f"the operator exited with {operator.returncode}; see {args.operator_log}")
                     break
-                if objs and all((o.get("status") or {}).get("phase") == "Converged" for o in objs):
+                if objs and all((o.get("status") or {}).get("phase") == Phase.CONVERGED for o in objs):
                     break
             print("\nsummary (scores: the objective measured in the sandbox, per simulated second):")
             print(summary(objs))
-            converged = sum(1 for o in objs if (o.get("status") or {}).get("phase") == "Converged")
+            converged = sum(1 for o in objs if (o.get("status") or {}).get("phase") == Phase.CONVERGED)
             print(f"\n{converged}/{len(objs)} converged in {time.monotonic() - began:.0f}s")
             pace = sb.pace()
             if pace["lost_s"] > 0:

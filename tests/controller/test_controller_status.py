@@ -7,6 +7,7 @@ from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.actions import EmitEvent, Recommend, SetCondition
+from prefixtune.tuning.phases import Phase
 from prefixtune.tuning.policy import initial_state
 from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.state import Trial
@@ -23,7 +24,8 @@ def _state_with_trials(n: int) -> object:
               signals=Signals(window_s=60, requests=100, hit_rate=0.5))
         for i in range(n)
     ]  # fmt: skip
-    return s.model_copy(update={"phase": "Exploring", "trials": trials, "best": n - 1, "next_trial_id": n})
+    update = {"phase": Phase.EXPLORING, "trials": trials, "best": n - 1, "next_trial_id": n}
+    return s.model_copy(update=update)
 
 
 def test_status_is_valid_for_the_api_model_and_round_trips_the_policy_state() -> None:

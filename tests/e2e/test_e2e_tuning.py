@@ -34,6 +34,7 @@ from prefixtune.sandbox.clock import HANG_GUARD_S
 from prefixtune.sandbox.kubelet import KubeletConfig
 from prefixtune.sandbox.up import Sandbox, sandbox
 from prefixtune.sandbox.waiting import tuning_progress, wait_until
+from prefixtune.tuning.phases import WINDOW_STEPS, Phase, Step
 from prefixtune.tuning.state import PolicyState
 from prefixtune.twin.run import simulate
 from prefixtune.twin.workloads import generate
@@ -198,7 +199,7 @@ def ground_truth(
 
 async def _converged(cluster: Cluster, name: str) -> PolicyState | None:
     state = policy_state_of(await cluster.status(name))
-    return state if state is not None and state.phase == "Converged" else None
+    return state if state is not None and state.phase == Phase.CONVERGED else None
 
 
 def _check_history(state: PolicyState, max_trials: int) -> None:
@@ -238,7 +239,7 @@ async def test_vllm_rag_converges_through_an_operator_kill_and_beats_its_baselin
 
     async def measuring_a_trial() -> PolicyState | None:
         s = policy_state_of(await cluster.status("rag"))
-        if s is None or s.step != "Measuring" or s.active is None or s.trial(s.active).role != "trial":
+        if s is None or s.step != Step.MEASURING or s.active is None or s.trial(s.active).role != "trial":
             return None
         return s
 
@@ -308,7 +309,7 @@ async def test_a_config_that_ooms_under_load_is_rolled_back_and_never_retried(cl
 
     async def trial_pod_serving() -> tuple[PolicyState, dict[str, Any]] | None:
         s = policy_state_of(await cluster.status("hot"))
-        if s is None or s.active is None or s.step not in ("WarmingUp", "Measuring"):
+        if s is None or s.active is None or s.step not in WINDOW_STEPS:
             return None
         trial = s.trial(s.active)
         if trial.role != "trial":
@@ -369,7 +370,7 @@ async def test_invalid_spec_observe_mode_and_delete(cluster: Cluster) -> None:
 
     ready = await cluster.wait_for(rejected, 60, "the invalid spec to be rejected")
     assert ready["status"] == "False" and "spec.config.blockSize" in ready["message"]
-    assert (await cluster.status("bad"))["phase"] in ("Failed", "Pending")
+    assert (await cluster.status("bad"))["phase"] in (Phase.FAILED, Phase.PENDING)
     warnings = [
         e
         for e in await cluster.events("bad")
@@ -380,7 +381,7 @@ async def test_invalid_spec_observe_mode_and_delete(cluster: Cluster) -> None:
 
     async def observed_a_window() -> dict[str, Any] | None:
         status = await cluster.status("watch")
-        return status if status.get("phase") == "Observing" and status.get("diagnosis") else None
+        return status if status.get("phase") == Phase.OBSERVING and status.get("diagnosis") else None
 
     await cluster.wait_for(observed_a_window, 120, "observe mode to measure a window")
     await asyncio.sleep(6)  # more ticks and windows
@@ -389,7 +390,7 @@ async def test_invalid_spec_observe_mode_and_delete(cluster: Cluster) -> None:
     assert dep["metadata"]["generation"] == 1  # the pod template was never patched
     assert await cluster.deployment("watch-canary") is None
     state = policy_state_of(await cluster.status("watch"))
-    assert state is not None and state.phase == "Observing" and not state.trials
+    assert state is not None and state.phase == Phase.OBSERVING and not state.trials
 
     await cluster.sb.api.delete("/apis/prefixtune.io/v1alpha1/namespaces/default/servingdeployments/watch")
 
@@ -491,7 +492,7 @@ async def test_a_trtllm_1_2_pod_names_its_missing_signals_instead_of_tuning_blin
     assert found["Tuning"]["status"] == "False" and found["Tuning"]["reason"] == "SignalsMissing"
     assert "objectives it can score: ttft" in found["Tuning"]["message"]
     state = policy_state_of(await cluster.status("old"))
-    assert state is not None and state.phase == "Observing"
+    assert state is not None and state.phase == Phase.OBSERVING
     assert not any(t.role == "trial" for t in state.trials)  # nothing rolled out blind
     events = {e.get("reason") for e in await cluster.events("old")}
     assert "SignalsMissing" in events

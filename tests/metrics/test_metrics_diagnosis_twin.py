@@ -65,10 +65,12 @@ LONG_PROMPT_SHORT_OUTPUT = WorkloadSpec(name="diag-prefill", suffix=Dist(value=6
 
 
 def test_prefill_bound_long_prompts_short_outputs_caching_off() -> None:
-    # 6000-token unique prompts, 16-token answers, ~21k prompt tokens/s: prefill keeps the GPU busy.
-    s, sig = measure(LONG_PROMPT_SHORT_OUTPUT, 3.5, CACHING_OFF)
+    # 6000-token unique prompts, 16-token answers, ~28k prompt tokens/s: prefill keeps the GPU busy
+    # (~80%). It ran at 3.5 req/s until the kernel-fitted costs made 8B BF16 prefill ~1.5x faster,
+    # which left the GPU 63% busy.
+    s, sig = measure(LONG_PROMPT_SHORT_OUTPUT, 4.6, CACHING_OFF)
     assert s.hit_rate == 0.0 and s.input_tokens_per_s > 100 * s.output_tokens_per_s
-    assert s.gpu_busy_fraction > 0.6
+    assert s.gpu_busy_fraction > 0.7
     d = diagnose(sig)
     assert d.bound == PREFILL, d.reason
     assert d.readings["computed_prefill_per_output_token"] >= 100

@@ -81,7 +81,7 @@ def test_share_at_most_interpolates_and_treats_inf_as_above() -> None:
 def test_slo_attainment_and_goodput() -> None:
     ttft = bk((0.5, 90), (2.0, 99), (INF, 100))
     itl = bk((0.05, 800), (0.1, 900), (INF, 1000))
-    slo = Slo(ttft_s=2.0, itl_s=0.1)
+    slo = Slo(ttft_p99_s=2.0, itl_p99_s=0.1)
     att = H.slo_attainment(ttft, itl, slo)
     assert att == pytest.approx(0.99 * 0.9)
     assert H.goodput(1000.0, att) == pytest.approx(891.0)
@@ -91,8 +91,8 @@ def test_slo_attainment_and_goodput() -> None:
 
 
 def test_slo_rejects_non_positive_targets_naming_the_field() -> None:
-    with pytest.raises(ValueError, match=r"Slo\.itl_s"):
-        Slo(ttft_s=1.0, itl_s=0.0)
+    with pytest.raises(ValueError, match=r"slo\.itl_p99_s"):
+        Slo(ttft_p99_s=1.0, itl_p99_s=0.0)
 
 
 BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

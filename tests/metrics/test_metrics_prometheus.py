@@ -38,7 +38,7 @@ pytestmark = pytest.mark.integration
 
 WINDOW_S = 8
 GPU_BUSY = {"vllm-0": 80, "vllm-1": 20, "sglang-0": 60, "sglang-1": 40, "trtllm-0": 30, "trtllm-1": 50}
-SLO = Slo(ttft_s=0.5, itl_s=0.05)
+SLO = Slo(ttft_p99_s=0.5, itl_p99_s=0.05)
 RATES = ("requests_per_s", "input_tokens_per_s", "output_tokens_per_s")
 QUANTILES = (
     ("ttft", 0.5, "ttft_p50_s", TTFT_BUCKETS),

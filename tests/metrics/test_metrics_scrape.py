@@ -116,7 +116,7 @@ def test_window_signals_match_ground_truth_per_engine(engine: EngineName) -> Non
         previous = t
         for pod, snap in scrape(engines, t).items():
             chains[pod].append(snap)
-    win = window_signals(for_engine(engine), chains, slo=Slo(ttft_s=0.5, itl_s=0.05))
+    win = window_signals(for_engine(engine), chains, slo=Slo(ttft_p99_s=0.5, itl_p99_s=0.05))
     truth = ground_truth(engines, 2.0, 12.0)
     s = win.signals
     assert s.window_s == pytest.approx(10.0)

@@ -123,7 +123,7 @@ def _flag_regex(flags: Sequence[str]) -> str:
 
 
 def _extra_args_rule(engine: str, flags: frozenset[str]) -> dict[str, Any]:
-    shown = ", ".join(sorted({f.replace("_", "-") if engine != EngineName.TRTLLM else f for f in flags}))
+    shown = ", ".join(sorted({get_adapter(engine).display_flag(f) for f in flags}))
     return {
         "rule": f"self.engine != '{engine}' || {_guard('extraArgs')} || "
         f"self.extraArgs.all(a, !a.matches('{_flag_regex(sorted(flags))}'))",

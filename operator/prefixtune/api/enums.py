@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+# One Phase: the tuning policy's phase is status.phase.
+from prefixtune.tuning.phases import Phase as Phase
+
 
 class GpuType(StrEnum):
     H100_80GB = "H100-80GB"
@@ -31,16 +34,6 @@ class RolloutStrategy(StrEnum):
 class MetricsSource(StrEnum):
     PROMETHEUS = "prometheus"
     SCRAPE = "scrape"
-
-
-class Phase(StrEnum):
-    PENDING = "Pending"
-    BASELINE = "Baseline"
-    EXPLORING = "Exploring"
-    CONVERGED = "Converged"
-    OBSERVING = "Observing"
-    PAUSED = "Paused"
-    FAILED = "Failed"
 
 
 class ConditionType(StrEnum):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -29,6 +29,7 @@ from pydantic import (
     StrictInt,
     ValidationInfo,
     WithJsonSchema,
+    create_model,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -56,6 +57,7 @@ from prefixtune.api.enums import (
     TuningMode,
 )
 from prefixtune.engines.base import EngineName, KnobConfig, KnobSpec
+from prefixtune.engines.knobs import KNOBS, Knob, KnobKind
 
 API_GROUP = "prefixtune.io"
 API_VERSION = "v1alpha1"
@@ -223,47 +225,6 @@ class GpuSpec(_Model):
     type: GpuType = Field(GpuType.H100_80GB, description="GPU model; selects the node and the twin's model.")
 
 
-class ConfigSpec(_Model):
-    """The baseline configuration of the tuned knobs. Omitted knobs take the engine's default."""
-
-    memory_fraction: MemoryFraction | None = _omittable(
-        "Memory fraction with the engine's own meaning (vLLM: of total GPU memory; SGLang: "
-        "weights + KV; TensorRT-LLM: of the memory free after weights)."
-    )
-    block_size: BlockSize | None = _omittable(
-        "KV block (page) size in tokens; valid sizes depend on the engine."
-    )
-    prefix_caching: StrictBool | None = _omittable(
-        "Automatic prefix caching (vLLM), radix cache (SGLang), block reuse (TensorRT-LLM)."
-    )
-    schedule_policy: PolicyName | None = _omittable("Scheduling policy; valid values depend on the engine.")
-
-    def to_knob_config(self) -> KnobConfig:
-        """The KnobConfig of a filled-in config (every validated spec has one)."""
-        missing = [name for name, value in self if value is None]
-        if missing:
-            raise ValueError(
-                f"config is not filled in (missing {', '.join(missing)}); validate the spec first"
-            )
-        assert self.memory_fraction is not None and self.block_size is not None
-        assert self.prefix_caching is not None and self.schedule_policy is not None
-        return KnobConfig(
-            memory_fraction=float(self.memory_fraction),
-            block_size=int(self.block_size),
-            prefix_caching=bool(self.prefix_caching),
-            schedule_policy=str(self.schedule_policy),
-        )
-
-    @classmethod
-    def from_knob_config(cls, config: KnobConfig) -> ConfigSpec:
-        return cls(
-            memory_fraction=float(config.memory_fraction),
-            block_size=int(config.block_size),
-            prefix_caching=bool(config.prefix_caching),
-            schedule_policy=str(config.schedule_policy),
-        )
-
-
 class FloatRange(_Model):
     """An inclusive range [min, max] with min < max."""
 
@@ -282,19 +243,89 @@ class FloatRange(_Model):
 _SET: JsonDict = {"x-kubernetes-list-type": "set"}  # scalar list without duplicates
 
 
-class SearchSpace(_Model):
+# --- the knob models: their fields come from the knob registry (prefixtune.engines.knobs) ---------
+
+
+class _KnobFields(_Model):
+    """A model with one field per registry knob (added by ``_knob_model``)."""
+
+    def knob_values(self) -> dict[str, Any]:
+        """{knob name: field value} in registry order (None where a knob is omitted)."""
+        return {knob.name: getattr(self, knob.name) for knob in KNOBS}
+
+    def to_knob_config(self) -> KnobConfig:
+        """The KnobConfig of a filled-in config (every validated spec has one)."""
+        values = self.knob_values()
+        missing = [name for name, value in values.items() if value is None]
+        if missing:
+            raise ValueError(
+                f"config is not filled in (missing {', '.join(missing)}); validate the spec first"
+            )
+        return KnobConfig.from_dict(values)
+
+    @classmethod
+    def from_knob_config(cls, config: KnobConfig) -> Self:
+        return cls.model_validate(config.to_dict())
+
+
+class _ConfigSpec(_KnobFields):
+    """The baseline configuration of the tuned knobs. Omitted knobs take the engine's default."""
+
+
+class _SearchSpace(_Model):
     """Values the tuner may try. Each omitted knob uses the engine adapter's default space."""
 
-    memory_fraction: FloatRange | None = _omittable("Range to search.")
-    block_size: Annotated[list[BlockSize], Field(min_length=1, max_length=16)] | None = _omittable(
-        "Block sizes to try.", _SET
+    def listed(self) -> dict[str, Any]:
+        """{knob name: its range (FloatRange) or list of values} for each knob the user listed."""
+        values = {knob.name: getattr(self, knob.name) for knob in KNOBS}
+        return {name: value for name, value in values.items() if value is not None}
+
+
+class _KnobValues(_KnobFields):
+    """A complete configuration of the tuned knobs (every knob set), as recorded in the status."""
+
+
+# One value of a knob, by its kind (the structural bounds; each engine narrows them).
+_VALUE_TYPE: dict[KnobKind, Any] = {
+    KnobKind.FRACTION: MemoryFraction,
+    KnobKind.INTEGER: BlockSize,
+    KnobKind.SWITCH: StrictBool,
+    KnobKind.NAME: PolicyName,
+}
+
+
+def _space_type(knob: Knob) -> Any:
+    """A fraction is searched over a range; any other knob over a list of its values."""
+    if knob.continuous:
+        return FloatRange
+    most = 2 if knob.kind is KnobKind.SWITCH else 16
+    values: Any = list.__class_getitem__(_VALUE_TYPE[knob.kind])  # a type built at runtime
+    return Annotated[values, Field(min_length=1, max_length=most)]
+
+
+def _knob_model(base: type[_Model], field: Callable[[Knob], tuple[Any, Any]]) -> Any:
+    """``base`` with one field per registry knob, in registry order (names, docs and types from it)."""
+    fields: dict[str, Any] = {knob.name: field(knob) for knob in KNOBS}
+    name = base.__name__.lstrip("_")
+    return create_model(name, __base__=base, __module__=__name__, __doc__=base.__doc__, **fields)
+
+
+if TYPE_CHECKING:  # the static type is the base with the knob methods; fields are read by name
+    ConfigSpec = _ConfigSpec
+    SearchSpace = _SearchSpace
+    KnobValues = _KnobValues
+else:
+    ConfigSpec = _knob_model(
+        _ConfigSpec, lambda knob: (_VALUE_TYPE[knob.kind] | None, _omittable(knob.config_doc))
     )
-    prefix_caching: Annotated[list[StrictBool], Field(min_length=1, max_length=2)] | None = _omittable(
-        "Prefix caching values to try.", _SET
+    SearchSpace = _knob_model(
+        _SearchSpace,
+        lambda knob: (
+            _space_type(knob) | None,
+            _omittable(knob.space_doc, None if knob.continuous else _SET),
+        ),
     )
-    schedule_policy: Annotated[list[PolicyName], Field(min_length=1, max_length=16)] | None = _omittable(
-        "Scheduling policies to try.", _SET
-    )
+    KnobValues = _knob_model(_KnobValues, lambda knob: (_VALUE_TYPE[knob.kind], ...))
 
 
 class SloSpec(_Model):
@@ -463,32 +494,6 @@ class ServingDeploymentSpec(_Model):
 
 
 Ratio = Annotated[StrictFloat, Field(ge=0, le=1)]
-
-
-class KnobValues(_Model):
-    """A complete configuration of the tuned knobs (every knob set), as recorded in the status."""
-
-    memory_fraction: MemoryFraction
-    block_size: BlockSize
-    prefix_caching: StrictBool
-    schedule_policy: PolicyName
-
-    def to_knob_config(self) -> KnobConfig:
-        return KnobConfig(
-            memory_fraction=float(self.memory_fraction),
-            block_size=int(self.block_size),
-            prefix_caching=bool(self.prefix_caching),
-            schedule_policy=str(self.schedule_policy),
-        )
-
-    @classmethod
-    def from_knob_config(cls, config: KnobConfig) -> KnobValues:
-        return cls(
-            memory_fraction=float(config.memory_fraction),
-            block_size=int(config.block_size),
-            prefix_caching=bool(config.prefix_caching),
-            schedule_policy=str(config.schedule_policy),
-        )
 
 
 class Condition(_Model):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -21,6 +21,7 @@ from prefixtune.api.secret_flags import secret_flag_problems
 from prefixtune.engines import get_adapter
 from prefixtune.engines._argv import looks_like_flag
 from prefixtune.engines.base import KNOB_NAMES, EngineAdapter, KnobConfig, KnobSpec
+from prefixtune.engines.knobs import BY_NAME, KNOBS
 
 if TYPE_CHECKING:
     from prefixtune.api.models import ServingDeploymentSpec
@@ -96,14 +97,9 @@ def fill_defaults(spec: ServingDeploymentSpec) -> None:
         spec.image = adapter.default_image
     defaults = adapter.default_config_for(gpu_memory_bytes(str(spec.gpu.type)), spec.gpu.count).to_dict()
     config = spec.config
-    if config.memory_fraction is None:
-        config.memory_fraction = float(defaults["memory_fraction"])
-    if config.block_size is None:
-        config.block_size = int(defaults["block_size"])
-    if config.prefix_caching is None:
-        config.prefix_caching = bool(defaults["prefix_caching"])
-    if config.schedule_policy is None:
-        config.schedule_policy = str(defaults["schedule_policy"])
+    for knob in KNOBS:
+        if getattr(config, knob.name) is None:
+            setattr(config, knob.name, knob.coerce(defaults[knob.name]))
     rollout = spec.tuning.rollout
     if rollout.strategy is None:
         rollout.strategy = RolloutStrategy.CANARY if spec.replicas >= 2 else RolloutStrategy.ROLLING
@@ -135,23 +131,13 @@ def search_space(spec: ServingDeploymentSpec) -> dict[str, KnobSpec]:
     """
     adapter = get_adapter(spec.engine)
     knobs = narrowed_choices(adapter, spec.extra_args)
-    space = spec.tuning.space
-    if space.memory_fraction is not None:
-        knobs["memory_fraction"] = replace(
-            knobs["memory_fraction"],
-            low=float(space.memory_fraction.min),
-            high=float(space.memory_fraction.max),
-            low_exclusive=False,
-            searched=True,
-        )
-    listed: Mapping[str, Sequence[object] | None] = {
-        "block_size": space.block_size,
-        "prefix_caching": space.prefix_caching,
-        "schedule_policy": space.schedule_policy,
-    }
-    for knob, values in listed.items():
-        if values is not None:
-            knobs[knob] = replace(knobs[knob], choices=tuple(values), searched=True)  # type: ignore[arg-type]
+    for knob, values in spec.tuning.space.listed().items():
+        if BY_NAME[knob].continuous:
+            knobs[knob] = replace(
+                knobs[knob], low=float(values.min), high=float(values.max), low_exclusive=False, searched=True
+            )
+        else:
+            knobs[knob] = replace(knobs[knob], choices=tuple(values), searched=True)
     return knobs
 
 
@@ -161,12 +147,7 @@ def search_space(spec: ServingDeploymentSpec) -> dict[str, KnobSpec]:
 def _check_config(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[Problem]:
     problems: list[Problem] = []
     knobs = adapter.knobs()
-    given = {
-        "memory_fraction": spec.config.memory_fraction,
-        "block_size": spec.config.block_size,
-        "prefix_caching": spec.config.prefix_caching,
-        "schedule_policy": spec.config.schedule_policy,
-    }
+    given = spec.config.knob_values()
     flagged: set[str] = set()
     for knob in KNOB_NAMES:
         value = given[knob]
@@ -188,29 +169,26 @@ def _check_config(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[P
 def _check_space(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[Problem]:
     problems: list[Problem] = []
     knobs = adapter.knobs()
-    space = spec.tuning.space
-    if space.memory_fraction is not None:
-        knob = knobs["memory_fraction"]
-        low, high = space.memory_fraction.min, space.memory_fraction.max
+    listed = spec.tuning.space.listed()
+    for name, bounds in listed.items():
+        if not BY_NAME[name].continuous:
+            continue
+        knob = knobs[name]
+        low, high = bounds.min, bounds.max
         for end, value in (("min", low), ("max", high)):
             message = knob_problem(adapter.name, knob, value)
             if message is not None:
-                problems.append((f"tuning.space.memoryFraction.{end}", message))
+                problems.append((f"tuning.space.{knob_field(name)}.{end}", message))
         if low >= high:
             problems.append(
                 (
-                    "tuning.space.memoryFraction",
+                    f"tuning.space.{knob_field(name)}",
                     f"min ({show(low)}) must be less than max ({show(high)}); "
                     f"allowed: min < max, both in {knob.range_text()}",
                 )
             )
-    lists: Mapping[str, Sequence[object] | None] = {
-        "block_size": space.block_size,
-        "prefix_caching": space.prefix_caching,
-        "schedule_policy": space.schedule_policy,
-    }
-    for name, values in lists.items():
-        if values is None:
+    for name, values in listed.items():
+        if BY_NAME[name].continuous:
             continue
         seen: set[object] = set()
         for i, item in enumerate(values):
@@ -238,16 +216,9 @@ def _check_combination(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> l
     if not allowed:
         return []
     problems: list[Problem] = []
-    given = {
-        "memory_fraction": spec.config.memory_fraction,
-        "block_size": spec.config.block_size,
-        "prefix_caching": spec.config.prefix_caching,
-        "schedule_policy": spec.config.schedule_policy,
-    }
-    listed: Mapping[str, Sequence[object] | None] = {
-        "block_size": spec.tuning.space.block_size,
-        "prefix_caching": spec.tuning.space.prefix_caching,
-        "schedule_policy": spec.tuning.space.schedule_policy,
+    given = spec.config.knob_values()
+    listed = {
+        name: values for name, values in spec.tuning.space.listed().items() if not BY_NAME[name].continuous
     }
     for knob, values in allowed.items():
         text = ", ".join(str(v) for v in values)

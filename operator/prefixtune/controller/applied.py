@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from prefixtune.engines.base import BLOCK_SIZE, MEMORY_FRACTION, PREFIX_CACHING, EngineAdapter, KnobConfig
+from prefixtune.engines.base import EngineAdapter, KnobConfig
+from prefixtune.engines.knobs import BY_NAME, KNOB_NAMES
 from prefixtune.metrics.exposition import Snapshot
 
 FRACTION_TOLERANCE = 1e-3  # label text round-trips floats; anything beyond this is another value
@@ -38,7 +39,7 @@ def read_back(adapter: EngineAdapter, pod: str, snap: Snapshot) -> ReadBack:
 
 
 def _differs(knob: str, intended: object, running: object) -> bool:
-    if knob == MEMORY_FRACTION:
+    if BY_NAME[knob].continuous:
         assert isinstance(intended, int | float) and isinstance(running, int | float)
         return abs(float(intended) - float(running)) > FRACTION_TOLERANCE
     return bool(intended != running)
@@ -49,7 +50,7 @@ def mismatches(intended: KnobConfig, reads: Sequence[ReadBack]) -> list[str]:
     wanted = intended.to_dict()
     out = []
     for read in reads:
-        for knob in (MEMORY_FRACTION, BLOCK_SIZE, PREFIX_CACHING):
+        for knob in KNOB_NAMES:  # those the engine reports (its adapter's label bindings)
             if knob in read.effective and _differs(knob, wanted[knob], read.effective[knob]):
                 out.append(
                     f"{knob}: intended {wanted[knob]}, running {read.effective[knob]} (pod {read.pod})"

@@ -32,6 +32,7 @@ from prefixtune.metrics.prometheus_source import PrometheusSource
 from prefixtune.metrics.promql import Selector
 from prefixtune.metrics.scrape_source import ScrapeSource, Window, window_signals
 from prefixtune.metrics.signals import Signals
+from prefixtune.tuning.phases import SEARCH_PHASES, WINDOW_STEPS, Phase, Step, watching
 from prefixtune.tuning.state import Observation, PolicyState
 
 PARTIAL_EVERY = 4  # early-abort checks per window
@@ -103,7 +104,7 @@ class Meter:
         """config_checked for the trial in flight, once its pods serve: what the engine reports
         running against the trial's knobs. None while no pod of it answers a scrape."""
         trial = None if state.active is None else state.trial(state.active)
-        if trial is None or trial.verified or state.step not in ("WarmingUp", "Measuring"):
+        if trial is None or trial.verified or state.step not in WINDOW_STEPS:
             return None
         want = desired(state)
         role: Role = want.subject
@@ -153,13 +154,9 @@ class Meter:
 
     def _window_key(self, state: PolicyState) -> tuple[tuple[object, ...], float] | None:
         """(key, start) of the window the policy is in, or None when it measures nothing now."""
-        if (
-            state.step == "Measuring"
-            and state.phase in ("Baseline", "Exploring")
-            and state.measure_from is not None
-        ):
+        if state.step == Step.MEASURING and state.phase in SEARCH_PHASES and state.measure_from is not None:
             return ("trial", state.active, state.measure_from), state.measure_from
-        if (state.phase == "Converged" and state.step == "Watching") or state.phase == "Observing":
+        if watching(state.phase, state.step) or state.phase == Phase.OBSERVING:
             return ("watch", state.phase, state.epoch), state.measure_from or 0.0
         return None
 

@@ -21,10 +21,9 @@ from prefixtune.controller.render import (
     template_hash,
 )
 from prefixtune.engines.base import KnobConfig
+from prefixtune.tuning.phases import ROLLOUT_STEPS, TRIAL_STEPS, WINDOW_STEPS, Step
 from prefixtune.tuning.state import Observation, PolicyState
 
-ROLLOUT_STEPS = ("RollingOut", "WaitingReady", "RollingBack")
-TRIAL_STEPS = ("RollingOut", "WaitingReady", "WarmingUp", "Measuring", "Scoring")
 OOM_PATTERN = re.compile(r"out of memory|outofmemory|oomkilled|\boom\b")
 
 
@@ -194,11 +193,11 @@ def rollout_observation(
         replicas = int(((dep or {}).get("spec") or {}).get("replicas", 1))
         if deployment_ready(dep, digest) and not others and len(ready_pods) >= replicas:
             return Observation(kind="rollout_ready", config=config)
-        if state.step == "RollingOut" and dep is not None and template_hash(dep) == digest:
+        if state.step == Step.ROLLING_OUT and dep is not None and template_hash(dep) == digest:
             return Observation(kind="rollout_applied", config=config)
         return None
     trial = None if state.active is None else state.trial(state.active)
-    if trial is None or state.step not in ("WarmingUp", "Measuring"):
+    if trial is None or state.step not in WINDOW_STEPS:
         return None
     if trial.role == "trial":
         for pod in mine:
@@ -212,7 +211,7 @@ def rollout_observation(
         if not any(p.ready for p in mine):
             return None  # not ready under load: it recovers, or crashes (a failure on a later tick)
     # A pod (re)started after the warm-up began, or none is ready: the window is not comparable.
-    since = state.measure_from if state.step == "Measuring" else None
+    since = state.measure_from if state.step == Step.MEASURING else None
     restarted = [p for p in mine if since is not None and p.started_at is not None and p.started_at > since]
     if restarted or not any(p.ready for p in mine):
         who = ", ".join(p.name for p in restarted) or f"no ready {role} pod"

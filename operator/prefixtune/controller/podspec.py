@@ -24,7 +24,6 @@ from typing import Any
 
 from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.engines import get_adapter
-from prefixtune.engines._common import HOST_CACHE_BACKEND, HOST_CACHE_BYTES
 
 GIB = 2**30
 SHM_VOLUME = "dshm"
@@ -49,7 +48,7 @@ def needs_shm(spec: ServingDeploymentSpec) -> bool:
     adapter = get_adapter(spec.engine)
     rendered = adapter.render(spec.model, spec.knob_config(), spec.extra_args)
     options = adapter.parse(rendered.argv, rendered.files).options
-    return bool(options.get(HOST_CACHE_BYTES)) and options.get(HOST_CACHE_BACKEND, "native") == "native"
+    return bool(options.host_cache_bytes) and (options.host_cache_backend or "native") == "native"
 
 
 def shm_size_bytes(spec: ServingDeploymentSpec) -> int:

@@ -41,6 +41,7 @@ from prefixtune.controller.settings import tuning_settings
 from prefixtune.controller.status import build_status, invalid_status, merge_conditions, policy_state_of
 from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.tuning.actions import Action, EmitEvent
+from prefixtune.tuning.phases import Phase
 from prefixtune.tuning.policy import initial_state, step
 from prefixtune.tuning.state import Observation, PolicyState
 
@@ -157,7 +158,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
     actions: list[Action] = []
     state = policy_state_of(previous)
     key = deployment_key(spec)
-    if state is None or state.engine != str(spec.engine) or state.phase == "Pending":
+    if state is None or state.engine != str(spec.engine) or state.phase == Phase.PENDING:
         state = initial_state(str(spec.engine), settings, spec.knob_config(), generation, key)
     elif state.spec_generation != generation:
         obs = Observation(
@@ -170,7 +171,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
         state = state.model_copy(update={"settings": settings, "deployment_key": key})
 
     children = await read_children(client, owner)
-    if state.phase == "Pending":
+    if state.phase == Phase.PENDING:
         # The policy's clock starts once the baseline serves: warm-up must not run on loading pods.
         if deployment_ready(children.deployments.get("baseline"), config_hash(state.current)):
             state = await _advance(state, Observation(kind="tick"), now, actions)
@@ -285,7 +286,7 @@ async def _invalid(
     """An invalid spec: a condition and a Warning Event naming the fields; nothing is rolled out."""
     meta = body["metadata"]
     namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
-    outcome = Outcome(phase="Failed", invalid=errors)
+    outcome = Outcome(phase=str(Phase.FAILED), invalid=errors)
     ready: dict[str, Any] = next(
         (c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {}
     )
@@ -309,5 +310,5 @@ async def _invalid(
         raise
     event = EmitEvent("Warning", "InvalidSpec", f"spec rejected, nothing rolled out: {message}")
     await post_events(ctx.client, body, [event], now)
-    ctx.metrics.set_state(namespace, name, "Failed", None)
+    ctx.metrics.set_state(namespace, name, str(Phase.FAILED), None)
     return outcome

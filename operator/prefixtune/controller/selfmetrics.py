@@ -31,8 +31,9 @@ from prometheus_client import (
 )
 
 from prefixtune.tuning.actions import Action, RecordTrial, RollBack, RollOut
+from prefixtune.tuning.phases import Phase
 
-PHASES = ("Pending", "Baseline", "Exploring", "Converged", "Observing", "Paused", "Failed")
+PHASES = tuple(str(phase) for phase in Phase)
 HEARTBEAT_S = 2.0
 STALE_AFTER_S = 60.0
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.api.rules import narrowed_choices
 from prefixtune.controller.podspec import startup_budget_s
 from prefixtune.engines import get_adapter
+from prefixtune.engines.knobs import BY_NAME, KNOB_NAMES
 from prefixtune.metrics.recipe import for_engine, missing_signals, objective_refusal
 from prefixtune.tuning.settings import Mode, Objective, Slo, SpaceOverride, Strategy, TuningSettings
 
@@ -21,25 +24,18 @@ def seed_key(namespace: str, name: str) -> str:
 
 
 def space_override(spec: ServingDeploymentSpec) -> SpaceOverride:
-    """spec.tuning.space as the policy's SpaceOverride (only the knobs the user listed)."""
-    space = spec.tuning.space
-    narrowed = narrowed_choices(get_adapter(spec.engine), spec.extra_args)
-    policies = space.schedule_policy
-    if (
-        policies is None
-        and narrowed["schedule_policy"].choices != get_adapter(spec.engine).knobs()["schedule_policy"].choices
-    ):
-        policies = [str(p) for p in narrowed["schedule_policy"].choices]  # the engine refuses the others
-    return SpaceOverride(
-        memory_fraction=(
-            None
-            if space.memory_fraction is None
-            else (float(space.memory_fraction.min), float(space.memory_fraction.max))
-        ),
-        block_size=None if space.block_size is None else tuple(int(b) for b in space.block_size),
-        prefix_caching=None if space.prefix_caching is None else tuple(bool(p) for p in space.prefix_caching),
-        schedule_policy=None if policies is None else tuple(str(p) for p in policies),
-    )
+    """spec.tuning.space as the policy's SpaceOverride (only the knobs the user listed), plus the
+    values a knob's extra args narrow it to where the user listed none (the engine refuses the others)."""
+    adapter = get_adapter(spec.engine)
+    narrowed = narrowed_choices(adapter, spec.extra_args)
+    listed: dict[str, Sequence[object]] = {
+        name: (float(values.min), float(values.max)) if BY_NAME[name].continuous else values
+        for name, values in spec.tuning.space.listed().items()
+    }
+    for name, spec_ in narrowed.items():
+        if name not in listed and spec_.choices != adapter.knobs()[name].choices:
+            listed[name] = spec_.choices
+    return SpaceOverride.from_mapping({name: listed[name] for name in KNOB_NAMES if name in listed})
 
 
 def ready_timeout_s(spec: ServingDeploymentSpec) -> float:

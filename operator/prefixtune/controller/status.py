@@ -14,9 +14,11 @@ from typing import Any
 
 from prefixtune.api.models import ServingDeploymentStatus
 from prefixtune.engines.base import KnobConfig
+from prefixtune.engines.knobs import to_api
 from prefixtune.metrics.diagnosis import Diagnosis
 from prefixtune.tuning.actions import Action, Recommend, SetCondition
 from prefixtune.tuning.objective import confidence_better
+from prefixtune.tuning.phases import Phase
 from prefixtune.tuning.state import PolicyState, Trial
 
 MAX_TRIALS_IN_STATUS = 50
@@ -33,12 +35,8 @@ def iso(t: float | datetime.datetime) -> str:
 
 
 def knob_values(config: KnobConfig) -> dict[str, Any]:
-    return {
-        "memoryFraction": float(config.memory_fraction),
-        "blockSize": int(config.block_size),
-        "prefixCaching": bool(config.prefix_caching),
-        "schedulePolicy": str(config.schedule_policy),
-    }
+    """The config as the status records it (camelCase, from the knob registry)."""
+    return to_api(config)
 
 
 def policy_state_of(status: Mapping[str, Any] | None) -> PolicyState | None:
@@ -189,7 +187,7 @@ def build_status(
     trials = [trial_record(t) for t in state.trials if t.outcome != "running"][-MAX_TRIALS_IN_STATUS:]
     active = [trial_record(t) for t in state.trials if t.outcome == "running"]
     status: dict[str, Any] = {
-        "phase": state.phase,
+        "phase": str(state.phase),
         "observedGeneration": int(generation),
         "conditions": conditions,
         "currentConfig": knob_values(state.current),
@@ -214,7 +212,12 @@ def invalid_status(
         now,
         generation,
     )
-    return {**prev, "phase": "Failed", "observedGeneration": int(generation), "conditions": conditions}
+    return {
+        **prev,
+        "phase": str(Phase.FAILED),
+        "observedGeneration": int(generation),
+        "conditions": conditions,
+    }
 
 
 def validate_status(status: Mapping[str, Any]) -> ServingDeploymentStatus:

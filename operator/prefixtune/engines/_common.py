@@ -3,8 +3,10 @@ frame of parse (command head, scan, ParsedCommand), owned-flag checks, option an
 
 from __future__ import annotations
 
+import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from prefixtune.engines._argv import FlagTable, Role, Scan, owned_tokens
 from prefixtune.engines.base import (
@@ -12,15 +14,17 @@ from prefixtune.engines.base import (
     KNOB_NAMES,
     MEMORY_FRACTION,
     PREFIX_CACHING,
-    SCHEDULE_POLICY,
     ArgsError,
+    Binding,
     EngineName,
+    EngineOptions,
     KnobConfig,
     KnobSpec,
     MetricNames,
     ParsedCommand,
     RenderedCommand,
 )
+from prefixtune.engines.knobs import BY_NAME, KnobKind
 
 # Neutral option keys in ParsedCommand.options (read by the digital twin).
 TENSOR_PARALLEL = "tensor_parallel"
@@ -46,16 +50,47 @@ def knob_table(*specs: KnobSpec) -> Mapping[str, KnobSpec]:
     return {spec.name: spec for spec in specs}
 
 
-def memory_fraction_knob(default: float, flag: str, doc: str) -> KnobSpec:
+UNBOUND = Binding()  # a knob no flag carries (tests' adapters)
+
+
+def memory_fraction_knob(default: float, flag: str, doc: str, binding: Binding = UNBOUND) -> KnobSpec:
     """memory_fraction: a share of device memory in (0, 1] on every engine (what it is a share of differs)."""
     return KnobSpec(
-        name=MEMORY_FRACTION, default=default, low=0.0, high=1.0, low_exclusive=True, flag=flag, doc=doc
+        name=MEMORY_FRACTION,
+        default=default,
+        low=0.0,
+        high=1.0,
+        low_exclusive=True,
+        flag=flag,
+        doc=doc,
+        binding=binding,
     )
 
 
-def prefix_caching_knob(flag: str, doc: str) -> KnobSpec:
+def prefix_caching_knob(flag: str, doc: str, binding: Binding = UNBOUND) -> KnobSpec:
     """prefix_caching: an on/off switch, on by default on every engine."""
-    return KnobSpec(name=PREFIX_CACHING, default=True, choices=(True, False), flag=flag, doc=doc)
+    return KnobSpec(
+        name=PREFIX_CACHING, default=True, choices=(True, False), flag=flag, doc=doc, binding=binding
+    )
+
+
+def flag_value(flag: str, show: Callable[[Any], str] = str) -> Callable[[Any], tuple[str, ...]]:
+    """A renderer: ``flag VALUE``."""
+
+    def render(value: Any) -> tuple[str, ...]:
+        return (flag, show(value))
+
+    return render
+
+
+def switch(on: str, off: str) -> Callable[[Any], tuple[str, ...]]:
+    """A renderer for a boolean knob: the ``on`` token or the ``off`` one ("" renders nothing)."""
+
+    def render(value: Any) -> tuple[str, ...]:
+        token = on if value else off
+        return (token,) if token else ()
+
+    return render
 
 
 class AdapterBase(ABC):
@@ -75,10 +110,33 @@ class AdapterBase(ABC):
 
     metrics: MetricNames
     version: str  # the release series this adapter's facts are for (the default image's)
+    default_image: str
+    metrics_port: int
+    metrics_path: str
+    health_path: str
     ready_path: str = "/health"
+    prog_words: int = 1  # how many leading argv words name the program in the engine's messages
+    dashed_flags: bool = True  # the engine reads ``_`` in a flag name as ``-`` (argparse engines)
 
     def knobs(self) -> Mapping[str, KnobSpec]:
         return self._knobs
+
+    def prog(self, argv: Sequence[str]) -> str:
+        """The program name the engine's own usage errors start with (``vllm serve: error: ...``)."""
+        return " ".join(argv[: self.prog_words])
+
+    def display_flag(self, flag: str) -> str:
+        """A flag as the engine's documentation spells it."""
+        return flag.replace("_", "-") if self.dashed_flags else flag
+
+    def starts(self, argv: Sequence[str]) -> bool:
+        """Whether ``argv`` runs this engine: its command or an alias, the program by its base name."""
+        if not argv:
+            return False
+        head = (posixpath.basename(argv[0]), *argv[1:])
+        return any(
+            tuple(head[: len(accepted)]) == accepted for accepted in (self.command, *self.command_aliases)
+        )
 
     def version_of(self, image: str) -> str:
         """One supported series unless the adapter knows several (TensorRT-LLM)."""
@@ -122,12 +180,7 @@ class AdapterBase(ABC):
 
     def normalize(self, config: KnobConfig) -> KnobConfig:
         """Type coercion only; an engine where equivalent configs exist collapses them (SGLang)."""
-        return KnobConfig(
-            float(config.memory_fraction),
-            int(config.block_size),
-            bool(config.prefix_caching),
-            str(config.schedule_policy),
-        )
+        return config.coerced()
 
     def render(
         self,
@@ -162,6 +215,30 @@ class AdapterBase(ABC):
     ) -> RenderedCommand:
         """The command for already checked inputs: the engine's flags for the knobs, then ``extra_args``."""
 
+    def knob_args(self, config: KnobConfig) -> tuple[str, ...]:
+        """Each knob's command-line tokens, in registry order (knobs bound to an options file: none)."""
+        return tuple(
+            token for knob, value in config.items() for token in self._knobs[knob.name].binding.render(value)
+        )
+
+    def knob_options(self, config: KnobConfig) -> dict[str, dict[str, object]]:
+        """Each options-file knob's engine value, by section (``section.key`` bindings), in order."""
+        sections: dict[str, dict[str, object]] = {}
+        for knob, value in config.items():
+            binding = self._knobs[knob.name].binding
+            if binding.option:
+                section, _, key = binding.option.rpartition(".")
+                sections.setdefault(section, {})[key] = binding.encode(value)
+        return sections
+
+    def knob_labels(self) -> tuple[tuple[str, str, Callable[[str], object]], ...]:
+        """(label, knob, read) for each knob the engine reports running, for ``read_labels``."""
+        return tuple(
+            (spec.binding.label, name, LABEL_READERS[BY_NAME[name].kind])
+            for name, spec in self._knobs.items()
+            if spec.binding.label
+        )
+
     def serving_args(self, port: int, tensor_parallel: int) -> tuple[str, ...]:
         """Where the engine listens and its TP degree (the TP flag in its first, canonical spelling)."""
         tp_flag = self.table.by_dest(self.tp_dest).names[0]
@@ -169,6 +246,10 @@ class AdapterBase(ABC):
 
     @abstractmethod
     def parse(self, argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedCommand: ...
+
+    @abstractmethod
+    def effective_config(self, samples: Sequence[tuple[str, Mapping[str, str], float]]) -> dict[str, object]:
+        """Read the effective config back from scraped samples (name, labels, value)."""
 
     def command_args(self, argv: Sequence[str]) -> list[str]:
         """The arguments after the command; ArgsError when ``argv`` does not start with an accepted one."""
@@ -197,22 +278,16 @@ class AdapterBase(ABC):
             config=config,
             port=scan.int_value("port", self.default_port),
             extra_args=self.extra_tokens(scan),
-            options=options,
+            options=EngineOptions(options),
             tensor_parallel=scan.int_value(self.tp_dest, 1),
         )
 
     def validate(self, config: KnobConfig) -> list[tuple[str, str]]:
         errors = []
-        values = {
-            MEMORY_FRACTION: plain(config.memory_fraction),
-            BLOCK_SIZE: plain(config.block_size),
-            PREFIX_CACHING: plain(config.prefix_caching),
-            SCHEDULE_POLICY: plain(config.schedule_policy),
-        }
-        for knob in KNOB_NAMES:
-            message = self._knobs[knob].validate(values[knob])
+        for knob, value in config.items():
+            message = self._knobs[knob.name].validate(plain(value))
             if message is not None:
-                errors.append((knob, f"{self.name}: {knob} {message}"))
+                errors.append((knob.name, f"{self.name}: {knob.name} {message}"))
         return errors
 
     def check_config(self, config: KnobConfig) -> None:
@@ -238,19 +313,29 @@ class AdapterBase(ABC):
         return value
 
     def config_from(
-        self, scan: Scan, dests: Mapping[str, str], values: Mapping[str, tuple[str, object]] | None = None
+        self,
+        scan: Scan,
+        options: Mapping[str, Mapping[str, object]] | None = None,
+        where: str = "",
     ) -> KnobConfig:
         """The knob config a command sets; engine defaults for knobs it leaves out.
 
-        ``dests`` maps a knob to the flag dest that carries it; ``values`` gives knobs computed by the
-        adapter (knob -> (flag name for messages, value)). Every value is checked against the knob.
+        Each knob is read from its binding's flag dest on the command line, then from its
+        ``section.key`` in ``options`` (an options file read at ``where``), which wins. Every value is
+        decoded and checked against the knob.
         """
         chosen: dict[str, object] = {name: spec.default for name, spec in self._knobs.items()}
-        for knob, dest in dests.items():
-            if scan.last(dest) is not None:
-                chosen[knob] = self.knob_value(knob, flag_name(scan, dest), scan.value(dest))
-        for knob, (name, value) in (values or {}).items():
-            chosen[knob] = self.knob_value(knob, name, value)
+        for name, spec in self._knobs.items():
+            dest = spec.binding.dest
+            if dest and scan.last(dest) is not None:
+                value = spec.binding.decode(scan.value(dest))
+                chosen[name] = self.knob_value(name, flag_name(scan, dest), value)
+        for name, spec in self._knobs.items():
+            section, _, key = spec.binding.option.rpartition(".")
+            given = (options or {}).get(section, {})
+            if spec.binding.option and key in given:
+                value = spec.binding.decode(given[key])
+                chosen[name] = self.knob_value(name, f"{where}: {spec.binding.option}", value)
         return KnobConfig.from_dict(chosen)
 
     def refuse_forbidden(self, scan: Scan) -> None:
@@ -310,6 +395,19 @@ def label_number(text: str) -> float | None:
 def label_int(text: str) -> int | None:
     number = label_number(text)
     return None if number is None else int(number)
+
+
+def label_text(text: str) -> str | None:
+    return text or None
+
+
+# How a config-info label's text reads back, by the knob's kind.
+LABEL_READERS: Mapping[KnobKind, Callable[[str], object]] = {
+    KnobKind.FRACTION: label_number,
+    KnobKind.INTEGER: label_int,
+    KnobKind.SWITCH: label_bool,
+    KnobKind.NAME: label_text,
+}
 
 
 def first_labels(

@@ -1,16 +1,38 @@
-"""The engine-neutral knob vocabulary and the protocol every engine adapter implements.
+"""The protocol every engine adapter implements, and what one knob is on one engine (``KnobSpec``).
 
-The tuning policy speaks only these knobs. Each adapter (vllm.py, sglang.py, trtllm.py) renders them
+The tuning policy speaks only the engine-neutral knobs of ``prefixtune.engines.knobs`` (re-exported
+here). Each adapter (vllm.py, sglang.py, trtllm.py) renders them
 to the engine's real flags, parses the same flags back, lists valid values and defaults, and names
 the engine's metrics. Nothing outside ``prefixtune.engines`` should know an engine flag.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from prefixtune.engines.knobs import (
+    BLOCK_SIZE,
+    KNOB_NAMES,
+    MEMORY_FRACTION,
+    PREFIX_CACHING,
+    SCHEDULE_POLICY,
+    KnobConfig,
+)
+
+__all__ = [
+    "BLOCK_SIZE",
+    "KNOB_NAMES",
+    "MEMORY_FRACTION",
+    "PREFIX_CACHING",
+    "SCHEDULE_POLICY",
+    "KnobConfig",
+]
+
+
+T = TypeVar("T")
 
 
 class EngineName(StrEnum):
@@ -19,47 +41,31 @@ class EngineName(StrEnum):
     TRTLLM = "trtllm"
 
 
-# Knob names, engine-neutral. The policy, the API (camelCase) and the twin all use these.
-MEMORY_FRACTION = "memory_fraction"
-BLOCK_SIZE = "block_size"
-PREFIX_CACHING = "prefix_caching"
-SCHEDULE_POLICY = "schedule_policy"
-KNOB_NAMES: tuple[str, ...] = (MEMORY_FRACTION, BLOCK_SIZE, PREFIX_CACHING, SCHEDULE_POLICY)
+def _no_tokens(value: Any) -> tuple[str, ...]:
+    return ()
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 @dataclass(frozen=True)
-class KnobConfig:
-    """One engine-neutral configuration: the values of the tuned knobs.
+class Binding:
+    """How one knob reaches one engine and is read back: the adapter's loops run on these.
 
-    ``memory_fraction`` keeps each engine's own meaning (vLLM: share of total GPU memory; SGLang:
-    share for weights + KV; TensorRT-LLM: share of the memory left after weights and activations).
-    The twin and the adapters normalise it to KV bytes; the tuner only needs it to be monotone.
+    ``dest``: the flag dest that carries the knob on the command line ("" when none does);
+    ``option``: its ``section.key`` in an options file the operator renders (TensorRT-LLM's YAML);
+    ``render``: the knob's command-line tokens for a value (none when it goes to the options file);
+    ``encode`` / ``decode``: the engine's value for a knob value and back (identity by default);
+    ``label``: the label (or series) the engine reports the running value under ("" when it does not).
     """
 
-    memory_fraction: float
-    block_size: int
-    prefix_caching: bool
-    schedule_policy: str
-
-    def with_(self, **changes: object) -> KnobConfig:
-        return replace(self, **changes)  # type: ignore[arg-type]
-
-    def to_dict(self) -> dict[str, float | int | bool | str]:
-        return {
-            MEMORY_FRACTION: float(self.memory_fraction),
-            BLOCK_SIZE: int(self.block_size),
-            PREFIX_CACHING: bool(self.prefix_caching),
-            SCHEDULE_POLICY: str(self.schedule_policy),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> KnobConfig:
-        return cls(
-            memory_fraction=float(data[MEMORY_FRACTION]),  # type: ignore[arg-type]
-            block_size=int(data[BLOCK_SIZE]),  # type: ignore[call-overload]
-            prefix_caching=bool(data[PREFIX_CACHING]),
-            schedule_policy=str(data[SCHEDULE_POLICY]),
-        )
+    dest: str = ""
+    option: str = ""
+    render: Callable[[Any], tuple[str, ...]] = _no_tokens
+    encode: Callable[[Any], object] = _same
+    decode: Callable[[Any], object] = _same
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,7 @@ class KnobSpec:
     searched: bool = True
     flag: str = ""  # the engine flag or option key the knob renders to, for messages
     doc: str = ""
+    binding: Binding = field(default_factory=Binding, compare=False)
 
     @property
     def continuous(self) -> bool:
@@ -122,6 +129,73 @@ class RenderedCommand:
         return self.command + self.args
 
 
+class EngineOptions(Mapping[str, object]):
+    """The untuned options a command sets, by neutral key, in the order it sets them: the contract
+    between the adapters and the twin. A mapping (``{**options}``, JSON, equality with a dict) with a
+    typed accessor for each neutral option the twin reads; None where the command leaves it out.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, object] | None = None) -> None:
+        self._values: dict[str, object] = dict(values or {})
+
+    def __getitem__(self, key: str) -> object:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"EngineOptions({self._values!r})"
+
+    def _typed(self, key: str, kind: type[T]) -> T | None:
+        value = self._values.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise ValueError(f"option {key} must be {kind.__name__}; got {value!r}")
+        return value
+
+    @property
+    def tensor_parallel(self) -> int | None:
+        return self._typed("tensor_parallel", int)
+
+    @property
+    def max_running(self) -> int | None:
+        """Requests in one running batch (vLLM --max-num-seqs, SGLang --max-running-requests, ...)."""
+        return self._typed("max_running", int)
+
+    @property
+    def max_batched_tokens(self) -> int | None:
+        """Tokens per step; -1: SGLang's chunking off."""
+        return self._typed("max_batched_tokens", int)
+
+    @property
+    def chunked_prefill(self) -> bool | None:
+        return self._typed("chunked_prefill", bool)
+
+    @property
+    def kv_cache_dtype(self) -> str | None:
+        return self._typed("kv_cache_dtype", str)
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self._typed("max_model_len", int)
+
+    @property
+    def host_cache_bytes(self) -> int | None:
+        return self._typed("host_cache_bytes", int)
+
+    @property
+    def host_cache_backend(self) -> str | None:
+        """vLLM's KV offload backend: native | lmcache."""
+        return self._typed("host_cache_backend", str)
+
+
 @dataclass(frozen=True)
 class ParsedCommand:
     """A command line read back: the model, the tuned knobs, and every other argument untouched."""
@@ -131,8 +205,12 @@ class ParsedCommand:
     config: KnobConfig
     port: int
     extra_args: tuple[str, ...] = ()
-    options: Mapping[str, object] = field(default_factory=dict)  # engine options not tuned (TRT YAML)
+    options: EngineOptions = field(default_factory=EngineOptions)  # engine options not tuned (TRT YAML)
     tensor_parallel: int = 1  # effective TP degree (options["tensor_parallel"] only when the command sets it)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, EngineOptions):  # a plain mapping (tests, hand-built commands)
+            object.__setattr__(self, "options", EngineOptions(self.options))
 
 
 class ArgsError(ValueError):
@@ -177,6 +255,18 @@ class EngineAdapter(Protocol):
 
     def knobs(self) -> Mapping[str, KnobSpec]:
         """Every engine-neutral knob with its valid values and default on this engine."""
+        ...
+
+    def prog(self, argv: Sequence[str]) -> str:
+        """The program name the engine's own usage errors start with."""
+        ...
+
+    def display_flag(self, flag: str) -> str:
+        """A flag as the engine's documentation spells it."""
+        ...
+
+    def starts(self, argv: Sequence[str]) -> bool:
+        """Whether ``argv`` runs this engine."""
         ...
 
     def default_config(self) -> KnobConfig: ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from prefixtune.engines._common import AdapterBase
 from prefixtune.engines.base import ArgsError, EngineAdapter, EngineName
 from prefixtune.engines.sglang import ADAPTER as SGLANG
 from prefixtune.engines.sglang import SglangAdapter
@@ -13,20 +14,38 @@ from prefixtune.engines.vllm import ADAPTER as VLLM
 from prefixtune.engines.vllm import VllmAdapter
 
 Adapter = VllmAdapter | SglangAdapter | TrtllmAdapter
-_ADAPTERS: dict[EngineName, Adapter] = {
-    EngineName.VLLM: VLLM,
-    EngineName.SGLANG: SGLANG,
-    EngineName.TRTLLM: TRTLLM,
-}
+# One line per engine: adding one is an adapter module and a ``register`` call.
+_ADAPTERS: dict[str, AdapterBase] = {}
+
+
+def register(adapter: AdapterBase) -> AdapterBase:
+    """Make ``adapter`` the one for its engine name (the built-in three register below)."""
+    _ADAPTERS[str(adapter.name)] = adapter
+    return adapter
+
+
+def unregister(name: str) -> None:
+    """Forget an engine (tests that register a stub engine)."""
+    _ADAPTERS.pop(name, None)
+
+
+for _adapter in (VLLM, SGLANG, TRTLLM):
+    register(_adapter)
 
 ENGINE_NAMES: tuple[str, ...] = tuple(str(name) for name in EngineName)
 
 
-def _lookup(name: str | EngineName) -> Adapter:
+def _lookup(name: str | EngineName) -> AdapterBase:
     try:
-        return _ADAPTERS[EngineName(str(name).strip().lower())]
-    except ValueError:
-        raise ValueError(f"unknown engine {name!r}; known engines: {', '.join(ENGINE_NAMES)}") from None
+        return _ADAPTERS[str(name).strip().lower()]
+    except KeyError:
+        known = ", ".join(_ADAPTERS)
+        raise ValueError(f"unknown engine {name!r}; known engines: {known}") from None
+
+
+def detect_engine(argv: Sequence[str]) -> EngineName | None:
+    """The engine a command line starts (its adapter's command or an alias), or None."""
+    return next((adapter.name for adapter in _ADAPTERS.values() if adapter.starts(argv)), None)
 
 
 def get_adapter(name: str | EngineName) -> EngineAdapter:

@@ -35,19 +35,19 @@ from prefixtune.engines._common import (
     MAX_RUNNING,
     TENSOR_PARALLEL,
     AdapterBase,
-    flag_name,
+    flag_value,
     knob_table,
     label_number,
     memory_fraction_knob,
     options_from,
     prefix_caching_knob,
+    switch,
 )
 from prefixtune.engines.base import (
     BLOCK_SIZE,
-    MEMORY_FRACTION,
-    PREFIX_CACHING,
     SCHEDULE_POLICY,
     ArgsError,
+    Binding,
     EngineName,
     KnobConfig,
     KnobSpec,
@@ -147,6 +147,7 @@ KNOBS = knob_table(
             "SGLang's own rule round((gpu_mem - reserved)/gpu_mem, 3), per GPU and TP "
             "(about 0.83 on H100-80GB, 0.90 on H200)"
         ),
+        binding=Binding(dest="mem_fraction_static", render=flag_value("--mem-fraction-static", format_float)),
     ),
     KnobSpec(
         name=BLOCK_SIZE,
@@ -154,10 +155,20 @@ KNOBS = knob_table(
         choices=(1, 16, 32, 64, 128),
         flag="--page-size",
         doc="KV page size in tokens (1 on CUDA by default); only full pages are shared",
+        # SGLang reports the page size as its own gauge, not as a label.
+        binding=Binding(
+            dest="page_size",
+            render=flag_value("--page-size", lambda v: str(int(v))),
+            label="sglang:page_size",
+        ),
     ),
     prefix_caching_knob(
         flag="--disable-radix-cache",
         doc="the radix (prefix) cache; off renders --disable-radix-cache",
+        # A store_true switch: on is the flag's absence, its presence reads back as off.
+        binding=Binding(
+            dest="disable_radix_cache", render=switch("", "--disable-radix-cache"), decode=lambda v: not v
+        ),
     ),
     KnobSpec(
         name=SCHEDULE_POLICY,
@@ -169,6 +180,7 @@ KNOBS = knob_table(
             "requests); with --enable-priority-scheduling only fcfs and lof start; "
             "'priority' is not offered: argparse accepts it but the scheduler raises at init"
         ),
+        binding=Binding(dest="schedule_policy", render=flag_value("--schedule-policy")),
     ),
 )
 
@@ -382,44 +394,27 @@ class SglangAdapter(AdapterBase):
         policy = str(config.schedule_policy)
         if not config.prefix_caching and policy in CACHE_AWARE_POLICIES:
             policy = "fcfs"
-        return KnobConfig(
-            float(config.memory_fraction), int(config.block_size), bool(config.prefix_caching), policy
-        )
+        return config.coerced().with_(schedule_policy=policy)
 
     def render_args(
         self, model: str, config: KnobConfig, extra_args: Sequence[str], port: int, tensor_parallel: int
     ) -> RenderedCommand:
-        args = [
+        args = (
             "--model-path",
             model,
             *self.serving_args(port, tensor_parallel),
-            "--mem-fraction-static",
-            format_float(config.memory_fraction),
-            "--page-size",
-            str(int(config.block_size)),
-        ]
-        if not config.prefix_caching:
-            args.append("--disable-radix-cache")
-        args += ["--schedule-policy", str(config.schedule_policy), "--enable-metrics", *extra_args]
-        return RenderedCommand(COMMAND, tuple(args))
+            *self.knob_args(config),
+            "--enable-metrics",
+            *extra_args,
+        )
+        return RenderedCommand(COMMAND, args)
 
     def parse(self, argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedCommand:
         scan = self.scan_args(self.command_args(argv))
         model = scan.str_value("model_path", "")
         if not model:
             raise ArgsError("sglang: the following arguments are required: --model-path")
-        computed: dict[str, tuple[str, object]] = {}
-        if scan.last("disable_radix_cache") is not None:
-            computed[PREFIX_CACHING] = (flag_name(scan, "disable_radix_cache"), False)
-        config = self.config_from(
-            scan,
-            {
-                MEMORY_FRACTION: "mem_fraction_static",
-                BLOCK_SIZE: "page_size",
-                SCHEDULE_POLICY: "schedule_policy",
-            },
-            computed,
-        )
+        config = self.config_from(scan)
         if (
             scan.last("enable_priority_scheduling") is not None
             and config.schedule_policy not in PRIORITY_POLICIES
@@ -447,7 +442,7 @@ class SglangAdapter(AdapterBase):
         ``sglang:num_pages`` (kv_blocks); first sample of each. SGLang exports neither the memory
         fraction, the radix-cache switch nor the policy, so those keys are never present."""
         wanted = {
-            "sglang:page_size": BLOCK_SIZE,
+            **{label: knob for label, knob, _ in self.knob_labels()},
             "sglang:max_total_num_tokens": "kv_tokens",
             "sglang:num_pages": "kv_blocks",
         }

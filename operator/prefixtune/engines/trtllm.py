@@ -46,7 +46,6 @@ from prefixtune.engines._common import (
     knob_table,
     label_bool,
     label_int,
-    label_number,
     memory_fraction_knob,
     options_from,
     prefix_caching_knob,
@@ -55,10 +54,9 @@ from prefixtune.engines._common import (
 )
 from prefixtune.engines.base import (
     BLOCK_SIZE,
-    MEMORY_FRACTION,
-    PREFIX_CACHING,
     SCHEDULE_POLICY,
     ArgsError,
+    Binding,
     EngineName,
     KnobConfig,
     KnobSpec,
@@ -77,6 +75,15 @@ KNOBS = knob_table(
         default=0.9,
         flag="--free_gpu_memory_fraction",
         doc="share of the memory FREE after weights and the activation peak that goes to the KV pool",
+        # Rendered in the YAML, never on the command line: TensorRT-LLM versions whose
+        # update_llm_args_with_extra_dict merges shallowly replace the CLI's whole KvCacheConfig with
+        # the YAML's kv_cache_config, so a CLI fraction would silently run at 0.9. Both parse.
+        binding=Binding(
+            dest="free_gpu_memory_fraction",
+            option="kv_cache_config.free_gpu_memory_fraction",
+            encode=float,
+            label="free_gpu_memory_fraction",
+        ),
     ),
     KnobSpec(
         name=BLOCK_SIZE,
@@ -84,10 +91,12 @@ KNOBS = knob_table(
         choices=(8, 16, 32, 64, 128),
         flag="kv_cache_config.tokens_per_block",
         doc="tokens per KV block (a power of two); partial block reuse is on",
+        binding=Binding(option="kv_cache_config.tokens_per_block", encode=int, label="tokens_per_block"),
     ),
     prefix_caching_knob(
         flag="kv_cache_config.enable_block_reuse",
         doc="cross-request KV block reuse",
+        binding=Binding(option="kv_cache_config.enable_block_reuse", encode=bool, label="enable_block_reuse"),
     ),
     KnobSpec(
         name=SCHEDULE_POLICY,
@@ -95,6 +104,12 @@ KNOBS = knob_table(
         choices=("guaranteed_no_evict", "max_utilization"),
         flag="scheduler_config.capacity_scheduler_policy",
         doc="capacity scheduler: reserve KV for whole requests, or pack the batch and pause on shortage",
+        # The engine spells the policies in capitals (CapacitySchedulerPolicy), the knob in lower case.
+        binding=Binding(
+            option="scheduler_config.capacity_scheduler_policy",
+            encode=lambda v: str(v).upper(),
+            decode=lambda v: str(v).lower(),
+        ),
     ),
 )
 
@@ -249,17 +264,10 @@ _NOT_IN_1_2 = frozenset({"kv_cache_dtype"})
 
 def options_yaml(config: KnobConfig) -> str:
     """The LLM API options file for ``config`` (deterministic text)."""
+    knobs = ADAPTER.knob_options(config)  # the knobs' sections, from their bindings
     document = {
-        "kv_cache_config": {
-            # In the YAML, never on the command line: TensorRT-LLM versions whose
-            # update_llm_args_with_extra_dict merges shallowly replace the CLI's whole KvCacheConfig
-            # with the YAML's kv_cache_config, so a CLI fraction would silently run at 0.9.
-            "free_gpu_memory_fraction": float(config.memory_fraction),
-            "tokens_per_block": int(config.block_size),
-            "enable_block_reuse": bool(config.prefix_caching),
-            "enable_partial_reuse": True,
-        },
-        "scheduler_config": {"capacity_scheduler_policy": str(config.schedule_policy).upper()},
+        "kv_cache_config": {**knobs["kv_cache_config"], "enable_partial_reuse": True},
+        "scheduler_config": knobs["scheduler_config"],
         "return_perf_metrics": True,
         "enable_iter_perf_stats": True,
     }
@@ -324,6 +332,7 @@ class TrtllmAdapter(AdapterBase):
     metrics = METRICS
     table = FLAGS
     _knobs = KNOBS
+    dashed_flags = False  # click options: --tp_size is spelled with underscores
 
     def version_of(self, image: str) -> str:
         """``release:1.2.x`` (and older) is the 1.2 series, ``1.3.x``/``1.3.0rcN`` and newer 1.3; an image
@@ -395,19 +404,6 @@ class TrtllmAdapter(AdapterBase):
     def _config(
         self, scan: Scan, path: str, kv: Mapping[str, object], scheduler: Mapping[str, object]
     ) -> KnobConfig:
-        computed: dict[str, tuple[str, object]] = {}
-        if "free_gpu_memory_fraction" in kv:
-            computed[MEMORY_FRACTION] = (
-                f"{path}: kv_cache_config.free_gpu_memory_fraction",
-                kv["free_gpu_memory_fraction"],
-            )
-        if "tokens_per_block" in kv:
-            computed[BLOCK_SIZE] = (f"{path}: kv_cache_config.tokens_per_block", kv["tokens_per_block"])
-        if "enable_block_reuse" in kv:
-            computed[PREFIX_CACHING] = (
-                f"{path}: kv_cache_config.enable_block_reuse",
-                kv["enable_block_reuse"],
-            )
         if "capacity_scheduler_policy" in scheduler:
             where = f"{path}: scheduler_config.capacity_scheduler_policy"
             policy = scheduler["capacity_scheduler_policy"]
@@ -415,8 +411,7 @@ class TrtllmAdapter(AdapterBase):
                 raise ArgsError(
                     f"{where}: invalid value {policy!r}; choose from {', '.join(_ENGINE_POLICIES)}"
                 )
-            computed[SCHEDULE_POLICY] = (where, str(policy).lower())
-        return self.config_from(scan, {MEMORY_FRACTION: "free_gpu_memory_fraction"}, computed)
+        return self.config_from(scan, {"kv_cache_config": kv, "scheduler_config": scheduler}, path)
 
     @staticmethod
     def _refuse_twins(scan: Scan, path: str, top: Mapping[str, object], kv: Mapping[str, object]) -> None:
@@ -439,9 +434,7 @@ class TrtllmAdapter(AdapterBase):
         found = read_labels(
             labels or {},
             (
-                ("tokens_per_block", BLOCK_SIZE, label_int),
-                ("free_gpu_memory_fraction", MEMORY_FRACTION, label_number),
-                ("enable_block_reuse", PREFIX_CACHING, label_bool),
+                *self.knob_labels(),
                 ("enable_partial_reuse", PARTIAL_REUSE, label_bool),
                 ("host_cache_size", HOST_CACHE_BYTES, label_int),
             ),

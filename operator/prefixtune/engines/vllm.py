@@ -33,22 +33,21 @@ from prefixtune.engines._common import (
     TENSOR_PARALLEL,
     AdapterBase,
     first_labels,
+    flag_value,
     knob_table,
-    label_bool,
     label_int,
-    label_number,
     memory_fraction_knob,
     options_from,
     prefix_caching_knob,
     read_labels,
+    switch,
     with_kv_tokens,
 )
 from prefixtune.engines.base import (
     BLOCK_SIZE,
-    MEMORY_FRACTION,
-    PREFIX_CACHING,
     SCHEDULE_POLICY,
     ArgsError,
+    Binding,
     EngineName,
     KnobConfig,
     KnobSpec,
@@ -60,11 +59,17 @@ from prefixtune.engines.base import (
 COMMAND = ("vllm", "serve")
 DEFAULT_PORT = 8000
 
+# Each knob's binding: the flag dest, its rendering, and its label in vllm:cache_config_info.
 KNOBS = knob_table(
     memory_fraction_knob(
         default=0.92,
         flag="--gpu-memory-utilization",
         doc="share of TOTAL device memory for this instance (weights + activations + KV); (0, 1]",
+        binding=Binding(
+            dest="gpu_memory_utilization",
+            render=flag_value("--gpu-memory-utilization", format_float),
+            label="gpu_memory_utilization",
+        ),
     ),
     KnobSpec(
         name=BLOCK_SIZE,
@@ -72,10 +77,18 @@ KNOBS = knob_table(
         choices=(16, 32, 64, 128),
         flag="--block-size",
         doc="KV block size in tokens; multiples of 16 that FLASH_ATTN supports; only full blocks hit",
+        binding=Binding(
+            dest="block_size", render=flag_value("--block-size", lambda v: str(int(v))), label="block_size"
+        ),
     ),
     prefix_caching_knob(
         flag="--enable-prefix-caching/--disable-prefix-caching",
         doc="automatic prefix caching (on by default for generative decoders)",
+        binding=Binding(
+            dest="enable_prefix_caching",
+            render=switch("--enable-prefix-caching", "--disable-prefix-caching"),
+            label="enable_prefix_caching",
+        ),
     ),
     KnobSpec(
         name=SCHEDULE_POLICY,
@@ -84,6 +97,7 @@ KNOBS = knob_table(
         searched=False,
         flag="--scheduling-policy",
         doc="priority only reorders requests that carry a priority; without them it equals fcfs",
+        binding=Binding(dest="scheduling_policy", render=flag_value("--scheduling-policy")),
     ),
 )
 
@@ -292,6 +306,7 @@ class VllmAdapter(AdapterBase):
     metrics = METRICS
     table = FLAGS
     _knobs = KNOBS
+    prog_words = 2  # "vllm serve: error: ..."
 
     def tuned_flags(self) -> frozenset[str]:
         # vLLM also accepts the underscore spelling of every long flag.
@@ -301,18 +316,7 @@ class VllmAdapter(AdapterBase):
     def render_args(
         self, model: str, config: KnobConfig, extra_args: Sequence[str], port: int, tensor_parallel: int
     ) -> RenderedCommand:
-        args = (
-            model,
-            *self.serving_args(port, tensor_parallel),
-            "--gpu-memory-utilization",
-            format_float(config.memory_fraction),
-            "--block-size",
-            str(int(config.block_size)),
-            "--enable-prefix-caching" if config.prefix_caching else "--disable-prefix-caching",
-            "--scheduling-policy",
-            str(config.schedule_policy),
-            *extra_args,
-        )
+        args = (model, *self.serving_args(port, tensor_parallel), *self.knob_args(config), *extra_args)
         return RenderedCommand(COMMAND, args)
 
     def parse(self, argv: Sequence[str], files: Mapping[str, str] | None = None) -> ParsedCommand:
@@ -321,15 +325,7 @@ class VllmAdapter(AdapterBase):
         model = scan.positionals[0] if scan.positionals else scan.str_value("model", "")
         if not model:
             raise ArgsError("vllm serve: the model is required (positional MODEL or --model)")
-        config = self.config_from(
-            scan,
-            {
-                MEMORY_FRACTION: "gpu_memory_utilization",
-                BLOCK_SIZE: "block_size",
-                PREFIX_CACHING: "enable_prefix_caching",
-                SCHEDULE_POLICY: "scheduling_policy",
-            },
-        )
+        config = self.config_from(scan)
         options = options_from(scan, _OPTION_KEYS)
         offload = scan.value("kv_offloading_size")
         if isinstance(offload, float) and offload > 0:
@@ -345,15 +341,7 @@ class VllmAdapter(AdapterBase):
         labels = first_labels(samples, METRICS.config_info)
         if labels is None:
             return {}
-        found = read_labels(
-            labels,
-            (
-                ("block_size", BLOCK_SIZE, label_int),
-                ("gpu_memory_utilization", MEMORY_FRACTION, label_number),
-                ("enable_prefix_caching", PREFIX_CACHING, label_bool),
-                ("num_gpu_blocks", "kv_blocks", label_int),
-            ),
-        )
+        found = read_labels(labels, (*self.knob_labels(), ("num_gpu_blocks", "kv_blocks", label_int)))
         return with_kv_tokens(found)
 
 

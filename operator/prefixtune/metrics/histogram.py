@@ -127,15 +127,17 @@ def share_at_most(threshold: float, buckets: Iterable[Bucket]) -> float | None:
 
 @dataclass(frozen=True)
 class Slo:
-    """Latency objectives for goodput: TTFT and inter-token latency, both in seconds (a p99 target)."""
+    """Latency objectives: TTFT and inter-token latency p99 targets, in seconds. The one Slo: goodput
+    counts requests meeting both, the policy scores and aborts windows against it (its field names
+    are stored in the policy state)."""
 
-    ttft_s: float
-    itl_s: float
+    ttft_p99_s: float = 2.0
+    itl_p99_s: float = 0.150
 
     def __post_init__(self) -> None:
-        for name, value in (("ttft_s", self.ttft_s), ("itl_s", self.itl_s)):
+        for name, value in (("ttft_p99_s", self.ttft_p99_s), ("itl_p99_s", self.itl_p99_s)):
             if not value > 0 or math.isinf(value):
-                raise ValueError(f"Slo.{name} must be a positive number of seconds, got {value!r}")
+                raise ValueError(f"slo.{name} must be a positive number of seconds, got {value!r}")
 
 
 def slo_attainment(ttft: Iterable[Bucket], itl: Iterable[Bucket], slo: Slo) -> float | None:
@@ -145,8 +147,8 @@ def slo_attainment(ttft: Iterable[Bucket], itl: Iterable[Bucket], slo: Slo) -> f
     where the ITL share is per generated token, not per request, and the two are taken as independent.
     Requests whose tokens sometimes exceed the ITL target are thus counted fractionally.
     """
-    ttft_share = share_at_most(slo.ttft_s, ttft)
-    itl_share = share_at_most(slo.itl_s, itl)
+    ttft_share = share_at_most(slo.ttft_p99_s, ttft)
+    itl_share = share_at_most(slo.itl_p99_s, itl)
     if ttft_share is None:
         return None
     if itl_share is None:

@@ -88,7 +88,7 @@ def recipe(engine: EngineName | str, names: MetricNames) -> Recipe:
         known = ", ".join(e.value for e in EngineName)
         raise ValueError(f"engine must be one of {known}; got {engine!r}") from err
     prompt = _term(names.prompt_tokens)
-    if eng is EngineName.SGLANG:
+    if "hit_label" in names.extra:  # hits are the modes of one counter that match a label (SGLang)
         source = names.hit_denominator or names.hit_numerator
         label = names.extra.get("hit_label", HIT_MODE.label)
         hit_mode = Matcher(label, "=~", names.extra.get("hit_label_regex", HIT_MODE.value))

@@ -25,6 +25,7 @@ import yaml
 from prefixtune.report import plots
 from prefixtune.report.cluster import event_time, sort_events
 from prefixtune.report.status_view import config_text, format_detail, summarize, trials_of
+from prefixtune.tuning.objective import GOALS, goal
 
 INDEX = "index.html"
 SCORE_PNG = "score.png"
@@ -107,7 +108,7 @@ def render_plots(resource: Mapping[str, Any], out_dir: Path) -> list[Path]:
             out_dir / SCORE_PNG,
             objective=objective,
             # For the ttft objective the score is -TTFT p99: the SLO is a line on the score axis.
-            slo_score=-ttft_slo if objective == "ttft" else None,
+            slo_score=goal(objective).slo_score(ttft_slo) if objective in GOALS else None,
         ),
         plots.config_plot(trials, out_dir / CONFIGS_PNG),
         plots.signal_plot(

@@ -12,23 +12,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from prefixtune.engines.knobs import api_text
+from prefixtune.tuning.phases import Phase
+
 DEFAULT_BUDGET = 20  # spec.tuning.budget.maxTrials when the spec omits it (the API's default)
 
 
 def config_text(config: Mapping[str, Any] | None) -> str:
     """``mem 0.90 · block 16 · cache on · fcfs`` for a camelCase knob config (``-`` when absent)."""
-    if not config:
-        return "-"
-    parts = []
-    if config.get("memoryFraction") is not None:
-        parts.append(f"mem {float(config['memoryFraction']):.2f}")
-    if config.get("blockSize") is not None:
-        parts.append(f"block {int(config['blockSize'])}")
-    if config.get("prefixCaching") is not None:
-        parts.append(f"cache {'on' if config['prefixCaching'] else 'off'}")
-    if config.get("schedulePolicy") is not None:
-        parts.append(str(config["schedulePolicy"]))
-    return " · ".join(parts) or "-"
+    return api_text(config)
 
 
 def trials_of(resource: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -77,7 +69,7 @@ def summarize(resource: Mapping[str, Any]) -> dict[str, Any]:
         "model": str(spec.get("model") or "?"),
         "mode": str(tuning.get("mode") or "auto"),
         "objective": str(tuning.get("objective") or "goodput"),
-        "phase": str(status.get("phase") or "Pending"),
+        "phase": str(status.get("phase") or Phase.PENDING),
         "trials": len(trials),
         "budget": int((tuning.get("budget") or {}).get("maxTrials") or DEFAULT_BUDGET),
         "outcomes": outcomes,

@@ -466,7 +466,7 @@ class PodWorker:
         try:
             parsed = adapter.parse(list(plan.argv), plan.files)
         except ArgsError as err:  # argparse prints usage and exits 2
-            prog = " ".join(plan.argv[:2]) if plan.engine.value == "vllm" else plan.argv[0]
+            prog = adapter.prog(plan.argv)
             return _Exit(2, "Error", f"{prog}: error: {err}", started)
         if self.kubelet.knob_overrides:
             # An engine that runs other knob values than its command says (TensorRT-LLM's shallow

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixtune.engines import EngineName, get_adapter
+from prefixtune.engines.registry import detect_engine
 
 GPU_ANNOTATION = "prefixtune.io/sandbox-gpu"
 GPU_LABELS = ("nvidia.com/gpu.product", "prefixtune.io/gpu-type")
@@ -74,22 +75,6 @@ def now_iso(at: float | None = None) -> str:
         else datetime.datetime.fromtimestamp(at, datetime.UTC)
     )
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def detect_engine(argv: Sequence[str]) -> EngineName | None:
-    """The engine a command line starts, or None when it starts none of them."""
-    if not argv:
-        return None
-    head = posixpath.basename(argv[0])
-    if head == "vllm" and len(argv) > 1 and argv[1] == "serve":
-        return EngineName.VLLM
-    if head in {"python", "python3"} and tuple(argv[1:3]) == ("-m", "sglang.launch_server"):
-        return EngineName.SGLANG
-    if head == "sglang" and len(argv) > 1 and argv[1] == "serve":
-        return EngineName.SGLANG
-    if head == "trtllm-serve":
-        return EngineName.TRTLLM
-    return None
 
 
 def container_argv(container: Mapping[str, Any]) -> tuple[str, ...]:

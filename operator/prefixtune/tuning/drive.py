@@ -14,6 +14,7 @@ from typing import Literal, Protocol
 from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.actions import Action, RecordTrial, RollBack, RollOut
+from prefixtune.tuning.phases import ROLLOUT_STEPS, Step, settled
 from prefixtune.tuning.policy import Suggester, initial_state, step
 from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.state import Observation, PolicyState, Trial
@@ -103,15 +104,15 @@ def drive(
                 else:
                     pending = Observation(kind="rollout_ready", config=target)
                 pending_at = now + rollout_s
-        if state.phase in ("Paused", "Failed") or (state.phase == "Converged" and state.step == "Watching"):
+        if settled(state.phase, state.step):
             break
         # the next observation follows from where the policy is
         st = state.step
-        if st in ("RollingOut", "WaitingReady", "RollingBack") and pending is not None:
+        if st in ROLLOUT_STEPS and pending is not None:
             now, obs, pending = max(now, pending_at), pending, None
-        elif st == "WarmingUp" and state.warm_until is not None:
+        elif st == Step.WARMING_UP and state.warm_until is not None:
             now, obs = state.warm_until, Observation(kind="tick")
-        elif st == "Measuring" and state.measure_until is not None:
+        elif st == Step.MEASURING and state.measure_until is not None:
             started = state.measure_from if state.measure_from is not None else now
             runs += 1
             run = env.run(

@@ -41,6 +41,74 @@ LOAD_FACTOR_BOUNDS = (0.5, 2.0)  # load-aware normalisation is a first-order cor
 
 
 @dataclass(frozen=True)
+class Goal:
+    """One objective and its sign convention; nothing else asks which objective it is.
+
+    Every score is "higher is better". Rates (goodput, throughput) are >= 0, split by pod and scale
+    with the offered load; ``ttft`` scores are negative seconds (``-TTFT p99``), per request, and
+    compare as the inverse ratio of the latencies.
+    """
+
+    name: str
+    negative: bool = False  # scores are negative seconds (-0.5 beats -0.8)
+
+    @property
+    def per_pod(self) -> bool:
+        """A rate that traffic split by pod divides (paired canary/baseline scores)."""
+        return not self.negative
+
+    @property
+    def load_scaled(self) -> bool:
+        """A rate that scales with the offered load below saturation (rolling windows)."""
+        return not self.negative
+
+    def ratio(self, a: float, b: float) -> float:
+        """How much better ``a`` is than ``b`` (> 1: ``a`` is better): a/b, or b/a = tb/ta for ttft."""
+        if self.negative:
+            if a >= 0 or b >= 0:
+                raise ValueError("ttft scores are negative seconds")
+            return b / a
+        if b <= 0:
+            return float("inf") if a > 0 else 1.0
+        return a / b
+
+    def beats(self, a: float, b: float, margin: float) -> bool:
+        """``b`` is better than ``a`` by at least ``margin`` (a ratio, e.g. 1.02)."""
+        if self.negative:
+            return a < 0 and b < 0 and (-b) >= margin * (-a)
+        return a >= margin * b
+
+    def scaled(self, anchor: float, ratio: float) -> float | None:
+        """The score a canary ``ratio`` (> 1: better) implies against ``anchor``; None when the
+        anchor has the wrong sign to anchor anything."""
+        if self.negative:
+            return anchor / ratio if anchor < 0 else None
+        return anchor * ratio if anchor > 0 else None
+
+    def penalized(self, raw: float, factor: float) -> float:
+        """``raw`` charged by an SLO ``factor`` in (0, 1]: it shrinks a rate, lengthens a latency."""
+        return raw / factor if self.negative else raw * factor
+
+    def slo_score(self, ttft_slo_s: float) -> float | None:
+        """Where the TTFT SLO lies on the score axis, for objectives whose score is the TTFT."""
+        return -ttft_slo_s if self.negative else None
+
+
+GOALS: dict[str, Goal] = {
+    "goodput": Goal("goodput"),
+    "throughput": Goal("throughput"),
+    "ttft": Goal("ttft", negative=True),
+}
+
+
+def goal(objective: str) -> Goal:
+    try:
+        return GOALS[objective]
+    except KeyError:
+        raise ValueError(f"unknown objective {objective!r}; allowed: {', '.join(GOALS)}") from None
+
+
+@dataclass(frozen=True)
 class Score:
     value: float
     objective: str
@@ -78,13 +146,7 @@ def higher_is_better_ratio(objective: str, a: float, b: float) -> float:
 
     goodput/throughput scores are >= 0 (a/b); ttft scores are negative seconds (b/a = tb/ta).
     """
-    if objective == "ttft":
-        if a >= 0 or b >= 0:
-            raise ValueError("ttft scores are negative seconds")
-        return b / a
-    if b <= 0:
-        return float("inf") if a > 0 else 1.0
-    return a / b
+    return goal(objective).ratio(a, b)
 
 
 def score(
@@ -116,7 +178,7 @@ def score(
     ttft, itl = float(signals.ttft_p99_s or 0.0), float(signals.itl_p99_s or 0.0)
     if objective == "throughput":
         basis, raw = "output_tokens_per_s", float(signals.output_tokens_per_s or 0.0)
-    elif objective == "ttft":
+    elif goal(objective).negative:
         basis, raw = "-ttft_p99_s", -ttft
     breaches: list[str] = []
     factor = 1.0
@@ -126,7 +188,7 @@ def score(
             # goodput has charged each late request already; ttft's own tail is the objective
             if objective == "throughput" or (objective == "ttft" and name == "itl_p99"):
                 factor *= target / observed
-    value = raw / factor if objective == "ttft" else raw * factor
+    value = goal(objective).penalized(raw, factor)
     return Score(
         value=float(value),
         objective=objective,
@@ -150,7 +212,7 @@ def load_normalized(
     is returned unchanged. ``offered_rps`` must be the ARRIVAL rate, not the completion rate (which
     depends on the config under test).
     """
-    if objective == "ttft" or not offered_rps or not reference_rps:
+    if not goal(objective).load_scaled or not offered_rps or not reference_rps:
         return value
     factor = min(max(reference_rps / offered_rps, LOAD_FACTOR_BOUNDS[0]), LOAD_FACTOR_BOUNDS[1])
     return value * factor
@@ -187,10 +249,11 @@ def paired(
     b = score(baseline, objective, slo, min_requests)
     if isinstance(b, InsufficientData):
         return InsufficientData("baseline: " + b.reason, b.missing, b.requests)
-    if objective == "ttft":
-        ratio = higher_is_better_ratio(objective, c.value, b.value)
+    g = goal(objective)
+    if g.per_pod:
+        ratio = g.ratio(c.value / canary_pods, b.value / baseline_pods)
     else:
-        ratio = higher_is_better_ratio(objective, c.value / canary_pods, b.value / baseline_pods)
+        ratio = g.ratio(c.value, b.value)
     return Paired(ratio=float(ratio), canary=c, baseline=b)
 
 

@@ -38,7 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefixtune.engines.base import KnobConfig
+from prefixtune.engines.knobs import MEMORY_KNOB, Value, memory_of
 from prefixtune.tuning.space import SearchSpace, categorical_key
+
+Key = tuple[Value, ...]  # the knobs other than the memory one (``categorical_key``)
 
 SAME_FRACTION = 0.005  # memory fractions closer than this are the same config for deduplication
 OOM_FAILURES = frozenset({"oom", "oom_startup", "oom_runtime"})
@@ -89,24 +92,22 @@ class Feasibility:
 
     def __init__(self, space: SearchSpace, history: Sequence[TrialResult]) -> None:
         self.space = space
-        self.oom_floor: dict[tuple[int, bool, str], float] = {}  # too large: fractions >= fail
-        self.small_ceiling: dict[tuple[int, bool, str], float] = {}  # too small: fractions <= fail
-        self.ok_range: dict[tuple[int, bool, str], tuple[float, float]] = {}
+        self.oom_floor: dict[Key, float] = {}  # too large: fractions >= fail
+        self.small_ceiling: dict[Key, float] = {}  # too small: fractions <= fail
+        self.ok_range: dict[Key, tuple[float, float]] = {}
         self.exact: set[KnobConfig] = set()
         self.any_oom = math.inf  # the lowest "too large" fraction, with any other knobs
         self.any_small = -math.inf  # the highest "too small" fraction, with any other knobs
-        fdim = space.dimension("memory_fraction")
+        fdim = space.dimension(MEMORY_KNOB.name)
         low, high = (fdim.low, fdim.high) if fdim is not None else (0.0, 1.0)
         assert low is not None and high is not None
-        ok_fractions = [
-            float(space.normalize(t.config).memory_fraction) for t in history if t.value is not None
-        ]
+        ok_fractions = [memory_of(space.normalize(t.config)) for t in history if t.value is not None]
         xs: list[list[float]] = []
         ys: list[int] = []
         for t in history:
             cfg = space.normalize(t.config)
             key = categorical_key(cfg)
-            f = float(cfg.memory_fraction)
+            f = memory_of(cfg)
             if t.value is None:
                 self.exact.add(cfg)
                 direction = ""
@@ -156,14 +157,14 @@ class Feasibility:
         cfg = self.space.normalize(cfg)
         if cfg in self.exact or _measured(cfg, list(self.exact)):
             return True
-        f = float(cfg.memory_fraction)
+        f = memory_of(cfg)
         floor = self.oom_floor.get(categorical_key(cfg))
         ceiling = self.small_ceiling.get(categorical_key(cfg))
         return (floor is not None and f >= floor - 1e-9) or (ceiling is not None and f <= ceiling + 1e-9)
 
     def _proven(self, cfg: KnobConfig) -> bool:
         lo, hi = self.ok_range.get(categorical_key(cfg), (math.inf, -math.inf))
-        return lo - 1e-9 <= float(cfg.memory_fraction) <= hi + 1e-9
+        return lo - 1e-9 <= memory_of(cfg) <= hi + 1e-9
 
     def p_feasible(self, cfgs: Sequence[KnobConfig]) -> list[float]:
         probs = [1.0] * len(cfgs)
@@ -176,9 +177,9 @@ class Feasibility:
                 out.append(0.0)
             elif self._proven(cfg):
                 out.append(1.0)  # between two feasible fractions with the same knobs
-            elif float(cfg.memory_fraction) <= self.any_small + 1e-9:
+            elif memory_of(cfg) <= self.any_small + 1e-9:
                 out.append(min(p, CROSS_KNOB_OOM_CAP))  # too small to start with other knobs too
-            elif float(cfg.memory_fraction) >= self.any_oom - 1e-9:
+            elif memory_of(cfg) >= self.any_oom - 1e-9:
                 # Memory, not the other knobs, decides OOM to first order: an OOM at f with other
                 # knobs keeps fractions >= f out of the suggestions until proven otherwise.
                 out.append(min(p, CROSS_KNOB_OOM_CAP))
@@ -189,11 +190,7 @@ class Feasibility:
 
 def _measured(cfg: KnobConfig, seen: Sequence[KnobConfig]) -> bool:
     key = categorical_key(cfg)
-    return any(
-        categorical_key(s) == key
-        and abs(float(s.memory_fraction) - float(cfg.memory_fraction)) < SAME_FRACTION
-        for s in seen
-    )
+    return any(categorical_key(s) == key and abs(memory_of(s) - memory_of(cfg)) < SAME_FRACTION for s in seen)
 
 
 def _candidates(space: SearchSpace, seed: int, first: Sequence[KnobConfig] = ()) -> list[KnobConfig]:
@@ -301,7 +298,7 @@ def _suggest_bo(
             return Suggestion(
                 probe,
                 f"initial design ({len(told) + 1}/{n_initial}): the deployed knobs, caching on, at memory"
-                f" fraction {float(probe.memory_fraction):g}, near the top of the range (KV memory is the"
+                f" fraction {memory_of(probe):g}, near the top of the range (KV memory is the"
                 " first-order knob; a failed start there is cheap to learn from)",
             )
         if any(c == asked for c, _ in open_):
@@ -343,7 +340,7 @@ def _top_probe(space: SearchSpace, history: Sequence[TrialResult], feas: Feasibi
     caching, and the optimum sits at or just below the highest fraction that survives the load, a
     corner a space-filling design samples rarely. None once a probe level ran feasibly, every level
     failed, or there is no memory dimension."""
-    fdim = space.dimension("memory_fraction")
+    fdim = space.dimension(MEMORY_KNOB.name)
     if fdim is None or not history:
         return None
     assert fdim.low is not None and fdim.high is not None
@@ -354,7 +351,7 @@ def _top_probe(space: SearchSpace, history: Sequence[TrialResult], feas: Feasibi
     base = space.normalize(base)
     step = (fdim.high - fdim.low) / 8
     for i in range(TOP_PROBE_STEPS):
-        cfg = space.normalize(base.with_(memory_fraction=fdim.high - i * step))
+        cfg = space.normalize(base.with_(**{MEMORY_KNOB.name: fdim.high - i * step}))
         ran = [t for t in history if _measured(space.normalize(t.config), [cfg])]
         if any(t.value is not None for t in ran):
             return None  # this level works: the probe is done
@@ -405,7 +402,7 @@ def _suggest_grid(space: SearchSpace, history: Sequence[TrialResult]) -> Suggest
     probed = [t for t in history if categorical_key(space.normalize(t.config)) == categorical_key(base)]
     feasible_level: float | None = None
     for level in levels:
-        cfg = space.normalize(base.with_(memory_fraction=level))
+        cfg = space.normalize(base.with_(**{MEMORY_KNOB.name: level}))
         result = next((t for t in probed if _measured(space.normalize(t.config), [cfg])), None)
         if result is None:
             return Suggestion(cfg, f"grid: probing memory fraction {level:g} (stepping down from the top)")
@@ -415,7 +412,7 @@ def _suggest_grid(space: SearchSpace, history: Sequence[TrialResult]) -> Suggest
     if feasible_level is None:
         return Suggestion(None, "grid: no memory fraction works", converged=True)
     for combo in space.categorical_combos():
-        cfg = space.normalize(combo.with_(memory_fraction=feasible_level))
+        cfg = space.normalize(combo.with_(**{MEMORY_KNOB.name: feasible_level}))
         if not _measured(cfg, seen):
             return Suggestion(cfg, f"grid: sweep at memory fraction {feasible_level:g}")
     return Suggestion(None, "grid: sweep finished", converged=True)

@@ -6,8 +6,12 @@ offline benchmark builds it directly. Durations are seconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, make_dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from prefixtune.engines.knobs import BY_NAME, KNOB_NAMES, KNOBS, KnobKind, Value, knob
+from prefixtune.metrics.histogram import Slo as Slo  # the one Slo
 
 Mode = Literal["off", "observe", "auto"]
 Objective = Literal["goodput", "throughput", "ttft"]
@@ -20,30 +24,57 @@ STRATEGIES: tuple[str, ...] = ("canary", "rolling")
 METHODS: tuple[str, ...] = ("bo", "random", "grid")
 
 
-@dataclass(frozen=True)
-class Slo:
-    ttft_p99_s: float = 2.0
-    itl_p99_s: float = 0.150
-
-    def __post_init__(self) -> None:
-        for name in ("ttft_p99_s", "itl_p99_s"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise ValueError(f"slo.{name} must be > 0 seconds, got {value!r}")
-
-
-@dataclass(frozen=True)
-class SpaceOverride:
+class _SpaceOverride:
     """The resource's optional ``tuning.space``: narrows the adapter's searched knobs.
 
-    ``None`` keeps the adapter's default for that knob. Values are validated against the adapter
-    in ``space.build_space``.
+    A frozen dataclass with one field per registry knob (``SpaceOverride(block_size=(16, 32))``): a
+    ``(min, max)`` range for a fraction, the values to try for any other knob, ``None`` to keep the
+    adapter's default. Values are validated against the adapter in ``space.build_space``.
     """
 
-    memory_fraction: tuple[float, float] | None = None  # (min, max)
-    block_size: tuple[int, ...] | None = None
-    prefix_caching: tuple[bool, ...] | None = None
-    schedule_policy: tuple[str, ...] | None = None
+    if TYPE_CHECKING:  # the fields are the registry's knobs (read them with ``get``)
+
+        def __init__(self, **knobs: Sequence[Value] | None) -> None: ...
+
+        def __getattr__(self, name: str) -> tuple[Value, ...] | None: ...
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Sequence[object] | None]) -> SpaceOverride:
+        """From plain data (a scenario file, the resource's spec): each value as its knob's type."""
+        unknown = [name for name in data if name not in BY_NAME]
+        if unknown:
+            raise ValueError(f"space: unknown knob {unknown[0]!r}; known knobs: {', '.join(KNOB_NAMES)}")
+        return SpaceOverride(
+            **{
+                name: None if values is None else tuple(knob(name).coerce(v) for v in values)
+                for name, values in data.items()
+            }
+        )
+
+    def get(self, name: str) -> tuple[Value, ...] | None:
+        value: tuple[Value, ...] | None = getattr(self, knob(name).name)
+        return value
+
+
+# The field type of each knob's override, by its kind (what the policy state's JSON reads back as).
+_OVERRIDE_TYPE: dict[KnobKind, Any] = {
+    KnobKind.FRACTION: tuple[float, float],
+    KnobKind.INTEGER: tuple[int, ...],
+    KnobKind.SWITCH: tuple[bool, ...],
+    KnobKind.NAME: tuple[str, ...],
+}
+
+if TYPE_CHECKING:
+    SpaceOverride = _SpaceOverride
+else:
+    SpaceOverride = make_dataclass(
+        "SpaceOverride",
+        [(k.name, _OVERRIDE_TYPE[k.kind] | None, field(default=None)) for k in KNOBS],
+        bases=(_SpaceOverride,),
+        frozen=True,
+    )
+    SpaceOverride.__module__ = __name__  # make_dataclass's module= is Python 3.12+
+    SpaceOverride.__doc__ = _SpaceOverride.__doc__
 
 
 @dataclass(frozen=True)

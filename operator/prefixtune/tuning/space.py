@@ -26,6 +26,7 @@ from prefixtune.engines.base import (
     KnobConfig,
     KnobSpec,
 )
+from prefixtune.engines.knobs import MEMORY_KNOB, categorical_key, memory_of
 from prefixtune.tuning.settings import SpaceOverride
 
 # Default search bounds for the memory fraction when the resource gives none: the engines accept
@@ -151,9 +152,10 @@ class SearchSpace:
         return all(data[n] == fixed[n] for n in KNOB_NAMES if n not in self.names)
 
     def fraction_grid(self, n: int) -> tuple[float, ...]:
-        d = self.dimension(MEMORY_FRACTION)
+        """``n`` evenly spaced values of the memory knob over its range (the base's when not searched)."""
+        d = self.dimension(MEMORY_KNOB.name)
         if d is None:
-            return (float(self.base.memory_fraction),)
+            return (memory_of(self.base),)
         assert d.low is not None and d.high is not None
         if n < 2:
             return (round(d.high, 4),)
@@ -174,13 +176,8 @@ class SearchSpace:
         seen: dict[KnobConfig, None] = {}
         for combo in self.categorical_combos():
             for f in self.fraction_grid(n_fraction):
-                seen.setdefault(self.normalize(combo.with_(memory_fraction=f)), None)
+                seen.setdefault(self.normalize(combo.with_(**{MEMORY_KNOB.name: f})), None)
         return list(seen)
-
-
-def categorical_key(config: KnobConfig) -> tuple[int, bool, str]:
-    """The knobs other than the memory fraction: configs with the same key differ only in memory."""
-    return (int(config.block_size), bool(config.prefix_caching), str(config.schedule_policy))
 
 
 def build_space(
@@ -194,14 +191,15 @@ def build_space(
     dims: list[Dimension] = []
     for name in KNOB_NAMES:
         spec = knobs.get(name)
+        wanted = override.get(name)
         if spec is None or not spec.searched:
-            if getattr(override, name) is not None and spec is not None:
+            if wanted is not None and spec is not None:
                 raise SpaceError(
                     f"space.{name}: this knob is not tuned on this engine (it stays at {spec.default!r})"
                 )
             continue
         if spec.continuous:
-            bounds = override.memory_fraction if name == MEMORY_FRACTION else None
+            bounds = None if wanted is None else (float(wanted[0]), float(wanted[1]))
             dim = _fraction_dim(spec, bounds)
             if dim is not None:
                 dims.append(dim)
@@ -209,7 +207,6 @@ def build_space(
                 base = base.with_(**{name: float(bounds[0])})
             continue
         allowed: tuple[Value, ...] = spec.choices
-        wanted = getattr(override, name)
         if wanted is not None:
             if not wanted:
                 raise SpaceError(f"space.{name}: must list at least one value; allowed: {_list(allowed)}")

@@ -13,15 +13,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from prefixtune.engines.base import KnobConfig
+from prefixtune.engines.knobs import to_api
 from prefixtune.metrics.signals import Signals
+from prefixtune.tuning.phases import Phase, Step
 from prefixtune.tuning.settings import TuningSettings
 
-Phase = Literal["Pending", "Baseline", "Exploring", "Converged", "Observing", "Paused", "Failed"]
-# Where the current trial (or the converged apply) is. Idle: deciding, or waiting for the rollout
-# rate limit. RollingBack: a rollback is in flight. Watching: converged and measuring for drift.
-Step = Literal[
-    "Idle", "RollingOut", "WaitingReady", "WarmingUp", "Measuring", "Scoring", "RollingBack", "Watching"
-]
 Outcome = Literal["running", "ok", "infeasible", "aborted", "invalidated", "not_applied"]
 ObservationKind = Literal[
     "tick",
@@ -35,12 +31,9 @@ ObservationKind = Literal[
     "config_checked",
 ]
 
-_CAMEL = {"memory_fraction": "memoryFraction", "block_size": "blockSize", "prefix_caching": "prefixCaching",
-          "schedule_policy": "schedulePolicy"}  # fmt: skip
-
 
 def config_to_api(config: KnobConfig) -> dict[str, Any]:
-    return {_CAMEL[k]: v for k, v in config.to_dict().items()}
+    return to_api(config)
 
 
 class _Model(BaseModel):
@@ -121,8 +114,8 @@ class Observation(_Model):
 class PolicyState(_Model):
     engine: str
     settings: TuningSettings
-    phase: Phase = "Pending"
-    step: Step = "Idle"
+    phase: Phase = Phase.PENDING
+    step: Step = Step.IDLE
     step_since: float = 0.0
     spec_generation: int = 0
     deployment_key: str = ""  # the spec's deployment hash the current epoch was tuned for ("": not seen)

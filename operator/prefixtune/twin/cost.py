@@ -182,10 +182,9 @@ class _Table:
         self._memo: dict[float, float] = {}
 
     def __call__(self, x: float) -> float:
-        try:
-            return self._memo[x]
-        except KeyError:
-            pass
+        y = self._memo.get(x)  # not try/except: a miss raising KeyError costs more than the lookup
+        if y is not None:
+            return y
         ks, vs = self.knots, self.values
         if x <= ks[0]:
             y = vs[0]
@@ -249,6 +248,7 @@ class FittedCost:
         # tokens -> linear + all-reduce; sequences -> (fixed part of the step, cost per token read).
         self._tok: dict[int, float] = {}
         self._seq: dict[int, tuple[float, float]] = {}
+        self._run: dict[int, tuple[float, float]] = {}  # decode-run batch -> (base, cost per token read)
 
     def _tok_cost(self, n: int) -> float:
         v = self.linear(n) + self.allreduce(n)
@@ -284,6 +284,15 @@ class FittedCost:
         """Consecutive decode-only steps of ``batch`` sequences whose contexts sum to ``read0``: a
         decode step's pairs are its reads less ``batch/2``, so every step is ``base + per_read*reads``."""
         b = batch
+        memo = self._run.get(b)
+        if memo is None:
+            memo = self._run_cost(b)
+        base, per_read = memo
+        m0, m1 = per_read * read0, per_read * b
+        return DecodeRun(base, m0, m1, m0, m1)
+
+    def _run_cost(self, b: int) -> tuple[float, float]:
+        """(base, cost per token read) of a decode run of ``b`` sequences."""
         tok = self._tok.get(b)
         if tok is None:
             tok = self._tok_cost(b)
@@ -291,8 +300,10 @@ class FittedCost:
         fixed, per_read = seq if seq is not None else self._seq_cost(b)
         pair = self.pair_s
         per_read += pair
-        m0, m1 = per_read * read0, per_read * b
-        return DecodeRun(tok + fixed - pair * b / 2.0, m0, m1, m0, m1)
+        v = (tok + fixed - pair * b / 2.0, per_read)
+        if len(self._run) < 65_536:
+            self._run[b] = v
+        return v
 
 
 def _kv_key(kv_dtype: str, model: ModelSpec) -> str:
@@ -403,37 +414,46 @@ class DecodeRun(NamedTuple):
         """Sum of the first ``k`` step times, in closed form."""
         if k <= 0:
             return 0.0
+        base, m0, m1, c0, c1 = self
         # Steps where memory dominates: m0 + m1*j >= c0 + c1*j  <=>  j*(c1 - m1) <= m0 - c0
-        dm, dc = self.m0 - self.c0, self.c1 - self.m1
+        dm, dc = m0 - c0, c1 - m1
+        if dc == 0 and dm >= 0:  # the fitted model's runs (m == c): all k steps on one line
+            # base*k + _lin_sum(m0, m1, 0, k) + _lin_sum(c0, c1, k, k), inline (the hot path)
+            return base * k + (m0 * k + m1 * (k - 1) * k / 2.0) + 0.0
         if dc > 0:
             cross = math.floor(dm / dc) + 1 if dm >= 0 else 0  # memory-bound for j < cross
             mem_steps = min(k, max(0, cross))
         elif dc < 0:
             start = math.ceil(dm / dc) if dm < 0 else 0  # memory-bound for j >= start
             start = min(k, max(0, start))
-            cmp_part = _lin_sum(self.c0, self.c1, 0, start)
-            mem_part = _lin_sum(self.m0, self.m1, start, k)
-            return self.base * k + cmp_part + mem_part
+            cmp_part = _lin_sum(c0, c1, 0, start)
+            mem_part = _lin_sum(m0, m1, start, k)
+            return base * k + cmp_part + mem_part
         else:
             mem_steps = k if dm >= 0 else 0
-        return (
-            self.base * k
-            + _lin_sum(self.m0, self.m1, 0, mem_steps)
-            + _lin_sum(self.c0, self.c1, mem_steps, k)
-        )
+        return base * k + _lin_sum(m0, m1, 0, mem_steps) + _lin_sum(c0, c1, mem_steps, k)
 
     def steps_until(self, deadline: float) -> int:
         """The fewest steps whose total time reaches ``deadline`` (>= 1)."""
         if deadline <= 0:
             return 1
+        base, m0, m1, c0, c1 = self
         # Steps never get shorter, so deadline/step(0) steps are enough; usually the answer is near it.
-        hi = max(1, math.ceil(deadline / self.step(0)))
-        lo = max(1, math.floor(deadline / self.step(hi - 1)))  # even the longest step: not fewer
-        if lo >= hi or self.total(hi - 1) < deadline:
+        # (step(j) inline: base + max(m0 + m1*j, c0 + c1*j), max as the builtin picks it.)
+        a, b = m0 + m1 * 0, c0 + c1 * 0
+        hi = math.ceil(deadline / (base + (b if b > a else a)))
+        if hi < 1:
+            hi = 1
+        a, b = m0 + m1 * (hi - 1), c0 + c1 * (hi - 1)
+        lo = math.floor(deadline / (base + (b if b > a else a)))  # even the longest step: not fewer
+        if lo < 1:
+            lo = 1
+        total = self.total
+        if lo >= hi or total(hi - 1) < deadline:
             return hi
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.total(mid) >= deadline:
+            if total(mid) >= deadline:
                 hi = mid
             else:
                 lo = mid + 1

@@ -53,12 +53,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import attrgetter
 
-from prefixtune.engines.base import EngineName, ParsedCommand
+from prefixtune.engines.base import SCHEDULE_POLICY, EngineName, ParsedCommand
 from prefixtune.engines.registry import get_adapter
 from prefixtune.twin.cache.base import CacheStats, KVCache
 from prefixtune.twin.catalog import GpuSpec, ModelSpec, check_tp, get_gpu, get_model
 from prefixtune.twin.cost import StepCost, step_cost
-from prefixtune.twin.memory import MemoryPlan, StartupOOM, plan_memory
+from prefixtune.twin.memory import PRESSURE_START, MemoryPlan, StartupOOM, plan_memory
 from prefixtune.twin.observer import EngineObserver, Gauges, NullObserver
 from prefixtune.twin.request import Request
 
@@ -73,10 +73,10 @@ _by_order = attrgetter("order")
 # A cache factory: (engine, num_blocks, block_size, prefix_caching, **engine options) -> KVCache.
 CacheFactory = Callable[..., KVCache]
 
+# The policies the twin models: each engine's schedule_policy choices (its adapter's).
 _POLICIES: dict[EngineName, tuple[str, ...]] = {
-    EngineName.VLLM: ("fcfs", "priority"),
-    EngineName.SGLANG: ("fcfs", "lpm", "dfs-weight", "hrrn", "lof", "random"),
-    EngineName.TRTLLM: ("guaranteed_no_evict", "max_utilization"),
+    engine: tuple(str(p) for p in get_adapter(engine).knobs()[SCHEDULE_POLICY].choices)
+    for engine in EngineName
 }
 
 
@@ -106,11 +106,11 @@ def engine_limits(parsed: ParsedCommand, gpu: GpuSpec, model: ModelSpec) -> Engi
         running_default, chunked_default = 0, True
     else:  # 1.3: trtllm-serve
         running_default, budget_default, chunked_default = 2048, 8192, False
-    chunked = opts.get("chunked_prefill", chunked_default)
-    budget = opts.get("max_batched_tokens", budget_default)
-    if isinstance(budget, int) and budget < 0:  # SGLang --chunked-prefill-size -1: chunking off
+    chunked = chunked_default if opts.chunked_prefill is None else opts.chunked_prefill
+    budget = budget_default if opts.max_batched_tokens is None else opts.max_batched_tokens
+    if budget < 0:  # SGLang --chunked-prefill-size -1: chunking off
         chunked, budget = False, 16384  # --max-prefill-tokens default
-    if eng is EngineName.SGLANG and not chunked and "max_batched_tokens" not in opts:
+    if eng is EngineName.SGLANG and not chunked and opts.max_batched_tokens is None:
         budget = 16384  # without chunking, a prefill batch is capped by --max-prefill-tokens
     policy = str(parsed.config.schedule_policy).lower().replace("_", "-")
     if eng is EngineName.TRTLLM:
@@ -120,14 +120,15 @@ def engine_limits(parsed: ParsedCommand, gpu: GpuSpec, model: ModelSpec) -> Engi
             f"schedule_policy {parsed.config.schedule_policy!r} is not modelled for {eng.value}; "
             f"allowed: {', '.join(_POLICIES[eng])}"
         )
-    max_len = opts.get("max_model_len")
+    max_len = opts.max_model_len
+    running = running_default if opts.max_running is None else opts.max_running
     return EngineLimits(
-        max_running=_positive_int(opts.get("max_running", running_default), "max_running", allow_zero=True),
+        max_running=_positive_int(running, "max_running", allow_zero=True),
         max_batched_tokens=_positive_int(budget, "max_batched_tokens"),
         chunked_prefill=bool(chunked),
-        kv_cache_dtype=str(opts.get("kv_cache_dtype", "auto")),
+        kv_cache_dtype=opts.kv_cache_dtype or "auto",
         max_model_len=None if max_len is None else _positive_int(max_len, "max_model_len"),
-        host_cache_bytes=_positive_int(opts.get("host_cache_bytes", 0), "host_cache_bytes", allow_zero=True),
+        host_cache_bytes=_positive_int(opts.host_cache_bytes or 0, "host_cache_bytes", allow_zero=True),
         policy=policy,
     )
 
@@ -414,20 +415,30 @@ class TwinEngine:
             self._advance(until_s)
 
     def _advance(self, until_s: float) -> None:
+        # The hot loop: _arrive's and _can_jump's tests inline (the containers are never replaced,
+        # except _waiting by _admit, which is read afresh each time).
+        pend = self._pending
+        running = self._running
         while self.now < until_s:
             if self.status != "ok":
                 if until_s < _INF:
                     self._idle_to(until_s)
                 return
-            self._arrive()
-            if not self._running and not self._waiting:
-                nxt = self._pending[0][0] if self._pending else _INF
+            if pend and pend[0][0] <= self.now:
+                self._arrive()
+            waiting = self._waiting
+            if not running and not waiting:
+                nxt = pend[0][0] if pend else _INF
                 target = min(nxt, until_s)
                 if target == _INF:
                     return
                 self._idle_to(max(target, self.now))
                 continue
-            if self._can_jump():
+            if (
+                not self._prefill
+                and self._n_dec
+                and (not waiting or self._blocked or len(running) >= self.max_running)
+            ):
                 self._decode_run(until_s)
             else:
                 self._step()
@@ -451,16 +462,6 @@ class TwinEngine:
             s.state = "waiting"
             waiting.append(s)
         self._blocked = False
-
-    def _account(self, duration: float, steps: int, prefill_tokens: int, decode_tokens: int) -> None:
-        c = self.counters
-        c.steps += steps
-        c.busy_s += duration
-        n = len(self._running)
-        c.running_integral += n * duration
-        c.kv_usage_integral += self._last_usage * duration
-        if n > c.max_running:
-            c.max_running = n
 
     # ---------------------------------------------------------------------------------------------
     # Decode-phase bookkeeping
@@ -592,7 +593,7 @@ class TwinEngine:
             chunked = self.limits.chunked_prefill
             grow = self._grow
             chunk_tokens = 0
-            for s in list(self._prefill):
+            for s in list(self._prefill) if self._prefill else ():
                 if budget <= 0:
                     break
                 if s.state != "prefill":
@@ -618,40 +619,57 @@ class TwinEngine:
         read = (self._dec_read_base + n_dec * g) if n_dec else 0
         pairs = read - n_dec / 2.0
         new = n_dec
+        prefill_chunk = self.cost.prefill_chunk
         for s, chunk in chunks:
-            r, p = self.cost.prefill_chunk(chunk, s.prefilled)
+            r, p = prefill_chunk(chunk, s.prefilled)
             read += r
             pairs += p
             new += chunk
         n_seqs = n_dec + len(chunks)
-        pressure = self.memory.pressure(new, len(self._running))
-        if pressure > 1.0 and not self._check_memory(new, len(self._running)):
+        n_run = len(self._running)
+        memory = self.memory
+        pressure = memory.pressure(new, n_run)
+        if pressure > 1.0 and not self._check_memory(new, n_run):
             return
         dt = self.cost.step_time(n_seqs, new, read, pairs)
-        dt *= self.memory.step_penalty(pressure)
+        if pressure > PRESSURE_START:  # step_penalty is 1.0 up to there
+            dt *= memory.step_penalty(pressure)
         if host_tokens:
             dt += self.cost.host_transfer_time(host_tokens)
-        self._last_usage = float(self.cache.usage())
+        cache = self.cache
+        usage = self._last_usage = float(cache.usage())
         prefill_tokens = new - n_dec
-        self._account(dt, 1, prefill_tokens, n_dec)
-        self.now = now + dt
+        c = self.counters  # the time integrals of one step
+        c.steps += 1
+        c.busy_s += dt
+        c.running_integral += n_run * dt
+        c.kv_usage_integral += usage * dt
+        if n_run > c.max_running:
+            c.max_running = n_run
+        now = self.now = now + dt
         if n_dec:
             self._g += 1
-        self.counters.computed_prefill_tokens += prefill_tokens
-        self.counters.generation_tokens += n_dec
-        self.observer.step(self.now, dt, 1, prefill_tokens, n_dec)
+        c.computed_prefill_tokens += prefill_tokens
+        c.generation_tokens += n_dec
+        self.observer.step(now, dt, 1, prefill_tokens, n_dec)
         if n_dec:
-            self._emit_tokens(dt, n_dec)
+            if self._stalls:
+                self._emit_tokens(dt, n_dec)
+            else:
+                self.observer.tokens(dt, n_dec, now)
         elif self._n_dec:  # a prefill-only batch (SGLang): the decoding requests wait through it
             self._stall(dt)
         # 4. Prefill progress: commit, first tokens, decode start.
+        caching = self.prefix_caching
         for s, chunk in chunks:
-            s.prefilled += chunk
-            if self.prefix_caching:
-                self.cache.commit(s.req.req_id, s.prefilled, self.now)
-            if s.prefilled >= s.known:
+            prefilled = s.prefilled = s.prefilled + chunk
+            if caching:
+                cache.commit(s.req.req_id, prefilled, now)
+            if prefilled >= s.known:
                 self._prefill_done(s)
-        self._finish_due()
+        heap = self._finish_heap
+        if heap and heap[0][0] <= self._g:
+            self._finish_due()
 
     def _stall(self, dt: float) -> None:
         stalls = self._stalls
@@ -791,9 +809,13 @@ class TwinEngine:
         running = self._running
         prefill = self._prefill
         counters = self.counters
+        max_running = self.max_running
+        admit = cache.admit
+        observe = self.observer.admitted
         ordered = self._ordered_waiting()
+        # min/max of ints below as conditionals (the same values, without the builtin calls)
         for s in ordered:
-            if budget <= 0 or len(running) >= self.max_running:
+            if budget <= 0 or len(running) >= max_running:
                 break
             req = s.req
             known = s.known
@@ -820,28 +842,36 @@ class TwinEngine:
                 if cache.free_blocks() < new_blocks + reserve:
                     self._blocked = True
                     break
-            m = cache.admit(req.req_id, req.seq, known, alloc, now)
+            m = admit(req.req_id, req.seq, known, alloc, now)
             if m is None:
                 self._blocked = True
                 break
-            hit = min(m.hit_tokens, known - 1)
-            chunk = min(known - hit, budget) if chunked else known - hit
+            hit = m.hit_tokens
+            if hit > known - 1:
+                hit = known - 1
+            chunk = known - hit
+            if chunked and budget < chunk:
+                chunk = budget
             host += m.host_tokens
             s.state = "prefill"
             s.hit = hit
             s.prefilled = hit
-            s.cap = _round_up(max(alloc, hit + chunk), bs)
+            held = hit + chunk
+            if alloc > held:
+                held = alloc
+            s.cap = -(-held // bs) * bs
             s.admit_s = now
             if s.first_admit_s < 0:
                 s.first_admit_s = now
-                counters.prompt_tokens += s.prompt_len
-                counters.saved_prefill_tokens += min(hit, s.prompt_len)
+                prompt_len = s.prompt_len
+                counters.prompt_tokens += prompt_len
+                counters.saved_prefill_tokens += hit if hit < prompt_len else prompt_len
             running[s] = None
             prefill[s] = None
             admitted.append(s)
             chunks.append((s, chunk))
             budget -= chunk
-            self.observer.admitted(req, m, now)
+            observe(req, m, now)
         if admitted:
             w = self._waiting
             if ordered is w or all(w[i] is s for i, s in enumerate(admitted)):  # from the front
@@ -855,47 +885,51 @@ class TwinEngine:
     # ---------------------------------------------------------------------------------------------
     # Skipping ahead through decode-only stretches
 
-    def _can_jump(self) -> bool:
-        if self._prefill or self._n_dec == 0:
-            return False
-        return not self._waiting or self._blocked or len(self._running) >= self.max_running
-
     def _decode_run(self, until_s: float) -> None:
         g = self._g
         n = self._n_dec
         # Next finish.
         heap = self._finish_heap
-        while heap and (heap[0][3].epoch != heap[0][2] or heap[0][3].state != "decode"):
-            heapq.heappop(heap)
-        k = heap[0][0] - g
+        pop = heapq.heappop
+        top = heap[0]
+        while top[3].epoch != top[2] or top[3].state != "decode":
+            pop(heap)
+            top = heap[0]
+        k = top[0] - g
         # Next admissible arrival, or the horizon. While admission is blocked the next arrival ends
         # the run too: it joins the queue at its time even when it cannot be admitted (gauges).
         deadline = until_s
         pend = self._pending
-        if pend and (self._blocked or len(self._running) < self.max_running):
-            deadline = min(deadline, pend[0][0])
-        pressure = self.memory.pressure(n, len(self._running))
-        if pressure > 1.0 and not self._check_memory(n, len(self._running)):
+        n_run = len(self._running)
+        if pend and (self._blocked or n_run < self.max_running):
+            arrival = pend[0][0]
+            if arrival < deadline:
+                deadline = arrival
+        memory = self.memory
+        pressure = memory.pressure(n, n_run)
+        if pressure > 1.0 and not self._check_memory(n, n_run):
             return
-        penalty = self.memory.step_penalty(pressure)
+        penalty = 1.0 if pressure <= PRESSURE_START else memory.step_penalty(pressure)
         run = self.cost.decode_run(n, self._dec_read_base + n * g)
         if deadline < _INF:
-            k = min(k, run.steps_until((deadline - self.now) / penalty))
-        k = max(1, k)
+            steps = run.steps_until((deadline - self.now) / penalty)
+            if steps < k:
+                k = steps
+        if k < 1:
+            k = 1
         # Blocks for k steps: every request must hold base + g + k tokens at the end.
         need = self._need_heap
         due: list[_Seq] = []
         gk = g + k
-        pop = heapq.heappop
+        bs = self.block_size
+        new_blocks = 0
         while need and need[0][0] < gk:
             _, _, epoch, s = pop(need)
             if s.epoch == epoch and s.state == "decode":
                 due.append(s)
-        bs = self.block_size
-        new_blocks = 0
-        for s in due:
-            new_blocks += -(-(s.base + gk) // bs) - s.cap // bs
-        free = self.cache.free_blocks()
+                new_blocks += -(-(s.base + gk) // bs) - s.cap // bs
+        cache = self.cache
+        free = cache.free_blocks()
         if new_blocks > free:
             for s in due:  # not enough for the whole run: step exactly (and preempt) instead
                 heapq.heappush(need, (s.cap - s.base, s.order, s.epoch, s))
@@ -904,34 +938,46 @@ class TwinEngine:
         # With memory to spare, allocate a little ahead (fewer allocation events; the usage gauge
         # reads at most LOOKAHEAD_TOKENS per request high). Never near a full pool.
         ahead = self._lookahead if free - new_blocks - len(due) * self._lookahead // bs > self._spare else 0
-        grow = self.cache.grow
+        grow = cache.grow
         push = heapq.heappush
         now = self.now
         for s in due:
             base = s.base
             target = needed = base + gk
-            if ahead:
-                target = min(target + ahead, base + s.finish_g)
-                target = max(target, needed)
+            if ahead:  # max(min(target + ahead, base + finish_g), needed), of ints
+                target += ahead
+                last = base + s.finish_g
+                if last < target:
+                    target = last
+                if needed > target:
+                    target = needed
             if not grow(s.req.req_id, target, now):  # pragma: no cover - counted above
                 raise RuntimeError("KV cache refused a growth that fits its free blocks")
             cap = s.cap = -(-target // bs) * bs
             if cap - base < s.finish_g:
                 push(need, (cap - base, s.order, s.epoch, s))
         dt = run.total(k) * penalty
-        self._last_usage = float(self.cache.usage())
-        self._account(dt, k, 0, n * k)
-        self.now += dt
-        self._g = g + k
-        self.counters.generation_tokens += n * k
-        self.observer.step(self.now, dt, k, 0, n * k)
+        usage = self._last_usage = float(cache.usage())
+        c = self.counters  # the time integrals of k steps
+        c.steps += k
+        c.busy_s += dt
+        c.running_integral += n_run * dt
+        c.kv_usage_integral += usage * dt
+        if n_run > c.max_running:
+            c.max_running = n_run
+        now = self.now = self.now + dt
+        self._g = gk
+        c.generation_tokens += n * k
+        observer = self.observer
+        observer.step(now, dt, k, 0, n * k)
         if self._stalls:
             self._emit_tokens(dt / k, n)
             if k > 1:
-                self.observer.tokens(dt / k, n * (k - 1), self.now)
+                observer.tokens(dt / k, n * (k - 1), now)
         else:
-            self.observer.tokens(dt / k, n * k, self.now)
-        self._finish_due()
+            observer.tokens(dt / k, n * k, now)
+        if heap and heap[0][0] <= gk:
+            self._finish_due()
 
 
 def _round_up(n: int, b: int) -> int:

@@ -93,7 +93,8 @@ class MemoryPlan:
 
     def pressure(self, step_tokens: int, running: int) -> float:
         """Activation need / budget: above 1 the step runs out of memory."""
-        return self.activation_need(step_tokens, running) / self.activation_budget
+        # activation_need's expression inline (twice per engine step)
+        return (self.act_per_token * step_tokens + self.act_per_seq * running) / self.activation_budget
 
     def step_penalty(self, pressure: float) -> float:
         """Multiplier on step time from allocator retries under memory pressure (1.0 when relaxed)."""

@@ -17,13 +17,13 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 
-from prefixtune.engines.base import EngineName
+from prefixtune.engines.base import BLOCK_SIZE, EngineName
+from prefixtune.engines.registry import get_adapter
 from prefixtune.twin.cache import make_cache
 from prefixtune.twin.prompt import TokenSeq
 from prefixtune.twin.request import Request
 
 # The engines' default block sizes (reference/engines.md §1, calibration B4).
-DEFAULT_BLOCK_SIZE: dict[EngineName, int] = {EngineName.VLLM: 16, EngineName.SGLANG: 1, EngineName.TRTLLM: 32}
 
 
 def _prompts(items: Iterable[Request | TokenSeq]) -> list[tuple[TokenSeq, int]]:
@@ -192,7 +192,7 @@ def cache_main(argv: Sequence[str]) -> int:
             if args.host_cache_tokens < 0:
                 ap.error("--host-cache-tokens must be >= 0")
             opts["host_cache_tokens"] = args.host_cache_tokens
-    block_size = args.block_size or DEFAULT_BLOCK_SIZE[engine]
+    block_size = args.block_size or int(get_adapter(engine).knobs()[BLOCK_SIZE].default)
     try:
         reqs = _load(args)
         result = replay_cache(

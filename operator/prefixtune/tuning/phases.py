@@ -1,0 +1,55 @@
+"""The tuning state machine's names: ``Phase`` and ``Step``, and the groups of steps the controller,
+the bench driver and the tests ask about, declared once (as kopf declares ``HANDLER_REASONS`` beside
+its ``Reason`` enum). Nothing else compares phase or step names as strings.
+
+Phase: where the tuning run is (also ``status.phase``). Step: where the current trial (or the
+converged apply) is. Idle: deciding, or waiting for the rollout rate limit. RollingBack: a rollback
+is in flight. Watching: converged and measuring for drift.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    BASELINE = "Baseline"
+    EXPLORING = "Exploring"
+    CONVERGED = "Converged"
+    OBSERVING = "Observing"
+    PAUSED = "Paused"
+    FAILED = "Failed"
+
+
+class Step(StrEnum):
+    IDLE = "Idle"
+    ROLLING_OUT = "RollingOut"
+    WAITING_READY = "WaitingReady"
+    WARMING_UP = "WarmingUp"
+    MEASURING = "Measuring"
+    SCORING = "Scoring"
+    ROLLING_BACK = "RollingBack"
+    WATCHING = "Watching"
+
+
+# A rollout (or rollback) is in flight: the pods are changing.
+ROLLOUT_STEPS = frozenset({Step.ROLLING_OUT, Step.WAITING_READY, Step.ROLLING_BACK})
+# A trial is in flight, from its rollout until it is scored.
+TRIAL_STEPS = frozenset({Step.ROLLING_OUT, Step.WAITING_READY, Step.WARMING_UP, Step.MEASURING, Step.SCORING})
+# The trial's pods run its config: warming the cache up or measured.
+WINDOW_STEPS = frozenset({Step.WARMING_UP, Step.MEASURING})
+# The search itself: the baseline and the trials after it.
+SEARCH_PHASES = frozenset({Phase.BASELINE, Phase.EXPLORING})
+# Nothing more happens without a spec change (or a restart of the tuning run).
+HALTED_PHASES = frozenset({Phase.PAUSED, Phase.FAILED})
+
+
+def watching(phase: Phase | str, step: Step | str) -> bool:
+    """Converged, and measuring for drift."""
+    return phase == Phase.CONVERGED and step == Step.WATCHING
+
+
+def settled(phase: Phase | str, step: Step | str) -> bool:
+    """The tuning run is over for now: halted, or converged and watching for drift."""
+    return phase in HALTED_PHASES or watching(phase, step)

@@ -1,0 +1,155 @@
+"""The tuning policy: a pure state machine ``step(state, observation, now) -> (state', actions)``.
+
+One module per part of the machine (the names are in ``tuning/phases.py``): ``_core`` (the context:
+state, clock, emitted actions, and the trials queries), ``rollout``, ``measurement``, ``exploration``,
+``observe`` (observe mode), ``spec_change``, ``drift_watch`` and ``messages`` (the text of Events and
+trial reasons). This module dispatches an observation to them.
+
+No I/O. The controller (or the benchmark) gathers observations, calls ``step``, executes the
+actions and stores the state. Phases:
+
+  Pending -> Baseline (measure the running config) -> Exploring (per trial: RollingOut ->
+  WaitingReady -> WarmingUp -> Measuring -> Scoring) -> Converged (apply the best, keep watching)
+  -> drift -> Baseline of a new epoch (history kept: warm start; the seed changes with the epoch).
+  Observing (mode observe: measure, diagnose, recommend; never roll out), Paused (mode off),
+  Failed (a rollback itself failed: a human must look).
+
+Safety rules enforced here:
+- Rollouts are rate-limited: no two closer than ``min_interval_s`` (the policy waits instead).
+  Rollbacks are never delayed, but they count as rollouts for the next trial's wait.
+- A trial whose partial window breaks the SLO by ``abort_factor`` is aborted and rolled back.
+- A failed rollout (crash, OOM, not ready in time) is infeasible: recorded, rolled back to the best
+  known config, and learned by the optimizer's feasibility model.
+- Missing data never leads to a rollout: the policy holds with a MetricsUnavailable condition.
+- A pod deleted mid-measurement invalidates the window: the trial is re-measured, not scored.
+- A trial invalidated for too little traffic counts toward the budget, and the same config starved
+  ``MAX_STARVED_REPEATS`` times in an epoch ends the search: exploring always terminates.
+- A change of what is deployed (model, image, replicas, ...: ``deployment_key``) starts a new epoch.
+- Trial ids are assigned once and RecordTrial is emitted once per finished trial.
+- The best is the config with the best mean over its windows. A best seen in one window only is
+  measured again before the policy converges on it (near a capacity limit one lucky arrival sequence
+  can make a config look best); with a budget larger than the initial design the budget's last trial
+  is kept for that.
+"""
+
+from __future__ import annotations
+
+from prefixtune.engines.base import KnobConfig
+from prefixtune.tuning.actions import Action
+from prefixtune.tuning.optimizer import Suggestion, TrialResult, suggest
+from prefixtune.tuning.phases import HALTED_PHASES, ROLLOUT_STEPS, Phase, Step
+from prefixtune.tuning.policy import (
+    exploration,
+    measurement,
+    observe,
+    rollout,
+    spec_change,
+)
+from prefixtune.tuning.policy._core import Core, Suggester, space_of
+from prefixtune.tuning.policy.drift_watch import drift
+from prefixtune.tuning.settings import TuningSettings
+from prefixtune.tuning.space import SearchSpace
+from prefixtune.tuning.state import Observation, PolicyState
+
+__all__ = ["Suggester", "drift", "initial_state", "space_of", "step"]
+
+
+def initial_state(
+    engine: str, settings: TuningSettings, config: KnobConfig, generation: int = 0, deployment_key: str = ""
+) -> PolicyState:
+    """The state of a new resource: Pending, running ``config`` (its spec.config)."""
+    return PolicyState(
+        engine=engine, settings=settings, spec_config=config, current=config, spec_generation=generation,
+        deployment_key=deployment_key,
+    )  # fmt: skip
+
+
+def _default_suggester(
+    space: SearchSpace, history: list[TrialResult], seed: int, settings: TuningSettings
+) -> Suggestion:
+    return suggest(
+        space,
+        history,
+        seed,
+        method=settings.method,
+        n_initial=settings.n_initial,
+        convergence_ei=settings.convergence_ei,
+    )
+
+
+def step(
+    state: PolicyState, obs: Observation, now: float, suggester: Suggester | None = None
+) -> tuple[PolicyState, list[Action]]:
+    """One transition. ``state`` is not modified; the new state is returned with the actions."""
+    ctx = _Ctx(state.model_copy(deep=True), now, suggester or _default_suggester)
+    ctx.handle(obs)
+    return ctx.s, ctx.actions
+
+
+class _Ctx(Core):
+    def handle(self, obs: Observation) -> None:
+        if obs.kind == "spec_changed":
+            spec_change.on_spec_changed(self, obs)
+            return
+        if obs.kind == "metrics_unavailable":
+            measurement.on_metrics_unavailable(self, obs)
+            return
+        phase = self.s.phase
+        if phase in HALTED_PHASES:
+            return
+        if phase == Phase.PENDING:
+            self.start()
+            if obs.kind != "window":
+                return
+            phase = self.s.phase
+        if phase == Phase.OBSERVING:
+            observe.on_observing(self, obs)
+            return
+        if obs.kind == "tick":
+            self.on_tick()
+        elif obs.kind == "rollout_applied":
+            if self.s.step == Step.ROLLING_OUT:
+                self.goto(step=Step.WAITING_READY)
+        elif obs.kind == "rollout_ready":
+            rollout.on_ready(self, obs)
+        elif obs.kind == "rollout_failed":
+            rollout.on_failed(self, obs.failure or "crash", obs.reason)
+        elif obs.kind == "window":
+            measurement.on_window(self, obs)
+        elif obs.kind == "trial_invalidated":
+            measurement.on_invalidated(self, obs)
+        elif obs.kind == "config_checked":
+            rollout.on_config_checked(self, obs)
+
+    def start(self) -> None:
+        mode = self.s.settings.mode
+        self.signals_condition()
+        if mode == "auto" and self.s.settings.refusal:
+            # The objective cannot be scored from what this release exports: never tune blind.
+            self.goto(Phase.OBSERVING, Step.MEASURING)
+            self.s.measure_from = self.now
+            self.condition("Tuning", False, "SignalsMissing", self.s.settings.refusal)
+            return
+        if mode == "off":
+            self.goto(Phase.PAUSED, Step.IDLE)
+            self.condition("Tuning", False, "TuningOff", "tuning.mode is off: the spec config is kept")
+        elif mode == "observe":
+            self.goto(Phase.OBSERVING, Step.MEASURING)
+            self.s.measure_from = self.now
+            self.condition("Tuning", False, "Observing", "tuning.mode is observe: measuring and recommending")
+        else:
+            measurement.begin_baseline(self, warm=True)
+
+    def on_tick(self) -> None:
+        st = self.s.step
+        if st in ROLLOUT_STEPS:
+            if self.now - self.s.step_since > self.s.settings.ready_timeout_s:
+                rollout.on_failed(self, "timeout", f"not ready within {self.s.settings.ready_timeout_s:g}s")
+        elif st == Step.WARMING_UP:
+            if self.s.warm_until is not None and self.now >= self.s.warm_until:
+                measurement.begin_measuring(self)
+        elif st == Step.IDLE:
+            if self.s.phase == Phase.EXPLORING:
+                exploration.decide(self)
+            elif self.s.phase == Phase.CONVERGED:
+                rollout.apply_best(self)

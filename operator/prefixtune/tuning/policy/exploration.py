@@ -1,0 +1,61 @@
+"""Exploration: the next trial from the optimizer, re-measuring an unconfirmed best, convergence."""
+
+from __future__ import annotations
+
+from prefixtune.tuning.optimizer import seed_from
+from prefixtune.tuning.phases import Phase, Step
+from prefixtune.tuning.policy import (
+    exploration,
+    rollout,
+)
+from prefixtune.tuning.policy._core import Core, space_of
+from prefixtune.tuning.policy.messages import config_label
+from prefixtune.tuning.state import Trial
+
+
+def decide(self: Core) -> None:
+    """Exploring, nothing in flight: start the next trial, or converge."""
+    settings = self.s.settings
+    if self.s.metrics_held:
+        return
+    if self.explored() >= settings.max_trials:
+        exploration.converge(
+            self, f"budget spent: {self.explored()} trials (maxTrials {settings.max_trials})"
+        )
+        return
+    if self.rate_limited_until() is not None:
+        return  # wait; the next tick decides again
+    unconfirmed = self.unconfirmed_best()
+    if unconfirmed is not None and settings.n_initial < self.explored() == settings.max_trials - 1:
+        # The last trial of the budget confirms the best rather than exploring once more (not in
+        # budgets within the initial design: there every trial is needed to explore).
+        rollout.start_trial(
+            self, unconfirmed.config, exploration.confirm_reason(self, unconfirmed, "the budget's last trial")
+        )
+        return
+    space = space_of(self.s)
+    seed = seed_from(settings.seed_key or self.s.engine, self.s.epoch)
+    suggestion = self.suggester(space, self.history(), seed, settings)
+    if suggestion.config is None or suggestion.converged:
+        if unconfirmed is not None:
+            rollout.start_trial(
+                self, unconfirmed.config, exploration.confirm_reason(self, unconfirmed, suggestion.reason)
+            )
+            return
+        exploration.converge(self, suggestion.reason)
+        return
+    rollout.start_trial(self, space.normalize(suggestion.config), suggestion.reason)
+
+
+def confirm_reason(self: Core, best: Trial, why: str) -> str:
+    return f"confirm the best (trial {best.id}, one window {best.value:.4g}) before converging: {why}"
+
+
+def converge(self: Core, reason: str, condition_reason: str = "Converged") -> None:
+    self.goto(Phase.CONVERGED, Step.IDLE)
+    self.s.note = reason
+    best = self.best_trial()
+    msg = f"{reason}; best {config_label(self.best_config())}" + (f" value {best.value:.4g}" if best else "")
+    self.event("Normal", "Converged", msg)
+    self.condition("Tuning", False, condition_reason, msg)
+    rollout.apply_best(self)

@@ -1,0 +1,171 @@
+"""Rollouts: starting a trial, the pods becoming ready or failing, rollbacks, the read-back check."""
+
+from __future__ import annotations
+
+from prefixtune.engines.base import KnobConfig
+from prefixtune.tuning.actions import (
+    RollBack,
+    RollOut,
+)
+from prefixtune.tuning.phases import WINDOW_STEPS, Phase, Step
+from prefixtune.tuning.policy import (
+    exploration,
+    measurement,
+    rollout,
+)
+from prefixtune.tuning.policy._core import Core
+from prefixtune.tuning.policy.messages import config_label
+from prefixtune.tuning.state import Observation, Trial
+
+
+def on_ready(self: Core, obs: Observation) -> None:
+    st = self.s.step
+    if obs.config is not None and self.s.target is not None and obs.config != self.s.target:
+        return  # a stale report about an earlier rollout
+    if st in (Step.ROLLING_OUT, Step.WAITING_READY):
+        if self.s.phase == Phase.CONVERGED:
+            self.s.current = self.s.target or self.s.current
+            self.s.target = None
+            self.goto(step=Step.WATCHING)
+            self.s.measure_from = self.now
+            return
+        trial = self.active()
+        if trial is not None and self.s.settings.strategy == "rolling":
+            self.s.current = trial.config
+        self.s.target = None
+        self.goto(step=Step.WARMING_UP)
+        self.s.warm_until = self.now + self.s.settings.warmup_s
+        if self.s.settings.warmup_s <= 0:
+            measurement.begin_measuring(self)
+    elif st == Step.ROLLING_BACK:
+        self.s.current = self.s.target or self.s.current
+        self.s.target = None
+        self.goto(step=Step.IDLE if self.s.phase != Phase.CONVERGED else Step.WATCHING)
+        if self.s.phase == Phase.CONVERGED:
+            self.s.measure_from = self.now
+
+
+def on_failed(self: Core, failure: str, detail: str) -> None:
+    st = self.s.step
+    if st == Step.ROLLING_BACK:
+        self.goto(Phase.FAILED, Step.IDLE)
+        self.s.note = f"rollback to {self.s.target} failed ({failure}): manual action needed"
+        self.event("Warning", "RollbackFailed", self.s.note)
+        self.condition("Degraded", True, "RollbackFailed", self.s.note)
+        self.condition("Tuning", False, "Failed", self.s.note)
+        return
+    trial = self.active()
+    if trial is not None and trial.role == "baseline" and st in WINDOW_STEPS:
+        # The running (spec) config itself fails: record it and search for one that works.
+        measurement.finish_trial(
+            self, trial, "infeasible", reason=f"{failure}: {detail}".rstrip(": "), failure=failure
+        )
+        self.event(
+            "Warning",
+            "BaselineInfeasible",
+            f"the running config {config_label(trial.config)} failed: {failure} {detail}".rstrip()
+            + "; recorded as infeasible, exploring for a config that works",
+        )
+        self.goto(Phase.EXPLORING, Step.IDLE)
+        exploration.decide(self)
+        return
+    if trial is None or trial.role != "trial" or st not in (
+        Step.ROLLING_OUT, Step.WAITING_READY, Step.WARMING_UP, Step.MEASURING
+    ):  # fmt: skip
+        if self.s.phase == Phase.CONVERGED and st in (
+            Step.ROLLING_OUT,
+            Step.WAITING_READY,
+            Step.WATCHING,
+        ):
+            rollout.rollback(self, self.s.current, f"applying the best config failed ({failure})")
+        return
+    measurement.finish_trial(
+        self, trial, "infeasible", reason=f"{failure}: {detail}".rstrip(": "), failure=failure
+    )
+    self.event(
+        "Warning",
+        "TrialInfeasible",
+        f"trial {trial.id} {config_label(trial.config)} failed: {failure} {detail}".rstrip()
+        + "; recorded as infeasible, the optimizer will avoid it; rolling back",
+    )
+    rollout.rollback(self, self.best_config(), f"trial {trial.id} infeasible ({failure})")
+
+
+def rollback(self: Core, to: KnobConfig, reason: str) -> None:
+    self.actions.append(RollBack(to, reason))
+    self.s.target = to
+    self.s.last_rollout_at = self.now
+    self.goto(step=Step.ROLLING_BACK)
+
+
+def on_config_checked(self: Core, obs: Observation) -> None:
+    """The engine's effective config after the rollout: matched (or not readable on this engine),
+    the trial goes on; another value than rendered ends it not_applied, never scored."""
+    trial = self.active()
+    if trial is None or self.s.step not in WINDOW_STEPS or trial.verified:
+        return
+    if obs.config is not None and obs.config != trial.config:
+        return  # a report about another rollout
+    trial.verified = True
+    trial.kv_tokens = obs.kv_tokens
+    if not obs.mismatches:
+        if obs.reason:
+            why = f"trial {trial.id} {config_label(trial.config)}: {obs.reason}; scored without that check"
+            self.event("Warning", "KnobsUnverified", why)
+        return
+    detail = "; ".join(obs.mismatches)
+    measurement.finish_trial(
+        self, trial, "not_applied", reason=f"the engine does not run it: {detail}", failure="not_applied"
+    )
+    self.event(
+        "Warning",
+        "KnobNotApplied",
+        f"trial {trial.id} {config_label(trial.config)}: the engine ignored or overrode {detail}; "
+        "not scored (the optimizer will avoid it)",
+    )
+    if trial.role == "baseline":
+        self.goto(Phase.EXPLORING, Step.IDLE)
+        exploration.decide(self)
+        return
+    rollout.rollback(self, self.best_config(), f"trial {trial.id} not applied by the engine")
+
+
+def start_trial(self: Core, config: KnobConfig, reason: str) -> None:
+    settings = self.s.settings
+    t = Trial(
+        id=self.s.next_trial_id, epoch=self.s.epoch, role="trial", config=config, started_at=self.now,
+        reason=reason,
+    )  # fmt: skip
+    self.s.next_trial_id += 1
+    self.s.trials.append(t)
+    self.s.active = t.id
+    self.s.target = config
+    self.s.last_rollout_at = self.now
+    self.goto(step=Step.ROLLING_OUT)
+    self.actions.append(RollOut(config, settings.strategy, reason, trial=t.id))
+    best = self.best_trial()
+    self.event(
+        "Normal",
+        "TrialStarted",
+        f"trial {t.id} ({self.explored()}/{settings.max_trials}): {config_label(config)} "
+        f"via {settings.strategy}; {reason}"
+        + (
+            f"; best so far trial {best.id} {config_label(best.config)} value {best.value:.4g}"
+            if best
+            else ""
+        ),
+    )
+
+
+def apply_best(self: Core) -> None:
+    best = self.best_config()
+    if best == self.s.current and self.s.settings.strategy == "rolling":
+        self.goto(step=Step.WATCHING)
+        self.s.measure_from = self.now
+        return
+    if self.rate_limited_until() is not None or self.s.metrics_held:
+        return  # Converged/Idle: the next tick applies it
+    self.actions.append(RollOut(best, "rolling", f"apply the best config: {self.s.note}"))
+    self.s.target = best
+    self.s.last_rollout_at = self.now
+    self.goto(step=Step.ROLLING_OUT)

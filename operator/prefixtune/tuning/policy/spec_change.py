@@ -1,0 +1,95 @@
+"""A spec change: new settings, a new baseline config or a new deployment (a new epoch)."""
+
+from __future__ import annotations
+
+from prefixtune.tuning.phases import TRIAL_STEPS, Phase, Step
+from prefixtune.tuning.policy import (
+    exploration,
+    measurement,
+    rollout,
+)
+from prefixtune.tuning.policy._core import Core
+from prefixtune.tuning.state import Observation
+
+
+def on_spec_changed(self: Core, obs: Observation) -> None:
+    old = self.s.settings
+    new = obs.settings or old
+    if obs.generation is not None:
+        self.s.spec_generation = obs.generation
+    config_changed = obs.config is not None and obs.config != self.s.spec_config
+    # First sight of the key (a state from before keys existed): store it, restart nothing.
+    deployment_changed = (
+        bool(self.s.deployment_key)
+        and bool(obs.deployment_key)
+        and (obs.deployment_key != self.s.deployment_key)
+    )
+    if obs.deployment_key:
+        self.s.deployment_key = obs.deployment_key
+    if (new.missing_signals, new.refusal) != (old.missing_signals, old.refusal):
+        self.s.settings = new
+        self.signals_condition()
+    search_changed = (new.objective, new.slo, new.space, new.method, new.refusal) != (
+        old.objective, old.slo, old.space, old.method, old.refusal
+    )  # fmt: skip
+    self.s.settings = new
+    in_flight = self.s.step in TRIAL_STEPS
+    trial = self.active()
+    if config_changed:
+        assert obs.config is not None
+        self.s.spec_config = obs.config
+        self.s.current = obs.config  # the controller rolls the user's config out itself
+    if trial is not None:
+        measurement.finish_trial(self, trial, "invalidated", reason="spec changed during the trial")
+    if new.mode == "off":
+        if in_flight and trial is not None and trial.role == "trial" and not config_changed:
+            rollout.rollback(self, self.best_config(), "tuning turned off during a trial")
+        self.goto(Phase.PAUSED, Step.IDLE if self.s.step != Step.ROLLING_BACK else Step.ROLLING_BACK)
+        self.condition("Tuning", False, "TuningOff", "tuning.mode is off")
+        return
+    if new.mode == "observe":
+        if in_flight and trial is not None and trial.role == "trial" and not config_changed:
+            rollout.rollback(self, self.best_config(), "observe mode: the trial is rolled back")
+        self.s.phase = Phase.OBSERVING
+        if self.s.step != Step.ROLLING_BACK:
+            self.goto(Phase.OBSERVING, Step.MEASURING)
+        self.condition("Tuning", False, "Observing", "tuning.mode is observe: measuring and recommending")
+        return
+    # auto
+    if new.refusal:
+        if in_flight and trial is not None and trial.role == "trial" and not config_changed:
+            rollout.rollback(
+                self, self.best_config(), "the objective cannot be scored on this engine release"
+            )
+        if self.s.step != Step.ROLLING_BACK:
+            self.goto(Phase.OBSERVING, Step.MEASURING)
+            self.s.measure_from = self.now
+        self.s.phase = Phase.OBSERVING
+        self.condition("Tuning", False, "SignalsMissing", new.refusal)
+        return
+    restart = old.mode != "auto" or config_changed or search_changed or deployment_changed
+    if restart or self.s.phase in (Phase.PENDING, Phase.FAILED):
+        if self.s.trials:
+            self.s.epoch += 1
+        self.s.reference = None
+        self.s.reference_rps = None
+        self.s.note = ""
+        if deployment_changed:
+            self.event(
+                "Normal",
+                "DeploymentChanged",
+                (obs.reason or "the deployment changed (engine, model, image, replicas, GPUs or extra args)")
+                + f": earlier measurements do not describe it; re-tuning (epoch {self.s.epoch}) from a "
+                f"fresh baseline with the {len(self.s.trials)} earlier trials as warm start",
+            )
+        measurement.begin_baseline(
+            self, warm=config_changed or deployment_changed or self.s.phase in (Phase.PENDING,)
+        )
+        return
+    if in_flight and trial is not None:
+        # Only timing/budget/rollout settings changed: re-run what was in flight.
+        if trial.role == "baseline":
+            measurement.begin_baseline(self, warm=False)
+            return
+        self.goto(step=Step.IDLE)
+        exploration.decide(self)
