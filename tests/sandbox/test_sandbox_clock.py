@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from prefixtune.clockfile import ClockFile, FileClock
 from prefixtune.controller.operator import OperatorOptions, operator_clock, options_from_args
 from prefixtune.sandbox import kubelet as kubelet_mod
-from prefixtune.sandbox.clock import ClockFile, FileClock, SandboxClock
+from prefixtune.sandbox.clock import SandboxClock
 from prefixtune.sandbox.kubelet import PROBE_FAILURE_THRESHOLD, Kubelet, KubeletConfig, _readiness
 from prefixtune.sandbox.load import Declared, ServiceLoad
 from prefixtune.sandbox.waiting import wait_until

@@ -33,6 +33,7 @@ from typing import Any
 
 import kopf
 
+from prefixtune.clockfile import FileClock
 from prefixtune.controller.admin import AdminPolicy, engine_repositories, parse_list
 from prefixtune.controller.handlers import build_registry
 from prefixtune.controller.kube import Connection, KubeClient
@@ -40,7 +41,6 @@ from prefixtune.controller.measure import Meter
 from prefixtune.controller.reconcile import OperatorContext
 from prefixtune.controller.redaction import install_log_redaction
 from prefixtune.controller.selfmetrics import SelfMetrics, heartbeat
-from prefixtune.sandbox.clock import FileClock
 
 logger = logging.getLogger(__name__)
 

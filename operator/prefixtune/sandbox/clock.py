@@ -16,28 +16,24 @@ falling behind. ``lost_s`` is the wall time dropped so far, ``pace()`` the sandb
 second since the start (1.0 on a machine that keeps up).
 
 The operator is another process: the sandbox publishes its clock in a small file
-(``ClockFile.write``) and ``prefixtune run --clock-file PATH`` reads it (``FileClock``) for every
-decision and every scrape timestamp, so its deadlines follow the sandbox's progress too.
+(``prefixtune.clockfile.ClockFile``) and ``prefixtune run --clock-file PATH`` reads it
+(``FileClock``) for every decision and every scrape timestamp, so its deadlines follow the
+sandbox's progress too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import mmap
-import os
-import struct
 import time
 from collections.abc import Callable
-from pathlib import Path
+
+from prefixtune.clockfile import ClockFile
 
 TICK_S = 0.01  # wall seconds between the pacer's ticks
 MAX_STEP_S = 0.1  # the most wall time one tick may add: a longer stall of the loop is dropped
 # Wall seconds after which a test or benchmark that waits on sandbox time is hung rather than slow:
 # its own deadlines are in sandbox time, so this only has to allow for a sandbox at a low pace.
 HANG_GUARD_S = 1800
-_FORMAT = "<ddd"  # (sandbox time, wall time, sandbox time): a reader that sees the two differ retries
-_SIZE = struct.calcsize(_FORMAT)
 
 
 class SandboxClock:
@@ -94,54 +90,6 @@ class SandboxClock:
             await asyncio.sleep(left)
 
 
-class ClockFile:
-    """The sandbox clock published for other processes (the operator): ``write`` on every tick."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.ftruncate(self._fd, _SIZE)
-        self._map = mmap.mmap(self._fd, _SIZE)
-
-    def write(self, value: float, wall: float | None = None) -> None:
-        self._map[:_SIZE] = struct.pack(_FORMAT, value, time.time() if wall is None else wall, value)
-
-    def close(self) -> None:
-        with contextlib.suppress(ValueError, OSError):
-            self._map.close()
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
-
-
-class FileClock:
-    """The sandbox clock as another process reads it (``path`` written by ``ClockFile``).
-
-    ``clock()`` is sandbox time; ``to_wall(t)`` maps a sandbox time to the wall clock (for systems
-    that stamp on the wall clock, as Prometheus does), by the offset at the last write."""
-
-    def __init__(self, path: str | Path) -> None:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            if os.fstat(fd).st_size < _SIZE:
-                raise ValueError(f"{path}: not a sandbox clock file (under {_SIZE} bytes)")
-            self._view = mmap.mmap(fd, _SIZE, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
-
-    def _read(self) -> tuple[float, float]:
-        while True:
-            a, wall, b = struct.unpack(_FORMAT, self._view[:_SIZE])
-            if a == b:
-                return float(a), float(wall)
-
-    def __call__(self) -> float:
-        return self._read()[0]
-
-    def to_wall(self, t: float) -> float:
-        sandbox, wall = self._read()
-        return t + (wall - sandbox)
-
-
 async def run_pacer(clock: SandboxClock, out: ClockFile | None = None, tick_s: float = TICK_S) -> None:
     """Tick ``clock`` every ``tick_s`` (and publish it to ``out``) until cancelled."""
     while True:
@@ -151,4 +99,4 @@ async def run_pacer(clock: SandboxClock, out: ClockFile | None = None, tick_s: f
         await asyncio.sleep(tick_s)
 
 
-__all__ = ["HANG_GUARD_S", "MAX_STEP_S", "TICK_S", "ClockFile", "FileClock", "SandboxClock", "run_pacer"]
+__all__ = ["HANG_GUARD_S", "MAX_STEP_S", "TICK_S", "SandboxClock", "run_pacer"]

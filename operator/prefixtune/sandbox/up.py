@@ -29,7 +29,8 @@ from typing import Any, Literal
 
 import aiohttp
 
-from prefixtune.sandbox.clock import ClockFile, SandboxClock, run_pacer
+from prefixtune.clockfile import ClockFile
+from prefixtune.sandbox.clock import SandboxClock, run_pacer
 from prefixtune.sandbox.emulator import RealisticEmulator, serve_emulator, write_kubeconfig
 from prefixtune.sandbox.faults import ApiFaults, MetricsFaults
 from prefixtune.sandbox.kubelet import (
