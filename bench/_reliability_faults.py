@@ -34,6 +34,7 @@ import contextlib
 import json
 import math
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -290,6 +291,8 @@ class ScenarioResult:
     notes: list[str] = field(default_factory=list)
     injections: list[Injection] = field(default_factory=list)
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # this process and its operators (children reaped by the scenario's end)
+    sandbox_clock: dict[str, float] = field(default_factory=dict)  # Sandbox.pace() at the end
     error: str = ""
 
     @property
@@ -303,8 +306,15 @@ class ScenarioResult:
             "trials_lost": self.invariants.trials_lost, "duplicate_trials": self.invariants.duplicate_trials,
             "rollouts_on_missing_data": self.invariants.rollouts_on_missing_data,
             "checks": dict(self.checks), "details": list(self.invariants.details) + list(self.notes),
-            "wall_s": round(self.wall_s, 1), "error": self.error,
+            "wall_s": round(self.wall_s, 1), "cpu_s": round(self.cpu_s, 1),
+            "sandbox_clock": dict(self.sandbox_clock), "error": self.error,
         }  # fmt: skip
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have exited (the operators)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def resource_body(name: str, max_trials: int, rate: float) -> dict[str, Any]:
@@ -684,7 +694,7 @@ def peering_overlaps(
 async def run_scenario(sc: Scenario, workdir: Path) -> ScenarioResult:
     """Run one scenario in a fresh sandbox; never raises for a failed run (see ``error``)."""
     result = ScenarioResult(sc.kind, sc.seed)
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), cpu_seconds()
     api = ApiFaults(seed=sc.seed)  # always on: the audit; faults only in api_faults
     if sc.kind == "api_faults":
         api = ApiFaults(seed=sc.seed, error_rate=0.05, conflict_rate=0.2, watch_drop_after_s=(2.0, 8.0))
@@ -750,6 +760,7 @@ async def run_scenario(sc: Scenario, workdir: Path) -> ScenarioResult:
         finally:
             crashed = ops.crashed()
             ops.stop()
+            result.sandbox_clock = sb.pace()
         result.checks["no_operator_crash"] = not crashed
         if crashed:
             result.notes.append(f"operators that exited on their own: {crashed}")
@@ -759,6 +770,7 @@ async def run_scenario(sc: Scenario, workdir: Path) -> ScenarioResult:
         if metrics is not None:
             result.notes.append(f"faulty scrapes served: {metrics.served}")
     result.wall_s = time.monotonic() - started
+    result.cpu_s = cpu_seconds() - cpu_started
     result.survived = {k: 0 for k in result.injected}
     for injection in (i for i in result.injections if not i.missed):
         if result.ok and (injection.handled or injection.kind not in _CHECKED_EACH):

@@ -364,6 +364,9 @@ def test_each_fault_kind_is_survived_with_the_invariants(
     assert all(report["checks"].values()), report
     assert report["survived"] == report["injected"], report
     assert report["ok"], report
+    # what a busy machine did to the run: CPU next to wall time, and how far the sandbox kept up
+    assert report["cpu_s"] > 0 and report["wall_s"] > 0, report
+    assert 0 < report["sandbox_clock"]["pace"] <= 1 and report["sandbox_clock"]["lost_s"] >= 0, report
 
 
 # ----------------------------------------------------- the meter on gaps, NaN and counter resets
