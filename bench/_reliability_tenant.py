@@ -296,6 +296,12 @@ async def ssrf(timeout_s: float = 60.0) -> dict[str, Any]:
 # --- one tenant stalls everyone ----------------------------------------------------------------------
 
 STALLERS = 6  # as many as the old shared pool had threads (min(32, cpus + 4) on 2 cores)
+# The good tenant's decisions a phase must hold for its latency figures to mean something (the
+# verdict is their maximum against the read deadline). On a busy machine each reconcile takes
+# longer, so a phase of fixed wall length held fewer (4 in 14 s at load 15) and the run failed on
+# the count; a phase now lasts its seconds and until this many, at most PHASE_GUARD x as long.
+MIN_DECISIONS = 5
+PHASE_GUARD = 4.0
 
 
 @dataclass
@@ -366,10 +372,10 @@ async def stall(
         try:
             await _ready(h, list(loops), 60.0)
             split = time.perf_counter()
-            await asyncio.sleep(quiet_s)
+            await _phase(loops["good"], split, quiet_s)
             faults.tenants.update(hostile)
             turned = time.perf_counter()
-            await asyncio.sleep(hostile_s)
+            await _phase(loops["good"], turned, hostile_s)
         finally:
             for task in [*tasks, beating]:
                 task.cancel()
@@ -402,6 +408,16 @@ async def stall(
             "bad_condition": bad_condition,
             "big_condition": big_condition,
         }
+
+
+async def _phase(good: Loop, began: float, seconds: float) -> None:
+    """Wait ``seconds``, and on until the good tenant has made MIN_DECISIONS since ``began``."""
+    await asyncio.sleep(seconds)
+    deadline = began + PHASE_GUARD * seconds
+    while sum(1 for t, _ in good.latencies if t >= began) < MIN_DECISIONS:
+        if time.perf_counter() > deadline:
+            return  # reported as too few decisions: the verdict says so
+        await asyncio.sleep(0.5)
 
 
 async def _ready(h: Harness, names: list[str], timeout_s: float) -> None:

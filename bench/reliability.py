@@ -165,7 +165,8 @@ def tenant_ok(tenant: dict[str, Any] | None) -> bool:
     if stall is None or stall["errors"] or stall["health"]["not_ok"]:
         return False
     good = stall["good_beside_stalled"]
-    return bool(good.get("n", 0) >= 5 and good.get("max_s", 1e9) < stall["read_deadline_s"])
+    enough = good.get("n", 0) >= load_bench("_reliability_tenant").MIN_DECISIONS
+    return bool(enough and good.get("max_s", 1e9) < stall["read_deadline_s"])
 
 
 def _sum(per: list[dict[str, int]]) -> dict[str, int]:

@@ -119,8 +119,9 @@ async def test_stalled_huge_and_malformed_tenants_do_not_stall_another_tenant() 
     assert report["served"].get("huge") and report["served"].get("malformed")
     good = report["good_beside_stalled"]
     # The good tenant kept deciding while six tenants dripped (before, its decisions waited for a
-    # thread of the pool the drips held, for as long as they dripped): a count, not a timing.
-    assert good["n"] >= 5, report
+    # thread of the pool the drips held, for as long as they dripped): a count (the phase lasts until
+    # it has them, within a bound), then how long the slowest took.
+    assert good["n"] >= tenant.MIN_DECISIONS, report
     assert good["max_s"] < 12.0, report
     # The stalled tenants' own reconciles end at the read deadline (plus scheduling), not the drip's.
     assert report["hostile_own"]["max_s"] < 4 * report["read_deadline_s"], report
