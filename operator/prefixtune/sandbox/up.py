@@ -30,21 +30,15 @@ from typing import Any, Literal
 import aiohttp
 
 from prefixtune.clockfile import ClockFile
+from prefixtune.sandbox.client import ApiClient, ApiStatusError, run_watches
 from prefixtune.sandbox.clock import SandboxClock, run_pacer
+from prefixtune.sandbox.controller_manager import ControllerManager
 from prefixtune.sandbox.emulator import RealisticEmulator, serve_emulator, write_kubeconfig
 from prefixtune.sandbox.faults import ApiFaults, MetricsFaults
-from prefixtune.sandbox.kubelet import (
-    ApiClient,
-    ApiStatusError,
-    ControllerManager,
-    Kubelet,
-    KubeletConfig,
-    Wakeup,
-    cancel_all,
-    run_watches,
-)
+from prefixtune.sandbox.kubelet import Kubelet, KubeletConfig
 from prefixtune.sandbox.load import SDEP_PATH, LoadManager
 from prefixtune.sandbox.prometheus import PrometheusRunner, prometheus_binary
+from prefixtune.sandbox.tasks import Wakeup, cancel_all
 
 logger = logging.getLogger(__name__)
 
