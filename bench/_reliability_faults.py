@@ -54,7 +54,7 @@ from prefixtune.controller.status import policy_state_of
 from prefixtune.sandbox.emulator import kubeconfig
 from prefixtune.sandbox.faults import ApiFaults, AuditEntry, MetricsFaults
 from prefixtune.sandbox.kubelet import ApiStatusError, KubeletConfig
-from prefixtune.sandbox.up import Sandbox, sandbox
+from prefixtune.sandbox.up import Sandbox, SandboxOptions, sandbox
 from prefixtune.sandbox.waiting import tuning_progress, wait_until
 from prefixtune.tuning.state import PolicyState
 
@@ -706,9 +706,10 @@ async def run_scenario(sc: Scenario, workdir: Path) -> ScenarioResult:
     name = f"rel-{sc.kind.replace('_', '-')}"
     max_trials = sc.repeats + 2 if sc.kind in ("engine_crash", "pod_delete") else 3
     workdir.mkdir(parents=True, exist_ok=True)
-    async with sandbox(
+    options = SandboxOptions(
         speedup=SPEEDUP, crds=crds, config=KUBELET, seed=sc.seed, api_faults=api, metrics_faults=metrics
-    ) as sb:
+    )
+    async with sandbox(options) as sb:
         ops = Operators(sb.url, workdir, peering=peering, clock_file=sb.clock_file)
         run = Run(sb, ops, name, random.Random(sc.seed * 7919 + KINDS.index(sc.kind)), result, metrics, api)
         try:

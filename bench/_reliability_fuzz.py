@@ -738,7 +738,7 @@ async def fuzz_live(n: int, seed: int) -> dict[str, Any]:
     from prefixtune.api.crd import build_crd
     from prefixtune.controller.operator import operator_argv, spawn_operator
     from prefixtune.sandbox.kubelet import KubeletConfig
-    from prefixtune.sandbox.up import sandbox
+    from prefixtune.sandbox.up import SandboxOptions, sandbox
 
     started = time.perf_counter()
     cases = live_cases(n, seed)
@@ -749,7 +749,7 @@ async def fuzz_live(n: int, seed: int) -> dict[str, Any]:
     cfg = KubeletConfig(startup_delay_s=1e9, probe_period_s=60.0, resync_s=2.0, dcgm_port=None)
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="prefixtune-fuzz-") as tmp:
-        async with sandbox(speedup=1.0, crds=[build_crd()], config=cfg, load=False) as sb:
+        async with sandbox(SandboxOptions(speedup=1.0, crds=[build_crd()], config=cfg, load=False)) as sb:
             # The admin allows the Prometheus host the fuzzed specs name (issue #17: a spec's URL is
             # used only on an allowed host); the images are the engines' own (the default policy).
             argv = operator_argv(

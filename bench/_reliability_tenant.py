@@ -29,7 +29,7 @@ from prefixtune.api.crd import build_crd
 from prefixtune.controller.kube import Connection, KubeClient
 from prefixtune.controller.measure import Meter
 from prefixtune.controller.reconcile import OperatorContext, reconcile
-from prefixtune.sandbox.up import Sandbox, sandbox
+from prefixtune.sandbox.up import Sandbox, SandboxOptions, sandbox
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SDEP = "/apis/prefixtune.io/v1alpha1"
@@ -85,7 +85,7 @@ async def harness(
     metrics_faults: Any = None, sandbox_options: dict[str, Any] | None = None, **meter: Any
 ) -> AsyncIterator[Harness]:
     options: dict[str, Any] = {"load": False, "speedup": 20.0, **(sandbox_options or {})}
-    async with sandbox(crds=[build_crd()], metrics_faults=metrics_faults, **options) as sb:
+    async with sandbox(SandboxOptions(crds=[build_crd()], metrics_faults=metrics_faults, **options)) as sb:
         client = KubeClient(Connection(server=sb.url))
         ctx = OperatorContext(client=client, meter=Meter(**meter), ready_timeout_s=60.0)
         try:

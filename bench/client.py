@@ -279,7 +279,7 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
     from prefixtune.controller.operator import operator_argv, spawn_operator
     from prefixtune.sandbox import controllers as ctl
     from prefixtune.sandbox.kubelet import KubeletConfig
-    from prefixtune.sandbox.up import sandbox
+    from prefixtune.sandbox.up import SandboxOptions, sandbox
     from prefixtune.sandbox.waiting import wait_until
 
     aiperf = Path(opts.aiperf)
@@ -293,8 +293,11 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
         work.mkdir(parents=True, exist_ok=True)
         tokenizer = make_tokenizer_dir(aiperf, work / "tokenizer")
         cfg = KubeletConfig(startup_delay_s=2.0, probe_period_s=1.0)
+        options = SandboxOptions(
+            speedup=opts.speedup, crds=[build_crd()], config=cfg, load=False, prometheus="off"
+        )
         async with (
-            sandbox(speedup=opts.speedup, crds=[build_crd()], config=cfg, load=False, prometheus="off") as sb,
+            sandbox(options) as sb,
             aiohttp.ClientSession() as http,
         ):
             argv = operator_argv(

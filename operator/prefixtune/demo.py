@@ -138,7 +138,7 @@ async def _run(args: argparse.Namespace) -> int:
     from prefixtune.api.crd import build_crd
     from prefixtune.controller.operator import operator_argv, spawn_operator
     from prefixtune.sandbox.kubelet import KubeletConfig
-    from prefixtune.sandbox.up import sandbox
+    from prefixtune.sandbox.up import SandboxOptions, sandbox
 
     docs = [yaml.safe_load((examples_dir() / name).read_text()) for name in args.examples]
     resources = [
@@ -151,7 +151,7 @@ async def _run(args: argparse.Namespace) -> int:
         f"prefixtune demo: sandbox at speedup {args.speedup:g}x, {len(resources)} ServingDeployments",
         flush=True,
     )
-    async with sandbox(speedup=args.speedup, crds=[build_crd()], config=config) as sb:
+    async with sandbox(SandboxOptions(speedup=args.speedup, crds=[build_crd()], config=config)) as sb:
         # The operator runs on the sandbox's clock: on a machine too busy for the sandbox to keep up
         # its windows and its ready timeout follow the sandbox's progress (a readiness timeout of a
         # sandbox that lagged is not an infeasible config).

@@ -32,7 +32,7 @@ from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig
 from prefixtune.sandbox.clock import HANG_GUARD_S
 from prefixtune.sandbox.kubelet import KubeletConfig
-from prefixtune.sandbox.up import Sandbox, sandbox
+from prefixtune.sandbox.up import Sandbox, SandboxOptions, sandbox
 from prefixtune.sandbox.waiting import tuning_progress, wait_until
 from prefixtune.tuning.phases import WINDOW_STEPS, Phase, Step
 from prefixtune.tuning.state import PolicyState
@@ -152,7 +152,7 @@ async def cluster() -> AsyncIterator[Cluster]:
     with tempfile.TemporaryDirectory(prefix="prefixtune-e2e-") as tmp:
         log_dir = Path(keep) if keep else Path(tmp)
         log_dir.mkdir(parents=True, exist_ok=True)
-        async with sandbox(speedup=SPEEDUP, crds=[build_crd()], config=cfg) as sb:
+        async with sandbox(SandboxOptions(speedup=SPEEDUP, crds=[build_crd()], config=cfg)) as sb:
             operator = Operator(str(sb.kubeconfig), log_dir, sb.clock_file)
             operator.start()
             try:
@@ -417,9 +417,10 @@ async def shallow_cluster() -> AsyncIterator[Cluster]:
     keep = os.environ.get("PREFIXTUNE_E2E_LOGS")
     with tempfile.TemporaryDirectory(prefix="prefixtune-e2e-") as tmp:
         log_dir = Path(keep) if keep else Path(tmp)
-        async with sandbox(
+        options = SandboxOptions(
             speedup=SPEEDUP, crds=[build_crd()], config=cfg, knob_overrides={"memory_fraction": 0.9}
-        ) as sb:
+        )
+        async with sandbox(options) as sb:
             operator = Operator(str(sb.kubeconfig), log_dir, sb.clock_file)
             operator.start()
             try:

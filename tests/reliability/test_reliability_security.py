@@ -255,7 +255,7 @@ async def test_a_running_operator_never_logs_or_posts_its_token() -> None:
     handled a valid and an invalid resource, the token is nowhere in its log, the Events or statuses."""
     cfg = KubeletConfig(startup_delay_s=1e9, dcgm_port=None, resync_s=2.0)
     with tempfile.TemporaryDirectory(prefix="prefixtune-sec-") as tmp:
-        async with up.sandbox(crds=[build_crd()], config=cfg, load=False) as sb:
+        async with up.sandbox(up.SandboxOptions(crds=[build_crd()], config=cfg, load=False)) as sb:
             config = kubeconfig(sb.url)
             config["users"][0]["user"]["token"] = TOKEN
             path = Path(tmp) / "kubeconfig"
@@ -326,7 +326,7 @@ def test_twin_and_sandbox_servers_default_to_loopback() -> None:
         "TwinServer(host)": _default(twin_serve.TwinServer.__init__, "host"),
         "twin serving(host)": _default(twin_serve.serving, "host"),
         "sandbox up --host": _parser_default(sandbox_cli._parser(), "host"),
-        "sandbox(host)": _default(up.sandbox, "host"),
+        "SandboxOptions(host)": _default(up.SandboxOptions, "host"),
         "serve_emulator(host)": _default(emulator.serve_emulator, "host"),
         "PrometheusRunner(host)": _default(prometheus.PrometheusRunner.__init__, "host"),
     }

@@ -22,7 +22,7 @@ from tests.conftest import require_component
 from prefixtune.engines import get_adapter
 from prefixtune.sandbox.kubelet import KubeletConfig
 from prefixtune.sandbox.prometheus import prometheus_binary
-from prefixtune.sandbox.up import sandbox
+from prefixtune.sandbox.up import SandboxOptions, sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -113,7 +113,7 @@ def _client_roundtrip(kubeconfig: Path) -> dict[str, Any]:
 
 
 async def test_official_kubernetes_client_apply_get_patch_delete() -> None:
-    async with sandbox(speedup=50.0, config=FAST, load=False) as sb:
+    async with sandbox(SandboxOptions(speedup=50.0, config=FAST, load=False)) as sb:
         result = await asyncio.to_thread(_client_roundtrip, sb.kubeconfig)
         assert result["first_generation"] == 1
         assert result["old_pod"] not in result["new_pods"] and len(result["new_pods"]) == 1
@@ -136,7 +136,7 @@ async def test_kubectl_apply_rollout_status_get_patch_delete(tmp_path: Path) -> 
     assert kubectl is not None
     manifest = tmp_path / "deploy.yaml"
     manifest.write_text(yaml.safe_dump(_manifest("kc")))
-    async with sandbox(speedup=50.0, config=FAST, load=False) as sb:
+    async with sandbox(SandboxOptions(speedup=50.0, config=FAST, load=False)) as sb:
 
         async def run(*args: str) -> str:
             proc = await asyncio.create_subprocess_exec(
@@ -216,7 +216,8 @@ def test_cli_rejects_bad_options_with_the_flag_named(capsys: pytest.CaptureFixtu
 
 async def test_prometheus_discovers_and_scrapes_the_pods() -> None:
     require_component(prometheus_binary() is not None, "the prometheus binary (Debian package prometheus)")
-    async with sandbox(speedup=50.0, config=FAST, load=False, prometheus="on", scrape_interval_s=0.2) as sb:
+    options = SandboxOptions(speedup=50.0, config=FAST, load=False, prometheus="on", scrape_interval_s=0.2)
+    async with sandbox(options) as sb:
         await sb.api.create("/apis/apps/v1/namespaces/default/deployments", _manifest("prom"))
         assert sb.prometheus_url is not None
         deadline = time.monotonic() + 40

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prefixtune.engines import get_adapter
 from prefixtune.sandbox.kubelet import KubeletConfig
-from prefixtune.sandbox.up import Sandbox, sandbox
+from prefixtune.sandbox.up import Sandbox, SandboxOptions, sandbox
 from prefixtune.sandbox.waiting import wait_until
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -78,7 +78,7 @@ def ready(pod: dict[str, Any]) -> bool:
 
 @pytest.fixture
 async def sb() -> AsyncIterator[Sandbox]:
-    async with sandbox(speedup=SPEEDUP, config=FAST, prometheus="off") as running:
+    async with sandbox(SandboxOptions(speedup=SPEEDUP, config=FAST, prometheus="off")) as running:
         yield running
 
 
@@ -128,7 +128,7 @@ async def test_deployment_gets_ready_pods_serving_real_vllm_metrics(sb: Sandbox)
 
 async def test_patching_args_rolls_pods_within_max_surge() -> None:
     slow = KubeletConfig(startup_delay_s=15.0, probe_period_s=1.0, resync_s=0.1)  # 0.3 s wall per start
-    async with sandbox(speedup=SPEEDUP, config=slow) as sb:
+    async with sandbox(SandboxOptions(speedup=SPEEDUP, config=slow)) as sb:
         await sb.api.create(
             DEPLOYMENTS, deployment("roll", vllm_args(0.9), replicas=2, maxSurge=1, maxUnavailable=0)
         )
@@ -256,7 +256,7 @@ async def test_runtime_oom_under_load_restarts_the_twin_then_backs_off() -> None
     cfg = KubeletConfig(
         startup_delay_s=2.0, backoff_initial_s=100.0, probe_period_s=1.0, exit_delay_s=5.0, resync_s=0.2
     )
-    async with sandbox(speedup=SPEEDUP, config=cfg) as sb:
+    async with sandbox(SandboxOptions(speedup=SPEEDUP, config=cfg)) as sb:
         await sb.api.create(DEPLOYMENTS, deployment("hot", vllm_args(0.99)))
 
         async def ready_pod() -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from prefixtune.sandbox.load import (
     declared_workload,
     pick_target,
 )
-from prefixtune.sandbox.up import sandbox
+from prefixtune.sandbox.up import SandboxOptions, sandbox
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -89,7 +89,7 @@ def _deployment(name: str, replicas: int) -> dict[str, Any]:
 
 async def test_load_through_a_service_spreads_over_both_pods() -> None:
     cfg = KubeletConfig(startup_delay_s=1.0, probe_period_s=1.0, resync_s=0.2)
-    async with sandbox(speedup=10.0, config=cfg) as sb:
+    async with sandbox(SandboxOptions(speedup=10.0, config=cfg)) as sb:
         await sb.api.create("/apis/apps/v1/namespaces/default/deployments", _deployment("qa", 2))
         service = {
             "metadata": {"name": "qa", "annotations": {WORKLOAD_ANNOTATION: "qa", RATE_ANNOTATION: "2"}},

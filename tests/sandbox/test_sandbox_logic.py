@@ -12,6 +12,7 @@ from prefixtune.engines import EngineName, get_adapter
 from prefixtune.sandbox import controllers as ctl
 from prefixtune.sandbox import pods as podlib
 from prefixtune.sandbox.prometheus import DCGM_JOB, ENGINE_JOB, config_yaml, scrape_targets
+from prefixtune.sandbox.up import SandboxOptions
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -353,3 +354,10 @@ def test_concurrent_sandboxes_never_share_a_pod_address_octet() -> None:
     finally:
         for p in pools:
             p.close()
+
+
+def test_sandbox_options_refuse_a_speedup_that_is_not_positive() -> None:
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="speedup: must be > 0"):
+            SandboxOptions(speedup=bad)
+    assert SandboxOptions(speedup=20).speedup == 20

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from prefixtune.sandbox.kubelet import KubeletConfig
-from prefixtune.sandbox.up import PROMETHEUS_MODES, sandbox, usage_text
+from prefixtune.sandbox.up import PROMETHEUS_MODES, SandboxOptions, sandbox, usage_text
 
 
 def _positive(text: str) -> float:
@@ -118,7 +118,7 @@ async def _up(opts: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    async with sandbox(
+    options = SandboxOptions(
         port=opts.port,
         host=opts.host,
         kubeconfig=kubeconfig,
@@ -129,7 +129,8 @@ async def _up(opts: argparse.Namespace) -> int:
         load=not opts.no_load,
         config=config,
         seed=opts.seed,
-    ) as sb:
+    )
+    async with sandbox(options) as sb:
         print(usage_text(sb), flush=True)
         await stop.wait()
         print("prefixtune sandbox: stopping", file=sys.stderr, flush=True)

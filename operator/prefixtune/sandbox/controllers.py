@@ -1,8 +1,8 @@
 """The Deployment, ReplicaSet and Endpoints controllers of the sandbox, as pure functions.
 
-Each takes the objects as the API server returns them and says what to write; the kubelet shell
-(``kubelet.py``) lists, calls these, and sends the writes. Behaviour follows kube-controller-manager
-where an operator can observe it:
+Each takes the objects as the API server returns them and says what to write; the controller
+manager (``controller_manager.py``) lists, calls these, and sends the writes. Behaviour follows
+kube-controller-manager where an operator can observe it:
 
 * **Deployment** (``reconcile_deployment``): the new ReplicaSet is the one whose
   ``pod-template-hash`` label matches the hash of the current pod template; it is created (name

@@ -1,15 +1,11 @@
-"""The sandbox's controllers and twin kubelet: async tasks that talk to the API server over HTTP.
+"""The sandbox's twin kubelet: one node, ``sandbox-node``, whose pods run as live twins.
 
-* ``ApiClient``: a small aiohttp client for the emulator (list, get, create, merge-patch, delete,
-  watch). Nothing here touches the emulator's memory: what an operator sees is what was written.
-* ``ControllerManager``: the Deployment, ReplicaSet and Endpoints/EndpointSlice controllers of
-  ``controllers.py``, run level-triggered: every watch event (Deployments, ReplicaSets, Pods,
-  Services) wakes a full resync, and a periodic resync catches anything else.
-* ``Kubelet``: one node, ``sandbox-node``. It schedules unassigned pods onto itself and runs each
-  pod's engine container as a live twin (``prefixtune.twin.serve.TwinServer``) booted from the
-  container's real command line (``pods.launch_plan`` + the engine adapter's ``parse``). Each pod
-  gets its own loopback address (127.S.x.y; Linux routes all of 127.0.0.0/8 to lo) and the twin binds
-  that address on the port its args name, so every pod exposes the real engine port and paths.
+It schedules unassigned pods onto itself and runs each pod's engine container as a live twin
+(``prefixtune.twin.serve.TwinServer``) booted from the container's real command line
+(``pods.launch_plan`` + the engine adapter's ``parse``). Each pod gets its own loopback address
+(127.S.x.y; Linux routes all of 127.0.0.0/8 to lo) and the twin binds that address on the port its
+args name, so every pod exposes the real engine port and paths. It talks to the API server over
+HTTP (``client.py``); the controllers that create its pods are in ``controller_manager.py``.
 
 Container lifecycle, in sandbox time (seconds divided by ``speedup``):
 
@@ -36,140 +32,29 @@ Fault injection (``faults.py``): ``Kubelet.crash`` kills a running engine (CUDA 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import hashlib
-import json
 import logging
 import random
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 
 from prefixtune.engines import ArgsError, get_adapter
-from prefixtune.sandbox import controllers as ctl
 from prefixtune.sandbox import pods as podlib
+from prefixtune.sandbox.client import ApiClient, ApiStatusError
 from prefixtune.sandbox.clock import SandboxClock
 from prefixtune.sandbox.faults import MetricsFaults, install_metrics_faults
+from prefixtune.sandbox.tasks import Wakeup, log_failure, stop_task
 
 logger = logging.getLogger(__name__)
 
-MERGE_PATCH = "application/merge-patch+json"
 PROBE_FAILURE_THRESHOLD = 3  # kube's default failureThreshold of a probe
+
 PROBE_TIMEOUT_S = 2.0  # wall seconds a probe may take
-WATCHED = (
-    "/apis/apps/v1/deployments",
-    "/apis/apps/v1/replicasets",
-    "/api/v1/pods",
-    "/api/v1/services",
-    "/api/v1/configmaps",
-)
-
-
-class ApiStatusError(Exception):
-    """The API server answered with an error Status."""
-
-    def __init__(self, status: int, method: str, path: str, body: str) -> None:
-        super().__init__(f"{method} {path}: HTTP {status}: {body[:300]}")
-        self.status = status
-
-
-class ApiClient:
-    """Just enough of a Kubernetes client for the sandbox's controllers (JSON over aiohttp)."""
-
-    def __init__(self, base_url: str, session: aiohttp.ClientSession) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.session = session
-
-    async def _call(
-        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
-    ) -> dict[str, Any]:
-        data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type} if body is not None else {}
-        async with self.session.request(method, self.base_url + path, data=data, headers=headers) as resp:
-            text = await resp.text()
-            if resp.status >= 400:
-                raise ApiStatusError(resp.status, method, path, text)
-            return json.loads(text) if text else {}
-
-    async def list(self, path: str) -> list[dict[str, Any]]:
-        return list((await self._call("GET", path)).get("items") or [])
-
-    async def get(self, path: str) -> dict[str, Any] | None:
-        try:
-            return await self._call("GET", path)
-        except ApiStatusError as err:
-            if err.status == 404:
-                return None
-            raise
-
-    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return await self._call("POST", path, body)
-
-    async def patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Merge patch; None when the object is gone."""
-        try:
-            return await self._call("PATCH", path, body, MERGE_PATCH)
-        except ApiStatusError as err:
-            if err.status == 404:
-                return None
-            raise
-
-    async def delete(self, path: str) -> None:
-        try:
-            await self._call("DELETE", path)
-        except ApiStatusError as err:
-            if err.status != 404:
-                raise
-
-    async def apply(self, write: ctl.Write) -> None:
-        if isinstance(write, ctl.Create):
-            try:
-                await self.create(write.path, write.body)
-            except ApiStatusError as err:
-                if err.status != 409:  # someone created it first: the next resync sees it
-                    raise
-        elif isinstance(write, ctl.Patch):
-            await self.patch(write.path, write.body)
-        else:
-            await self.delete(write.path)
-
-    async def watch_forever(self, path: str, on_event: Callable[[], None], timeout_s: int = 60) -> None:
-        """Watch ``path`` (all namespaces), calling ``on_event`` for every event and on each (re)connect."""
-        url = f"{self.base_url}{path}?watch=true&timeoutSeconds={timeout_s}&allowWatchBookmarks=true"
-        while True:
-            try:
-                async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=None)) as resp:
-                    if resp.status >= 400:  # e.g. a custom resource not installed yet
-                        await asyncio.sleep(1.0)
-                        continue
-                    on_event()
-                    async for _line in resp.content:
-                        on_event()
-            except (TimeoutError, aiohttp.ClientError) as err:
-                logger.debug("watch %s interrupted: %s", path, err)
-                await asyncio.sleep(0.2)
-
-
-class Wakeup:
-    """An edge-triggered flag shared by watch tasks and a resync loop."""
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def set(self) -> None:
-        self._event.set()
-
-    async def wait(self, timeout_s: float) -> None:
-        # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that
-        # arrives as the event fires, and the sandbox would never stop.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await self._event.wait()
-        self._event.clear()
 
 
 @dataclass(frozen=True)
@@ -272,105 +157,6 @@ class AddressPool:
 
 
 _OCTET_CLAIM_PORT = 65000  # on 127.S.255.1: no pod gets that address (pods get 127.S.x.y, x <= 254)
-
-
-# --------------------------------------------------------------------------------------------------
-# Controllers
-
-
-class ControllerManager:
-    """Runs the Deployment, ReplicaSet and Endpoints controllers until cancelled."""
-
-    def __init__(self, api: ApiClient, config: KubeletConfig, clock: SandboxClock | None = None) -> None:
-        self.api = api
-        self.config = config
-        self.clock = clock or SandboxClock()  # progressDeadlineSeconds runs on sandbox time
-        self.wakeup = Wakeup()
-        self.syncs = 0
-
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.sync()
-            except (ApiStatusError, aiohttp.ClientError) as err:
-                logger.warning("controller sync failed (retrying): %s", err)
-            self.syncs += 1
-            await self.wakeup.wait(self.config.resync_s)
-
-    async def sync(self) -> None:
-        deployments = await self.api.list("/apis/apps/v1/deployments")
-        replicasets = await self.api.list("/apis/apps/v1/replicasets")
-        for deployment in deployments:
-            try:
-                now = self.clock.now()
-                writes = ctl.reconcile_deployment(deployment, replicasets, now, self.config.speedup)
-            except ValueError as err:
-                logger.warning("deployment %s: %s", deployment.get("metadata", {}).get("name"), err)
-                continue
-            await self._apply(writes)
-        replicasets = await self.api.list("/apis/apps/v1/replicasets")
-        pods = await self.api.list("/api/v1/pods")
-        for rs in replicasets:
-            await self._apply(ctl.reconcile_replicaset(rs, pods))
-        await self._sync_endpoints()
-
-    async def _apply(self, writes: Iterable[ctl.Write]) -> None:
-        for write in writes:
-            await self.api.apply(write)
-
-    async def _sync_endpoints(self) -> None:
-        services = await self.api.list("/api/v1/services")
-        pods = await self.api.list("/api/v1/pods")
-        existing = {_key(e): e for e in await self.api.list("/api/v1/endpoints")}
-        slices = {_key(s): s for s in await self.api.list("/apis/discovery.k8s.io/v1/endpointslices")}
-        wanted: set[tuple[str, str]] = set()
-        for service in services:
-            desired = ctl.endpoints_for(service, pods)
-            if desired is None:
-                continue
-            endpoints, endpoint_slice = desired
-            endpoints["metadata"]["labels"][MANAGED_LABEL] = "sandbox"
-            ns = str(endpoints["metadata"]["namespace"])
-            wanted.add(_key(endpoints))
-            await self._upsert(
-                f"/api/v1/namespaces/{ns}/endpoints", existing.get(_key(endpoints)), endpoints, ("subsets",)
-            )
-            await self._upsert(
-                f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
-                slices.get(_key(endpoint_slice)),
-                endpoint_slice,
-                ("endpoints", "ports"),
-            )
-        for key, endpoints in existing.items():
-            labels = endpoints.get("metadata", {}).get("labels") or {}
-            if key not in wanted and labels.get(MANAGED_LABEL) == "sandbox":
-                await self.api.delete(f"/api/v1/namespaces/{key[0]}/endpoints/{key[1]}")
-
-    async def _upsert(
-        self,
-        collection: str,
-        current: Mapping[str, Any] | None,
-        desired: dict[str, Any],
-        fields: tuple[str, ...],
-    ) -> None:
-        if current is None:
-            await self.api.apply(ctl.Create(collection, desired))
-            return
-        if all(current.get(f) == desired.get(f) for f in fields):
-            return
-        await self.api.patch(f"{collection}/{desired['metadata']['name']}", {f: desired[f] for f in fields})
-
-
-MANAGED_LABEL = "endpoints.kubernetes.io/managed-by"
-
-
-def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
-
-
-# --------------------------------------------------------------------------------------------------
-# Kubelet
 
 
 @dataclass
@@ -711,7 +497,7 @@ class Kubelet:
             if uid not in self.workers:
                 worker = PodWorker(self, pod)
                 task = asyncio.get_running_loop().create_task(worker.run(), name=f"pod {meta.get('name')}")
-                task.add_done_callback(_log_failure)
+                task.add_done_callback(log_failure)
                 self.workers[uid] = (worker, task)
         for uid in [u for u in self.workers if u not in live]:
             await self._stop(uid)
@@ -768,51 +554,12 @@ async def stop_twin(server: Any) -> None:
         guard.cancel()
 
 
-async def stop_task(task: asyncio.Task[Any]) -> None:
-    """Cancel ``task`` and wait for it to end, without swallowing a cancellation of the caller."""
-    task.cancel()
-    await asyncio.wait({task})
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        logger.error("%s failed: %r", task.get_name(), task.exception())
-
-
-async def run_watches(api: ApiClient, targets: Iterable[Wakeup], paths: Iterable[str] = WATCHED) -> None:
-    """Watch every path and wake every target on each event, until cancelled."""
-    wakeups = list(targets)
-
-    def wake() -> None:
-        for w in wakeups:
-            w.set()
-
-    tasks = [asyncio.ensure_future(api.watch_forever(p, wake)) for p in paths]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
-    """Cancel ``tasks`` and wait for all of them to end."""
-    items = list(tasks)
-    for t in items:
-        t.cancel()
-    await asyncio.gather(*items, return_exceptions=True)
-
-
 __all__ = [
-    "ApiClient",
-    "ApiStatusError",
-    "ControllerManager",
+    "PROBE_FAILURE_THRESHOLD",
+    "AddressPool",
+    "ApiStatusError",  # re-exported: bench/_reliability_faults.py imports it from here
     "Kubelet",
     "KubeletConfig",
     "PodWorker",
-    "Wakeup",
-    "cancel_all",
-    "run_watches",
-    "stop_task",
+    "stop_twin",
 ]

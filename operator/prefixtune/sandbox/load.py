@@ -35,8 +35,9 @@ from typing import Any
 import aiohttp
 
 from prefixtune.sandbox import controllers as ctl
+from prefixtune.sandbox.client import ApiClient, ApiStatusError
 from prefixtune.sandbox.clock import SandboxClock
-from prefixtune.sandbox.kubelet import ApiClient, ApiStatusError, Wakeup, stop_task
+from prefixtune.sandbox.tasks import Wakeup, stop_task
 from prefixtune.twin.loadgen import Record, completion_body
 from prefixtune.twin.openai_api import error_message
 from prefixtune.twin.request import Request

@@ -2,7 +2,7 @@
 
 ::
 
-    async with sandbox(speedup=20, prometheus="auto") as sb:
+    async with sandbox(SandboxOptions(speedup=20, prometheus="auto")) as sb:
         sb.url          # the emulated API server (http://127.0.0.1:PORT)
         sb.kubeconfig   # a kubeconfig file for it (kopf, the kubernetes client, kubectl)
         sb.emulator     # the RealisticEmulator (assert on stored objects in tests)
@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -30,21 +30,15 @@ from typing import Any, Literal
 import aiohttp
 
 from prefixtune.clockfile import ClockFile
+from prefixtune.sandbox.client import ApiClient, ApiStatusError, run_watches
 from prefixtune.sandbox.clock import SandboxClock, run_pacer
+from prefixtune.sandbox.controller_manager import ControllerManager
 from prefixtune.sandbox.emulator import RealisticEmulator, serve_emulator, write_kubeconfig
 from prefixtune.sandbox.faults import ApiFaults, MetricsFaults
-from prefixtune.sandbox.kubelet import (
-    ApiClient,
-    ApiStatusError,
-    ControllerManager,
-    Kubelet,
-    KubeletConfig,
-    Wakeup,
-    cancel_all,
-    run_watches,
-)
+from prefixtune.sandbox.kubelet import Kubelet, KubeletConfig
 from prefixtune.sandbox.load import SDEP_PATH, LoadManager
 from prefixtune.sandbox.prometheus import PrometheusRunner, prometheus_binary
+from prefixtune.sandbox.tasks import Wakeup, cancel_all
 
 logger = logging.getLogger(__name__)
 
@@ -163,68 +157,81 @@ async def _prometheus_sync(api: ApiClient, runner: PrometheusRunner, wakeup: Wak
         await wakeup.wait(resync_s)
 
 
-@contextlib.asynccontextmanager
-async def sandbox(
-    *,
-    port: int = 0,
-    host: str = "127.0.0.1",
-    kubeconfig: str | Path | None = None,
-    namespace: str = "default",
-    speedup: float = 1.0,
-    prometheus: str = "off",
-    scrape_interval_s: float = 1.0,
-    load: bool = True,
-    config: KubeletConfig | None = None,
-    seed: int = 0,
-    crds: list[dict[str, Any]] | None = None,
-    api_faults: ApiFaults | None = None,
-    metrics_faults: MetricsFaults | None = None,
-    prometheus_duplicate_jobs: int = 0,
-    knob_overrides: Mapping[str, object] | None = None,
-) -> AsyncIterator[Sandbox]:
-    """Run the sandbox in this event loop for the duration of the block.
+@dataclass(frozen=True)
+class SandboxOptions:
+    """What a sandbox runs: ``sandbox(SandboxOptions(speedup=20, crds=[crd]))``.
 
-    ``config`` sets the kubelet's timings (its ``speedup`` is replaced by ``speedup``); ``crds`` are
-    CustomResourceDefinitions to install before anything starts (e.g. the ServingDeployment CRD).
-    ``api_faults`` and ``metrics_faults`` inject faults (``faults.py``; off when None);
-    ``prometheus_duplicate_jobs`` has Prometheus scrape every engine pod that many more times.
-    ``knob_overrides`` makes every engine run these knob values whatever its command says (an engine
-    that ignores a knob, as TensorRT-LLM's shallow kv_cache_config merge ignores the CLI fraction).
+    ``config`` sets the kubelet's timings (its ``speedup`` and ``seed`` are replaced by these);
+    ``crds`` are CustomResourceDefinitions to install before anything starts (e.g. the
+    ServingDeployment CRD). ``api_faults`` and ``metrics_faults`` inject faults (``faults.py``; off
+    when None); ``prometheus_duplicate_jobs`` has Prometheus scrape every engine pod that many more
+    times. ``knob_overrides`` makes every engine run these knob values whatever its command says (an
+    engine that ignores a knob, as TensorRT-LLM's shallow kv_cache_config merge ignores the CLI
+    fraction).
     """
-    if not speedup > 0:
-        raise ValueError(f"speedup: must be > 0, got {speedup}")
-    run_prometheus, note = resolve_prometheus(prometheus)
-    cfg = replace(config or KubeletConfig(), speedup=float(speedup), seed=seed)
+
+    # Serving: the API server's address, and the kubeconfig written for it.
+    port: int = 0  # 0 picks a free port
+    host: str = "127.0.0.1"
+    kubeconfig: str | Path | None = None  # None: a file in the sandbox's temporary directory
+    namespace: str = "default"  # the kubeconfig's namespace
+    # What runs, and how fast.
+    speedup: float = 1.0  # simulated seconds per sandbox second
+    config: KubeletConfig | None = None
+    seed: int = 0
+    crds: Sequence[Mapping[str, Any]] = ()
+    load: bool = True  # the load manager (traffic for ServingDeployments that ask for it)
+    prometheus: str = "off"  # auto | on | off (``resolve_prometheus``)
+    scrape_interval_s: float = 1.0
+    # Fault injection (off by default).
+    api_faults: ApiFaults | None = None
+    metrics_faults: MetricsFaults | None = None
+    prometheus_duplicate_jobs: int = 0
+    knob_overrides: Mapping[str, object] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.speedup > 0:
+            raise ValueError(f"speedup: must be > 0, got {self.speedup}")
+
+
+@contextlib.asynccontextmanager
+async def sandbox(options: SandboxOptions | None = None) -> AsyncIterator[Sandbox]:
+    """Run the sandbox in this event loop for the duration of the block (``SandboxOptions``: what runs)."""
+    opts = options or SandboxOptions()
+    run_prometheus, note = resolve_prometheus(opts.prometheus)
+    cfg = replace(opts.config or KubeletConfig(), speedup=float(opts.speedup), seed=opts.seed)
     with contextlib.ExitStack() as files:
         tmp = files.enter_context(tempfile.TemporaryDirectory(prefix="prefixtune-sandbox-"))
-        kubeconfig_path = Path(tmp) / "kubeconfig" if kubeconfig is None else Path(kubeconfig)
+        kubeconfig_path = Path(tmp) / "kubeconfig" if opts.kubeconfig is None else Path(opts.kubeconfig)
         clock = SandboxClock()
         clock_file = ClockFile(Path(tmp) / "clock")
         files.callback(clock_file.close)
         clock_file.write(clock.tick())
-        emulator = SandboxEmulator(seed=seed, faults=api_faults)
-        async with serve_emulator(port=port, host=host, emulator=emulator) as (emulator, url):
-            write_kubeconfig(kubeconfig_path, url, namespace)
+        emulator = SandboxEmulator(seed=opts.seed, faults=opts.api_faults)
+        async with serve_emulator(port=opts.port, host=opts.host, emulator=emulator) as (emulator, url):
+            write_kubeconfig(kubeconfig_path, url, opts.namespace)
             session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
             api = ApiClient(url, session)
             runner: PrometheusRunner | None = None
             tasks: list[asyncio.Task[Any]] = []
             try:
-                for crd in crds or ():
+                for crd in opts.crds:
                     await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
                 controllers = ControllerManager(api, cfg, clock)
                 kubelet = Kubelet(api, cfg, clock)
                 files.callback(kubelet.close)  # its address octet is claimed until the sandbox ends
-                kubelet.metrics_faults = metrics_faults
-                kubelet.knob_overrides = dict(knob_overrides or {})
-                loads = LoadManager(api, speedup=cfg.speedup, seed=seed, clock=clock) if load else None
+                kubelet.metrics_faults = opts.metrics_faults
+                kubelet.knob_overrides = dict(opts.knob_overrides or {})
+                loads = None
+                if opts.load:
+                    loads = LoadManager(api, speedup=cfg.speedup, seed=opts.seed, clock=clock)
                 wakeups = [controllers.wakeup, kubelet.wakeup]
                 if run_prometheus:
                     runner = PrometheusRunner(
-                        host=host,
-                        scrape_interval_s=scrape_interval_s,
+                        host=opts.host,
+                        scrape_interval_s=opts.scrape_interval_s,
                         dcgm_port=cfg.dcgm_port,
-                        duplicate_jobs=prometheus_duplicate_jobs,
+                        duplicate_jobs=opts.prometheus_duplicate_jobs,
                     )
                     await runner.start()
                     prom_wakeup = Wakeup()
@@ -296,4 +303,12 @@ def usage_text(sb: Sandbox) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PROMETHEUS_MODES", "Sandbox", "SandboxEmulator", "resolve_prometheus", "sandbox", "usage_text"]
+__all__ = [
+    "PROMETHEUS_MODES",
+    "Sandbox",
+    "SandboxEmulator",
+    "SandboxOptions",
+    "resolve_prometheus",
+    "sandbox",
+    "usage_text",
+]

@@ -1,0 +1,115 @@
+"""The sandbox's controller manager: the Deployment, ReplicaSet and Endpoints/EndpointSlice
+controllers of ``controllers.py``, run level-triggered: every watch event (Deployments,
+ReplicaSets, Pods, Services) wakes a full resync, and a periodic resync catches anything else.
+``controllers.py`` computes the writes (a functional core); this module reads, applies and loops.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import aiohttp
+
+from prefixtune.sandbox import controllers as ctl
+from prefixtune.sandbox.client import ApiClient, ApiStatusError
+from prefixtune.sandbox.clock import SandboxClock
+from prefixtune.sandbox.kubelet import KubeletConfig
+from prefixtune.sandbox.tasks import Wakeup
+
+logger = logging.getLogger(__name__)
+
+
+class ControllerManager:
+    """Runs the Deployment, ReplicaSet and Endpoints controllers until cancelled."""
+
+    def __init__(self, api: ApiClient, config: KubeletConfig, clock: SandboxClock | None = None) -> None:
+        self.api = api
+        self.config = config
+        self.clock = clock or SandboxClock()  # progressDeadlineSeconds runs on sandbox time
+        self.wakeup = Wakeup()
+        self.syncs = 0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.sync()
+            except (ApiStatusError, aiohttp.ClientError) as err:
+                logger.warning("controller sync failed (retrying): %s", err)
+            self.syncs += 1
+            await self.wakeup.wait(self.config.resync_s)
+
+    async def sync(self) -> None:
+        deployments = await self.api.list("/apis/apps/v1/deployments")
+        replicasets = await self.api.list("/apis/apps/v1/replicasets")
+        for deployment in deployments:
+            try:
+                now = self.clock.now()
+                writes = ctl.reconcile_deployment(deployment, replicasets, now, self.config.speedup)
+            except ValueError as err:
+                logger.warning("deployment %s: %s", deployment.get("metadata", {}).get("name"), err)
+                continue
+            await self._apply(writes)
+        replicasets = await self.api.list("/apis/apps/v1/replicasets")
+        pods = await self.api.list("/api/v1/pods")
+        for rs in replicasets:
+            await self._apply(ctl.reconcile_replicaset(rs, pods))
+        await self._sync_endpoints()
+
+    async def _apply(self, writes: Iterable[ctl.Write]) -> None:
+        for write in writes:
+            await self.api.apply(write)
+
+    async def _sync_endpoints(self) -> None:
+        services = await self.api.list("/api/v1/services")
+        pods = await self.api.list("/api/v1/pods")
+        existing = {_key(e): e for e in await self.api.list("/api/v1/endpoints")}
+        slices = {_key(s): s for s in await self.api.list("/apis/discovery.k8s.io/v1/endpointslices")}
+        wanted: set[tuple[str, str]] = set()
+        for service in services:
+            desired = ctl.endpoints_for(service, pods)
+            if desired is None:
+                continue
+            endpoints, endpoint_slice = desired
+            endpoints["metadata"]["labels"][MANAGED_LABEL] = "sandbox"
+            ns = str(endpoints["metadata"]["namespace"])
+            wanted.add(_key(endpoints))
+            await self._upsert(
+                f"/api/v1/namespaces/{ns}/endpoints", existing.get(_key(endpoints)), endpoints, ("subsets",)
+            )
+            await self._upsert(
+                f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
+                slices.get(_key(endpoint_slice)),
+                endpoint_slice,
+                ("endpoints", "ports"),
+            )
+        for key, endpoints in existing.items():
+            labels = endpoints.get("metadata", {}).get("labels") or {}
+            if key not in wanted and labels.get(MANAGED_LABEL) == "sandbox":
+                await self.api.delete(f"/api/v1/namespaces/{key[0]}/endpoints/{key[1]}")
+
+    async def _upsert(
+        self,
+        collection: str,
+        current: Mapping[str, Any] | None,
+        desired: dict[str, Any],
+        fields: tuple[str, ...],
+    ) -> None:
+        if current is None:
+            await self.api.apply(ctl.Create(collection, desired))
+            return
+        if all(current.get(f) == desired.get(f) for f in fields):
+            return
+        await self.api.patch(f"{collection}/{desired['metadata']['name']}", {f: desired[f] for f in fields})
+
+
+MANAGED_LABEL = "endpoints.kubernetes.io/managed-by"
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+__all__ = ["MANAGED_LABEL", "ControllerManager"]

@@ -1,0 +1,175 @@
+"""The emulator's shared state and lookups: what its parts (store, watch, CRDs, GC, discovery) build on.
+
+``EmulatorCore`` holds the fields every part reads (the seed, the faults, the resourceVersion
+counter) and the lookups over kmock's object store; each part is a mixin over it (``store.py``
+combines them into ``RealisticEmulator``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import random
+import uuid
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import kmock
+from kmock._internal import k8s_dicts, rendering
+
+from prefixtune.sandbox import _selectors
+from prefixtune.sandbox.emulator.errors import api_error, not_found
+from prefixtune.sandbox.faults import ApiFaults
+
+NAMESPACES = kmock.resource("", "v1", "namespaces")
+ALL_VERBS = frozenset({"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"})
+
+
+def _load_bundled(resources: kmock.ResourcesArray) -> None:
+    with warnings.catch_warnings():  # kmock 0.8 uses the deprecated importlib.resources.read_binary
+        warnings.simplefilter("ignore", DeprecationWarning)
+        resources.load_bundled()
+
+
+@functools.cache
+def builtin_groups() -> frozenset[str]:
+    """API groups of the bundled built-in resources (strategic merge patch is allowed only there)."""
+    bundled = kmock.ResourcesArray()
+    _load_bundled(bundled)
+    return frozenset(str(res.group) for res in bundled)
+
+
+def api_version(res: kmock.resource) -> str:
+    return f"{res.version}" if not res.group else f"{res.group}/{res.version}"
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _content(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything that counts as a spec change for ``generation``: all but metadata and status."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
+_Key = tuple[kmock.resource, str | None, str]
+
+
+@attrs.define(kw_only=True)
+class EmulatorCore(kmock.KubernetesEmulator):
+    """kmock's emulator with the state and the lookups shared by the parts of ``RealisticEmulator``."""
+
+    seed: int = 0  # names from generateName and uids are drawn from this seed
+    builtins: bool = True  # declare kmock's bundled built-in resources (core, apps, events, CRDs...)
+    namespaces: tuple[str, ...] = ("default", "kube-system", "kube-public")  # pre-created with builtins
+    faults: ApiFaults | None = None  # fault injection for the clients under test (off by default)
+    _rv: int = attrs.field(default=0, init=False)
+    _rng: random.Random = attrs.field(factory=random.Random, init=False)
+
+    @property
+    def resource_version(self) -> int:
+        """The current value of the global resourceVersion counter."""
+        return self._rv
+
+    def _next_rv(self) -> int:
+        self._rv += 1
+        return self._rv
+
+    def _stamp(self, res: kmock.resource, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server metadata of a new object stored without a request (the pre-created namespaces)."""
+        obj["metadata"].update(
+            uid=str(uuid.UUID(int=self._rng.getrandbits(128), version=4)),
+            creationTimestamp=_now(),
+            generation=1,
+            resourceVersion=str(self._next_rv()),
+        )
+        obj.setdefault("apiVersion", api_version(res))
+        obj.setdefault("kind", self._info(res).kind)
+        return obj
+
+    def _info(self, res: kmock.resource) -> kmock.ResourceInfo:
+        if res in self.resources:
+            return self.resources[res]
+        if any(known == res for known in self._get_resources()):
+            return kmock.ResourceInfo()
+        raise api_error(
+            404, f"the server could not find the requested resource ({api_version(res)}, {res.plural})"
+        )
+
+    def _key(
+        self, res: kmock.resource, info: kmock.ResourceInfo, url_namespace: str | None, name: str
+    ) -> _Key:
+        if info.namespaced is False and url_namespace is not None:
+            raise not_found(res, name)
+        return (res, url_namespace, name)
+
+    def _live(self, key: _Key) -> dict[str, Any] | None:
+        if key not in self._objects:
+            return None
+        stored: k8s_dicts.Object = self._objects[key]
+        return None if stored.deleted else stored.raw
+
+    def _scan(self, request: rendering.Request) -> list[tuple[_Key, dict[str, Any]]]:
+        """Live objects of the request's resource, namespace and name, ordered as etcd keys are."""
+        found = [
+            (key, stored.raw)
+            for key, stored in self._objects.items()
+            if key[0] == request.resource
+            and not stored.deleted
+            and (request.namespace is None or key[1] == request.namespace)
+            and (request.name is None or key[2] == request.name)
+        ]
+        return sorted(found, key=lambda item: (item[0][1] or "", item[0][2]))
+
+    @staticmethod
+    def _selector(request: rendering.Request) -> _selectors.Selector:
+        try:
+            return _selectors.build_selector(
+                request.params.get("labelSelector"), request.params.get("fieldSelector")
+            )
+        except _selectors.SelectorError as exc:
+            raise api_error(400, str(exc)) from exc
+
+    @staticmethod
+    def _body_object(request: rendering.Request) -> dict[str, Any]:
+        if not isinstance(request.data, Mapping):
+            raise api_error(400, "the request body must be a JSON object")
+        return dict(request.data)
+
+    def _check_subresource(
+        self, res: kmock.resource, info: kmock.ResourceInfo, subresource: str | None
+    ) -> None:
+        if subresource is None:
+            return
+        if subresource != "status" or "status" not in info.subresources:
+            raise api_error(
+                404,
+                f"the subresource {subresource!r} of {res.plural} is not served (only status is emulated)",
+            )
+
+    if TYPE_CHECKING:  # the writes the other parts call, declared for the type checker only
+
+        async def _update(  # store.py
+            self,
+            res: kmock.resource,
+            key: _Key,
+            current: dict[str, Any],
+            new: Any,
+            subresource: str | None,
+            dry: bool,
+        ) -> dict[str, Any]: ...
+
+        async def _remove(  # store.py
+            self, res: kmock.resource, key: _Key, final: dict[str, Any], orphan: bool = False
+        ) -> dict[str, Any]: ...
+
+        async def _emit(  # watch.py
+            self, res: kmock.resource, kind: str, obj: dict[str, Any], old: dict[str, Any] | None
+        ) -> None: ...
