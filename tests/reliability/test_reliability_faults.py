@@ -405,7 +405,7 @@ def test_a_hold_set_during_a_trial_that_then_crashes_does_not_block_tuning_forev
     from prefixtune.tuning.actions import RollOut, SetCondition
     from prefixtune.tuning.optimizer import Suggestion
     from prefixtune.tuning.policy import step
-    from prefixtune.tuning.state import Observation
+    from prefixtune.tuning.state import MetricsUnavailable, RolloutFailed, RolloutReady, Tick
 
     def suggester(*_: Any) -> Suggestion:
         return Suggestion(B, "next")
@@ -415,15 +415,13 @@ def test_a_hold_set_during_a_trial_that_then_crashes_does_not_block_tuning_forev
     state = _state([_trial(0, A), trial], phase="Exploring", step="Measuring", active=1, best=0,
                    measure_from=10.0, measure_until=20.0)  # fmt: skip
     state = state.model_copy(update={"settings": settings})
-    state, _ = step(state, Observation(kind="metrics_unavailable", reason="dying pod"), 11.0, suggester)
+    state, _ = step(state, MetricsUnavailable(reason="dying pod"), 11.0, suggester)
     assert state.metrics_held
-    state, _ = step(
-        state, Observation(kind="rollout_failed", config=B, failure="oom_runtime"), 12.0, suggester
-    )
+    state, _ = step(state, RolloutFailed(config=B, failure="oom_runtime"), 12.0, suggester)
     assert state.trial(1).outcome == "infeasible" and state.step == "RollingBack" and state.target == A
     assert not state.metrics_held  # the window the hold was for is gone
-    state, _ = step(state, Observation(kind="rollout_ready", config=A), 13.0, suggester)
-    state, actions = step(state, Observation(kind="tick"), 14.0, suggester)
+    state, _ = step(state, RolloutReady(config=A), 13.0, suggester)
+    state, actions = step(state, Tick(), 14.0, suggester)
     assert any(isinstance(a, RollOut) for a in actions), (state.phase, state.step)  # tuning goes on
-    state, actions = step(state, Observation(kind="metrics_unavailable"), 15.0, suggester)
+    state, actions = step(state, MetricsUnavailable(), 15.0, suggester)
     assert state.metrics_held and any(isinstance(a, SetCondition) for a in actions)  # and holds again

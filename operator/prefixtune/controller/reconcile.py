@@ -43,7 +43,7 @@ from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.tuning.actions import Action, EmitEvent
 from prefixtune.tuning.phases import Phase
 from prefixtune.tuning.policy import initial_state, step
-from prefixtune.tuning.state import Observation, PolicyState
+from prefixtune.tuning.state import Observation, PolicyState, SpecChanged, Tick
 
 logger = logging.getLogger(__name__)
 
@@ -161,8 +161,8 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
     if state is None or state.engine != str(spec.engine) or state.phase == Phase.PENDING:
         state = initial_state(str(spec.engine), settings, spec.knob_config(), generation, key)
     elif state.spec_generation != generation:
-        obs = Observation(
-            kind="spec_changed", settings=settings, config=spec.knob_config(), generation=generation,
+        obs = SpecChanged(
+            settings=settings, config=spec.knob_config(), generation=generation,
             deployment_key=key,
         )  # fmt: skip
         state = await _advance(state, obs, now, actions)
@@ -174,7 +174,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
     if state.phase == Phase.PENDING:
         # The policy's clock starts once the baseline serves: warm-up must not run on loading pods.
         if deployment_ready(children.deployments.get("baseline"), config_hash(state.current)):
-            state = await _advance(state, Observation(kind="tick"), now, actions)
+            state = await _advance(state, Tick(), now, actions)
     else:
         rollout = rollout_observation(state, children.deployments, children.pods)
         if rollout is not None:
@@ -187,7 +187,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
         )
         if window is not None:
             state = await _advance(state, window, now, actions)
-        state = await _advance(state, Observation(kind="tick"), now, actions)
+        state = await _advance(state, Tick(), now, actions)
 
     signals = ctx.meter.last_signals.get(uid)
     diagnosis = (

@@ -9,10 +9,10 @@ from prefixtune.tuning.policy import (
     rollout,
 )
 from prefixtune.tuning.policy._core import Core
-from prefixtune.tuning.state import Observation
+from prefixtune.tuning.state import SpecChanged
 
 
-def on_spec_changed(self: Core, obs: Observation) -> None:
+def on_spec_changed(self: Core, obs: SpecChanged) -> None:
     old = self.s.settings
     new = obs.settings or old
     if obs.generation is not None:
