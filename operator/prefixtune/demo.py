@@ -72,9 +72,7 @@ def progress_rows(objs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     rows = [["RESOURCE", "ENGINE", "PHASE", "TRIAL", "BEST SCORE", "HIT RATE", "CURRENT CONFIG"]]
     for obj in objs:
         meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-        trials = [
-            t for t in status.get("trials") or [] if not str(t.get("reason", "")).startswith("[baseline]")
-        ]
+        trials = [t for t in status.get("trials") or [] if t.get("role") != "baseline"]
         done = sum(1 for t in trials if t.get("outcome") not in ("running", "invalidated"))
         budget = ((spec.get("tuning") or {}).get("budget") or {}).get("maxTrials", "?")
         best = (status.get("bestConfig") or {}).get("score")
@@ -104,7 +102,7 @@ def summary(objs: Sequence[Mapping[str, Any]]) -> str:
     for obj in objs:
         meta, status = obj.get("metadata") or {}, obj.get("status") or {}
         trials = status.get("trials") or []
-        baseline = next((t for t in trials if str(t.get("reason", "")).startswith("[baseline]")), None)
+        baseline = next((t for t in trials if t.get("role") == "baseline"), None)
         best = status.get("bestConfig") or {}
         name = f"{meta.get('namespace')}/{meta.get('name')} ({(obj.get('spec') or {}).get('engine')})"
         lines.append(f"{name}: phase {status.get('phase', 'Pending')}, {len(trials)} trials")

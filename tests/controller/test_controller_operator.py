@@ -109,8 +109,16 @@ def test_demo_resource_table_and_summary() -> None:
         "bestConfig": {"config": cfg, "score": 60.0},
         "diagnosis": {"hitRate": 0.9},
         "trials": [
-            {"index": 0, "reason": "[baseline] measure", "config": cfg, "outcome": "ok", "score": 40.0},
-            {"index": 1, "reason": "x", "config": cfg, "outcome": "infeasible"},
+            # as Trial.to_status writes them: the role says which trial is the baseline
+            {
+                "index": 0,
+                "role": "baseline",
+                "reason": "goodput 40",
+                "config": cfg,
+                "outcome": "ok",
+                "score": 40.0,
+            },
+            {"index": 1, "role": "trial", "reason": "x", "config": cfg, "outcome": "infeasible"},
         ],
     }
     rows = progress_rows([res])
