@@ -528,15 +528,14 @@ def test_deployment_change_starts_a_new_epoch_with_a_fresh_baseline() -> None:
     assert (r.state.phase, r.state.epoch) == ("Baseline", 2) and of(acts, EmitEvent)
 
 
-def test_deployment_key_is_stored_on_first_sight_without_restarting() -> None:
+def test_a_spec_change_without_a_deployment_key_keeps_the_stored_one() -> None:
     r = Run()
+    r.state = initial_state(ENGINE, SETTINGS, DEFAULT, deployment_key="k1")
     now = r.baseline()
-    assert r.state.deployment_key == "" and r.state.phase == "Exploring"
-    acts = _spec_change(r, now + 10, "k1", 2)
-    assert r.state.deployment_key == "k1" and (r.state.phase, r.state.epoch) == ("Exploring", 0)
-    assert not [e for e in of(acts, EmitEvent) if e.reason == "DeploymentChanged"]
+    assert r.state.deployment_key == "k1" and r.state.phase == "Exploring"
     # an observation without a key (caller does not know it) keeps the stored one
-    _spec_change(r, now + 20, "", 3)
+    acts = _spec_change(r, now + 20, "", 3)
+    assert not [e for e in of(acts, EmitEvent) if e.reason == "DeploymentChanged"]
     assert r.state.deployment_key == "k1" and r.state.epoch == 0
     back = PolicyState.from_json(r.state.to_json())
     assert back.deployment_key == "k1" and back == r.state

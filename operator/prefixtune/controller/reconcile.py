@@ -166,9 +166,9 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
             deployment_key=key,
         )  # fmt: skip
         state = await _advance(state, obs, now, actions)
-    elif state.settings != settings or not state.deployment_key:
-        # e.g. a changed operator-level ready timeout; a state stored before deployment keys: adopt it
-        state = state.model_copy(update={"settings": settings, "deployment_key": key})
+    elif state.settings != settings:
+        # e.g. a changed operator-level ready timeout
+        state = state.model_copy(update={"settings": settings})
 
     children = await read_children(client, owner)
     if state.phase == Phase.PENDING:
