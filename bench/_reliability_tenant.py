@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,24 +170,10 @@ async def foreign_objects(ticks: int = 3) -> dict[str, Any]:
         }
 
 
-async def timed(call: Callable[[], Awaitable[Any]]) -> float:
-    began = time.perf_counter()
-    await call()
-    return time.perf_counter() - began
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-@dataclass
-class Latencies:
-    values: list[float] = field(default_factory=list)
-
-    def worst(self) -> float:
-        return max(self.values, default=0.0)
 
 
 # --- SSRF --------------------------------------------------------------------------------------------
