@@ -558,11 +558,11 @@ async def scraped_twice(window_s: int = 8, timeout_s: float = 90.0) -> dict[str,
             requests, Selector((*sel.matchers, Matcher("job", "=", ENGINE_JOB)))
         )
         keep = prometheus_source._one_job_per_pod
-        prometheus_source._one_job_per_pod = lambda rows: lambda labels: True  # type: ignore[assignment]
+        prometheus_source._one_job_per_pod = lambda rows: lambda labels: True
         try:
             summed = await asyncio.to_thread(requests, Selector.pods(pods))
         finally:
-            prometheus_source._one_job_per_pod = keep  # type: ignore[assignment]
+            prometheus_source._one_job_per_pod = keep
         return {
             "jobs": sorted(jobs),
             "counted": counted,

@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefixtune.benchcli import load_bench
+from bench import _reliability_faults as faults
+from bench import _reliability_tenant as tenant
 
 DEFAULT_FUZZ = 1000
 DEFAULT_FUZZ_LIVE = 100
@@ -55,7 +56,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _options(argv: Sequence[str]) -> argparse.Namespace:
-    faults = load_bench("_reliability_faults")
     p = _parser()
     args = p.parse_args(list(argv))
     args.repeats = args.repeats if args.repeats is not None else (1 if args.quick else 2)
@@ -81,11 +81,8 @@ def _options(argv: Sequence[str]) -> argparse.Namespace:
 async def _fuzz(
     args: argparse.Namespace, errors: list[str]
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    try:
-        fuzz = load_bench("_reliability_fuzz")
-    except FileNotFoundError as err:
-        errors.append(f"fuzzing not run: {err} (it provides fuzz_validation and fuzz_live)")
-        return None, None
+    from bench import _reliability_fuzz as fuzz  # hypothesis: imported only when fuzzing
+
     validation: dict[str, Any] | None = None
     live: dict[str, Any] | None = None
     if args.fuzz:
@@ -103,11 +100,6 @@ async def _fuzz(
 
 async def _tenant(errors: list[str]) -> dict[str, Any] | None:
     """The hostile-tenant cases (issue #17): foreign objects, SSRF, stalled tenants."""
-    try:
-        tenant = load_bench("_reliability_tenant")
-    except FileNotFoundError as err:
-        errors.append(f"tenant cases not run: {err}")
-        return None
     out: dict[str, Any] = {}
     for name, case in (("foreign", tenant.foreign_objects), ("ssrf", tenant.ssrf), ("stall", tenant.stall)):
         started = time.monotonic()
@@ -174,7 +166,6 @@ def _sum(per: list[dict[str, int]]) -> dict[str, int]:
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    faults = load_bench("_reliability_faults")
     started = time.monotonic()
     errors: list[str] = []
     results = []

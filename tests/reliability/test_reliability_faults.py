@@ -18,8 +18,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bench import _reliability_faults as faults_bench
 from prefixtune.api import validate_spec
-from prefixtune.benchcli import load_bench
 from prefixtune.controller.measure import Meter
 from prefixtune.controller.observe import PodView
 from prefixtune.controller.render import LABEL_CONFIG_HASH, config_hash
@@ -33,9 +33,6 @@ from prefixtune.tuning.state import PolicyState, Trial
 CMS = "/api/v1/namespaces/default/configmaps"
 TOKEN = {"Authorization": "Bearer operator-0"}
 MERGE = {"Content-Type": "application/merge-patch+json"}
-
-
-faults_bench = load_bench("_reliability_faults")
 
 
 # ----------------------------------------------------------------------------- ApiFaults (pure)
