@@ -22,7 +22,7 @@ from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.controller import applied
 from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.observe import PodView, desired, pods_of
-from prefixtune.controller.render import Role, config_hash, prometheus_labels
+from prefixtune.controller.render import DeploymentRole, config_hash, prometheus_labels
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import MetricNames
 from prefixtune.metrics.bounded import METRICS_POOL, BoundedPrometheus
@@ -110,7 +110,7 @@ class Meter:
         if trial is None or trial.verified or state.step not in WINDOW_STEPS:
             return None
         want = desired(state)
-        role: Role = want.subject
+        role: DeploymentRole = want.subject
         mine = [p for p in pods_of(pods, role, config_hash(trial.config)) if p.ready]
         snaps, _ = await self._scrape(spec, mine) if mine else ({}, [])
         if not snaps:
@@ -161,9 +161,9 @@ class Meter:
             return ("watch", state.phase, state.epoch), state.measure_from or 0.0
         return None
 
-    def _groups(self, state: PolicyState, pods: Sequence[PodView]) -> dict[Role, list[PodView]]:
+    def _groups(self, state: PolicyState, pods: Sequence[PodView]) -> dict[DeploymentRole, list[PodView]]:
         want = desired(state)
-        groups: dict[Role, list[PodView]] = {
+        groups: dict[DeploymentRole, list[PodView]] = {
             "baseline": pods_of(pods, "baseline", config_hash(want.baseline))
         }
         if want.canary is not None:
@@ -233,7 +233,7 @@ class Meter:
         if not (full or partial_due):
             return None
         end, errors = await self._scrape(spec, everyone)
-        subject: Role = "canary" if "canary" in groups else "baseline"
+        subject: DeploymentRole = "canary" if "canary" in groups else "baseline"
         gaps = _gaps(start.snaps, end, everyone) or ([_empty(end)] if _empty(end) else [])
         if gaps:
             # Series the window began with are missing now (an empty or NaN exposition): the data
@@ -305,7 +305,7 @@ class Meter:
             window = int(max(now - last[1], 1))
             self.watch_from[uid] = (key, now)
         groups = self._groups(state, pods)
-        subject: Role = "canary" if "canary" in groups else "baseline"
+        subject: DeploymentRole = "canary" if "canary" in groups else "baseline"
         client = BoundedPrometheus(url, ca_file=admin.prometheus_ca_file, budget_s=self.budget_s)
         source = PrometheusSource(
             client,

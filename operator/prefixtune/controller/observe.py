@@ -16,7 +16,7 @@ from typing import Any
 from prefixtune.controller.render import (
     LABEL_CONFIG_HASH,
     LABEL_ROLE,
-    Role,
+    DeploymentRole,
     config_hash,
     template_hash,
 )
@@ -42,11 +42,11 @@ class Desired:
     canary: KnobConfig | None = None
 
     @property
-    def subject(self) -> Role:
+    def subject(self) -> DeploymentRole:
         """The Deployment a rollout in flight is waiting on."""
         return "canary" if self.canary is not None else "baseline"
 
-    def config_of(self, role: Role) -> KnobConfig | None:
+    def config_of(self, role: DeploymentRole) -> KnobConfig | None:
         return self.baseline if role == "baseline" else self.canary
 
 
@@ -167,7 +167,7 @@ def deployment_ready(deployment: Mapping[str, Any] | None, expected_hash: str) -
     )
 
 
-def pods_of(pods: Sequence[PodView], role: Role, digest: str | None = None) -> list[PodView]:
+def pods_of(pods: Sequence[PodView], role: DeploymentRole, digest: str | None = None) -> list[PodView]:
     return [
         p for p in pods if p.role == role and not p.deleting and (digest is None or p.config_hash == digest)
     ]
@@ -175,7 +175,7 @@ def pods_of(pods: Sequence[PodView], role: Role, digest: str | None = None) -> l
 
 def rollout_observation(
     state: PolicyState,
-    deployments: Mapping[Role, Mapping[str, Any] | None],
+    deployments: Mapping[DeploymentRole, Mapping[str, Any] | None],
     pods: Sequence[PodView],
 ) -> Observation | None:
     """What the pods say about the rollout or trial in flight; None when there is nothing to report."""

@@ -79,7 +79,7 @@ def resource_path(namespace: str, name: str) -> str:
 
 
 @dataclass
-class Outcome:
+class Reconciled:
     """What one reconcile did (for logs and tests)."""
 
     phase: str = ""
@@ -115,7 +115,7 @@ async def _advance(state: PolicyState, obs: Observation, now: float, actions: li
     return new
 
 
-async def reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome | None:
+async def reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconciled | None:
     """Reconcile once; None when the resource is gone."""
     async with ctx.lock(f"{namespace}/{name}"):
         started = time.perf_counter()
@@ -131,7 +131,7 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome 
                 logger.warning("reconcile of %s/%s took %.1fs", namespace, name, took)
 
 
-async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome | None:
+async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconciled | None:
     client = ctx.client
     require(API_GROUP, PLURAL, "get")
     body = await client.get(resource_path(namespace, name))
@@ -198,7 +198,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
         state, actions, previous, now=now, generation=generation,
         ready=ready_condition(spec, children, found), diagnosis=diagnosis,
     )  # fmt: skip
-    outcome = Outcome(phase=state.phase, actions=actions)
+    outcome = Reconciled(phase=state.phase, actions=actions)
     try:
         require(API_GROUP, f"{PLURAL}/status", "patch")
         written = await client.merge_patch(
@@ -282,11 +282,11 @@ async def _invalid(
     errors: list[str],
     now: float,
     generation: int,
-) -> Outcome:
+) -> Reconciled:
     """An invalid spec: a condition and a Warning Event naming the fields; nothing is rolled out."""
     meta = body["metadata"]
     namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
-    outcome = Outcome(phase=str(Phase.FAILED), invalid=errors)
+    outcome = Reconciled(phase=str(Phase.FAILED), invalid=errors)
     ready: dict[str, Any] = next(
         (c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {}
     )
