@@ -62,7 +62,7 @@ import sys
 import time
 from array import array
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,9 +197,13 @@ class TwinServer:
         pod: str = "",
         namespace: str = "",
         engine_version: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not speedup > 0:
             raise ValueError(f"--speedup must be > 0; got {speedup}")
+        # Wall seconds; the sandbox passes its clock, which stands still while its loop is stalled
+        # (``sandbox.clock``), so that simulated time follows what the machine keeps up with.
+        self.clock = clock
         self.engine_name = EngineName(engine)
         self.adapter = get_adapter(self.engine_name)
         self.parsed = parsed
@@ -250,7 +254,7 @@ class TwinServer:
 
     # --- time ------------------------------------------------------------------------------------
     def sim_now(self) -> float:
-        return (time.monotonic() - self._t0) * self.speedup
+        return (self.clock() - self._t0) * self.speedup
 
     def catch_up(self) -> None:
         """Advance the engine to the current simulated time, and answer what is due by then.
@@ -343,7 +347,7 @@ class TwinServer:
         app.router.add_get(self.adapter.metrics_path, self._metrics)
         if self.engine_name is EngineName.TRTLLM:
             app.router.add_get("/metrics", self._trt_iteration_stats)
-        self._t0 = time.monotonic()
+        self._t0 = self.clock()
         self.url = await self._bind(app, self.port)
         if self.dcgm_port is not None:
             dapp = web.Application()
