@@ -55,6 +55,7 @@ from prefixtune.sandbox.faults import ApiFaults, AuditEntry, MetricsFaults
 from prefixtune.sandbox.kubelet import ApiStatusError, KubeletConfig
 from prefixtune.sandbox.up import Sandbox, sandbox
 from prefixtune.sandbox.waiting import tuning_progress, wait_until
+from prefixtune.tuning.phases import Phase, Step
 from prefixtune.tuning.state import PolicyState
 
 SPEEDUP = 10.0
@@ -183,7 +184,7 @@ def _rollouts_on_missing_data(audit: Sequence[AuditEntry], name: str, details: l
                 continue
             target = None if state.target is None else config_hash(state.target)
             if target is not None and target != last_target:
-                decided[target] = (state.metrics_held, state.step == "RollingBack")
+                decided[target] = (state.metrics_held, state.step == Step.ROLLING_BACK)
             last_target = target
             continue
         digest = _template_hash(e.body)
@@ -392,14 +393,14 @@ class Run:
     async def converged(self) -> PolicyState | None:
         """The state once tuning is over and the best config is applied (Converged, Watching)."""
         s = await self.state()
-        return s if s is not None and s.phase == "Converged" and s.step == "Watching" else None
+        return s if s is not None and s.phase == Phase.CONVERGED and s.step == Step.WATCHING else None
 
     async def measuring(self, role: str | None = None) -> PolicyState | None:
         """The state when a window (of ``role``) is being measured; ends the injector once converged."""
         s = await self.state()
-        if s is not None and s.phase == "Converged":
+        if s is not None and s.phase == Phase.CONVERGED:
             raise TuningOver
-        if s is None or s.step != "Measuring" or s.active is None:
+        if s is None or s.step != Step.MEASURING or s.active is None:
             return None
         return s if role is None or s.trial(s.active).role == role else None
 
@@ -466,7 +467,7 @@ def handled(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], fi
         if trial is None or trial.outcome != "infeasible":
             return False
         kind_ok = trial.failure.startswith("oom") if inj.kind == "engine_oom" else trial.failure == "crash"
-        rolled_back = any(s.step == "RollingBack" and s.target != trial.config for _, _, s in after)
+        rolled_back = any(s.step == Step.ROLLING_BACK and s.target != trial.config for _, _, s in after)
         return kind_ok and rolled_back
     if inj.kind == "pod_delete":
         return trial is not None and trial.invalidations >= 1 and trial.outcome != "running"
@@ -487,7 +488,7 @@ def missed(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], fin
         return ""
     before = [s for t, _, s in states if t <= inj.t]
     last = before[-1] if before else None
-    if last is None or last.step != "Measuring" or last.active != inj.trial:
+    if last is None or last.step != Step.MEASURING or last.active != inj.trial:
         where = "none" if last is None else f"{last.phase}/{last.step}, active {last.active}"
         return f"the operator had left the window of trial {inj.trial} ({where})"
     trial = next((t for t in final.trials if t.id == inj.trial), None)
@@ -565,7 +566,7 @@ async def _measured_pods(
     pods = await run.pods(digest)
     now = await run.state()
     same = now is not None and (now.active, now.step, now.measure_from) == (
-        state.active, "Measuring", state.measure_from
+        state.active, Step.MEASURING, state.measure_from
     )  # fmt: skip
     if not same:
         run.result.notes.append(f"missed the window of trial {state.active}: it ended before the fault")
@@ -795,7 +796,7 @@ async def _scenario_checks(
             run.result.injected.get("engine_crash", 0)
         )
         checks["rolled_back"] = all(
-            any(s.step == "RollingBack" and s.target != t.config for _, _, s in states) for t in failed
+            any(s.step == Step.ROLLING_BACK and s.target != t.config for _, _, s in states) for t in failed
         )
         checks["baseline_restored"] = all(_restored(states, t.id) for t in failed)
         deployment = await run.sb.api.get(f"/apis/apps/v1/namespaces/default/deployments/{run.name}")
@@ -842,7 +843,7 @@ def _restored(states: Sequence[tuple[float, str, PolicyState]], trial_id: int) -
         return False
     target = None
     for _, _, s in states[failed_at:]:
-        if s.step == "RollingBack" and s.target is not None:
+        if s.step == Step.ROLLING_BACK and s.target is not None:
             target = s.target
         elif target is not None:
             return s.current == target

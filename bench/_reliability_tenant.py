@@ -30,6 +30,7 @@ from prefixtune.controller.kube import Connection, KubeClient
 from prefixtune.controller.measure import Meter
 from prefixtune.controller.reconcile import OperatorContext, reconcile
 from prefixtune.sandbox.up import Sandbox, sandbox
+from prefixtune.tuning.phases import Phase
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SDEP = "/apis/prefixtune.io/v1alpha1"
@@ -395,7 +396,7 @@ async def _ready(h: Harness, names: list[str], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         phases = [(await h.status(n)).get("phase") for n in names]
-        if all(p not in (None, "Pending") for p in phases):
+        if all(p not in (None, Phase.PENDING) for p in phases):
             return
         await asyncio.sleep(0.5)
     raise TimeoutError(f"not every resource left Pending within {timeout_s:g}s")
