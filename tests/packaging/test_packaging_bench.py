@@ -41,3 +41,10 @@ def test_prefixtune_bench_runs_from_outside_the_checkout(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stderr
     assert "usage: prefixtune bench reliability" in done.stdout
+
+
+def test_mypy_strict_covers_bench() -> None:
+    import tomllib
+
+    mypy = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert mypy["strict"] is True and {"prefixtune", "bench"} <= set(mypy["packages"])
