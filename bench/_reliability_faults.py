@@ -263,7 +263,7 @@ class Operators:
 
 
 @dataclass(frozen=True)
-class Scenario:
+class FaultScenario:
     kind: str
     seed: int = 0
     repeats: int = 2
@@ -498,10 +498,10 @@ def missed(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], fin
     return ""
 
 
-Injector = Callable[[Run, Scenario], Awaitable[None]]
+Injector = Callable[[Run, FaultScenario], Awaitable[None]]
 
 
-async def _inject_operator_kill(run: Run, sc: Scenario) -> None:
+async def _inject_operator_kill(run: Run, sc: FaultScenario) -> None:
     for _ in range(sc.repeats):
         n = run.ops.starts
         await run.wait(partial(run.acted, f"operator-{n - 1}"), 120, f"operator-{n - 1} to act")
@@ -514,7 +514,7 @@ async def _inject_operator_kill(run: Run, sc: Scenario) -> None:
         run.ops.start(f"operator-{n}")
 
 
-async def _inject_metrics(run: Run, sc: Scenario) -> None:
+async def _inject_metrics(run: Run, sc: FaultScenario) -> None:
     assert run.metrics is not None
     modes = ("unreachable", "gap", "nan", "reset")
     offset = run.rng.randrange(len(modes))
@@ -574,7 +574,7 @@ async def _measured_pods(
     return state, pods
 
 
-async def _inject_engine_crash(run: Run, sc: Scenario) -> None:
+async def _inject_engine_crash(run: Run, sc: FaultScenario) -> None:
     i = 0
     while i < sc.repeats:  # until that many faults hit a window (TuningOver ends it sooner)
         state, pods = await _measured_pods(run, partial(run.measuring, "trial"), "a trial", max_delay_s=2.0)
@@ -596,7 +596,7 @@ async def _not_active(run: Run, trial_id: int | None) -> bool:
     return s is not None and s.active != trial_id
 
 
-async def _inject_pod_delete(run: Run, sc: Scenario) -> None:
+async def _inject_pod_delete(run: Run, sc: FaultScenario) -> None:
     deleted = 0
     while deleted < sc.repeats:  # until that many faults hit a window (TuningOver ends it sooner)
         state, pods = await _measured_pods(run, run.measuring, "a trial or baseline", max_delay_s=1.5)
@@ -611,7 +611,7 @@ async def _inject_pod_delete(run: Run, sc: Scenario) -> None:
         deleted += await run.hit(injection)
 
 
-async def _inject_peering(run: Run, sc: Scenario) -> None:
+async def _inject_peering(run: Run, sc: FaultScenario) -> None:
     # The chart starts both pods at once; here the standby wins the start (it acts alone), then the
     # active one (higher priority) joins and must take over.
     await run.wait(partial(run.acted, "replica-1"), 120, "the standby (alone) to act")
@@ -633,7 +633,7 @@ async def _inject_peering(run: Run, sc: Scenario) -> None:
         run.ops.start(f"replica-{i + 2}", priority=100 - 10 * (i + 1))  # a new standby
 
 
-async def _inject_nothing(run: Run, sc: Scenario) -> None:
+async def _inject_nothing(run: Run, sc: FaultScenario) -> None:
     return None
 
 
@@ -682,7 +682,7 @@ def peering_overlaps(
     return overlaps
 
 
-async def run_scenario(sc: Scenario, workdir: Path) -> ScenarioResult:
+async def run_scenario(sc: FaultScenario, workdir: Path) -> ScenarioResult:
     """Run one scenario in a fresh sandbox; never raises for a failed run (see ``error``)."""
     result = ScenarioResult(sc.kind, sc.seed)
     started = time.monotonic()
@@ -771,7 +771,7 @@ async def run_scenario(sc: Scenario, workdir: Path) -> ScenarioResult:
 
 
 async def _scenario_checks(
-    run: Run, sc: Scenario, final: PolicyState, events: Sequence[Mapping[str, Any]], api: ApiFaults
+    run: Run, sc: FaultScenario, final: PolicyState, events: Sequence[Mapping[str, Any]], api: ApiFaults
 ) -> None:
     checks = run.result.checks
     states = written_states(api.audit, run.name)
@@ -858,7 +858,7 @@ def _remeasured(trials: Sequence[Any]) -> bool:
     return any(t.invalidations >= 1 and t.outcome != "running" for t in trials)
 
 
-async def run_scenario_in_process(sc: Scenario, workdir: Path) -> dict[str, Any]:
+async def run_scenario_in_process(sc: FaultScenario, workdir: Path) -> dict[str, Any]:
     """``run_scenario`` in a child Python process (sandboxes cannot share one event loop's kmock DNS
     patching when they overlap): its ``to_dict()``; a child that fails gives ok False and its error."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -882,7 +882,7 @@ async def run_scenario_in_process(sc: Scenario, workdir: Path) -> dict[str, Any]
 
 def _main(argv: Sequence[str]) -> int:
     kind, seed, repeats, max_trials, timeout_s, workdir = argv
-    sc = Scenario(kind, int(seed), int(repeats), float(timeout_s), max_trials=int(max_trials))
+    sc = FaultScenario(kind, int(seed), int(repeats), float(timeout_s), max_trials=int(max_trials))
     result = asyncio.run(run_scenario(sc, Path(workdir)))
     print(json.dumps(result.to_dict()))
     return 0
@@ -890,9 +890,9 @@ def _main(argv: Sequence[str]) -> int:
 
 __all__ = [
     "KINDS",
+    "FaultScenario",
     "Invariants",
     "Operators",
-    "Scenario",
     "ScenarioResult",
     "check_invariants",
     "peering_overlaps",

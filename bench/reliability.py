@@ -170,7 +170,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     errors: list[str] = []
     results = []
     for i, kind in enumerate(args.kinds):
-        scenario = faults.Scenario(kind, seed=args.seed + i, repeats=args.repeats)
+        scenario = faults.FaultScenario(kind, seed=args.seed + i, repeats=args.repeats)
         result = await faults.run_scenario(scenario, workdir / kind)
         results.append(result)
         if not args.json:

@@ -335,7 +335,7 @@ def scenario_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict
 
     async def all_kinds() -> list[dict[str, Any]]:
         scenarios = [
-            faults_bench.Scenario(kind, seed=11 + i, repeats=1, max_trials=1, timeout_s=150)
+            faults_bench.FaultScenario(kind, seed=11 + i, repeats=1, max_trials=1, timeout_s=150)
             for i, kind in enumerate(SANDBOX_KINDS)
         ]
         runs = (faults_bench.run_scenario_in_process(s, workdir / s.kind) for s in scenarios)
