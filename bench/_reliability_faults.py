@@ -56,6 +56,7 @@ from prefixtune.sandbox.faults import ApiFaults, AuditEntry, MetricsFaults
 from prefixtune.sandbox.kubelet import ApiStatusError, KubeletConfig
 from prefixtune.sandbox.up import Sandbox, SandboxOptions, sandbox
 from prefixtune.sandbox.waiting import tuning_progress, wait_until
+from prefixtune.tuning.phases import Phase, Step
 from prefixtune.tuning.state import PolicyState
 
 SPEEDUP = 10.0
@@ -184,7 +185,7 @@ def _rollouts_on_missing_data(audit: Sequence[AuditEntry], name: str, details: l
                 continue
             target = None if state.target is None else config_hash(state.target)
             if target is not None and target != last_target:
-                decided[target] = (state.metrics_held, state.step == "RollingBack")
+                decided[target] = (state.metrics_held, state.step == Step.ROLLING_BACK)
             last_target = target
             continue
         digest = _template_hash(e.body)
@@ -263,7 +264,7 @@ class Operators:
 
 
 @dataclass(frozen=True)
-class Scenario:
+class FaultScenario:
     kind: str
     seed: int = 0
     repeats: int = 2
@@ -402,14 +403,14 @@ class Run:
     async def converged(self) -> PolicyState | None:
         """The state once tuning is over and the best config is applied (Converged, Watching)."""
         s = await self.state()
-        return s if s is not None and s.phase == "Converged" and s.step == "Watching" else None
+        return s if s is not None and s.phase == Phase.CONVERGED and s.step == Step.WATCHING else None
 
     async def measuring(self, role: str | None = None) -> PolicyState | None:
         """The state when a window (of ``role``) is being measured; ends the injector once converged."""
         s = await self.state()
-        if s is not None and s.phase == "Converged":
+        if s is not None and s.phase == Phase.CONVERGED:
             raise TuningOver
-        if s is None or s.step != "Measuring" or s.active is None:
+        if s is None or s.step != Step.MEASURING or s.active is None:
             return None
         return s if role is None or s.trial(s.active).role == role else None
 
@@ -476,7 +477,7 @@ def handled(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], fi
         if trial is None or trial.outcome != "infeasible":
             return False
         kind_ok = trial.failure.startswith("oom") if inj.kind == "engine_oom" else trial.failure == "crash"
-        rolled_back = any(s.step == "RollingBack" and s.target != trial.config for _, _, s in after)
+        rolled_back = any(s.step == Step.ROLLING_BACK and s.target != trial.config for _, _, s in after)
         return kind_ok and rolled_back
     if inj.kind == "pod_delete":
         return trial is not None and trial.invalidations >= 1 and trial.outcome != "running"
@@ -497,7 +498,7 @@ def missed(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], fin
         return ""
     before = [s for t, _, s in states if t <= inj.t]
     last = before[-1] if before else None
-    if last is None or last.step != "Measuring" or last.active != inj.trial:
+    if last is None or last.step != Step.MEASURING or last.active != inj.trial:
         where = "none" if last is None else f"{last.phase}/{last.step}, active {last.active}"
         return f"the operator had left the window of trial {inj.trial} ({where})"
     trial = next((t for t in final.trials if t.id == inj.trial), None)
@@ -507,10 +508,10 @@ def missed(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], fin
     return ""
 
 
-Injector = Callable[[Run, Scenario], Awaitable[None]]
+Injector = Callable[[Run, FaultScenario], Awaitable[None]]
 
 
-async def _inject_operator_kill(run: Run, sc: Scenario) -> None:
+async def _inject_operator_kill(run: Run, sc: FaultScenario) -> None:
     for _ in range(sc.repeats):
         n = run.ops.starts
         await run.wait(partial(run.acted, f"operator-{n - 1}"), 120, f"operator-{n - 1} to act")
@@ -523,7 +524,7 @@ async def _inject_operator_kill(run: Run, sc: Scenario) -> None:
         run.ops.start(f"operator-{n}")
 
 
-async def _inject_metrics(run: Run, sc: Scenario) -> None:
+async def _inject_metrics(run: Run, sc: FaultScenario) -> None:
     assert run.metrics is not None
     modes = ("unreachable", "gap", "nan", "reset")
     offset = run.rng.randrange(len(modes))
@@ -575,7 +576,7 @@ async def _measured_pods(
     pods = await run.pods(digest)
     now = await run.state()
     same = now is not None and (now.active, now.step, now.measure_from) == (
-        state.active, "Measuring", state.measure_from
+        state.active, Step.MEASURING, state.measure_from
     )  # fmt: skip
     if not same:
         run.result.notes.append(f"missed the window of trial {state.active}: it ended before the fault")
@@ -583,7 +584,7 @@ async def _measured_pods(
     return state, pods
 
 
-async def _inject_engine_crash(run: Run, sc: Scenario) -> None:
+async def _inject_engine_crash(run: Run, sc: FaultScenario) -> None:
     i = 0
     while i < sc.repeats:  # until that many faults hit a window (TuningOver ends it sooner)
         state, pods = await _measured_pods(run, partial(run.measuring, "trial"), "a trial", max_delay_s=2.0)
@@ -605,7 +606,7 @@ async def _not_active(run: Run, trial_id: int | None) -> bool:
     return s is not None and s.active != trial_id
 
 
-async def _inject_pod_delete(run: Run, sc: Scenario) -> None:
+async def _inject_pod_delete(run: Run, sc: FaultScenario) -> None:
     deleted = 0
     while deleted < sc.repeats:  # until that many faults hit a window (TuningOver ends it sooner)
         state, pods = await _measured_pods(run, run.measuring, "a trial or baseline", max_delay_s=1.5)
@@ -620,7 +621,7 @@ async def _inject_pod_delete(run: Run, sc: Scenario) -> None:
         deleted += await run.hit(injection)
 
 
-async def _inject_peering(run: Run, sc: Scenario) -> None:
+async def _inject_peering(run: Run, sc: FaultScenario) -> None:
     # The chart starts both pods at once; here the standby wins the start (it acts alone), then the
     # active one (higher priority) joins and must take over.
     await run.wait(partial(run.acted, "replica-1"), 120, "the standby (alone) to act")
@@ -642,7 +643,7 @@ async def _inject_peering(run: Run, sc: Scenario) -> None:
         run.ops.start(f"replica-{i + 2}", priority=100 - 10 * (i + 1))  # a new standby
 
 
-async def _inject_nothing(run: Run, sc: Scenario) -> None:
+async def _inject_nothing(run: Run, sc: FaultScenario) -> None:
     return None
 
 
@@ -691,7 +692,7 @@ def peering_overlaps(
     return overlaps
 
 
-async def run_scenario(sc: Scenario, workdir: Path) -> ScenarioResult:
+async def run_scenario(sc: FaultScenario, workdir: Path) -> ScenarioResult:
     """Run one scenario in a fresh sandbox; never raises for a failed run (see ``error``)."""
     result = ScenarioResult(sc.kind, sc.seed)
     started, cpu_started = time.monotonic(), cpu_seconds()
@@ -783,7 +784,7 @@ async def run_scenario(sc: Scenario, workdir: Path) -> ScenarioResult:
 
 
 async def _scenario_checks(
-    run: Run, sc: Scenario, final: PolicyState, events: Sequence[Mapping[str, Any]], api: ApiFaults
+    run: Run, sc: FaultScenario, final: PolicyState, events: Sequence[Mapping[str, Any]], api: ApiFaults
 ) -> None:
     checks = run.result.checks
     states = written_states(api.audit, run.name)
@@ -808,7 +809,7 @@ async def _scenario_checks(
             run.result.injected.get("engine_crash", 0)
         )
         checks["rolled_back"] = all(
-            any(s.step == "RollingBack" and s.target != t.config for _, _, s in states) for t in failed
+            any(s.step == Step.ROLLING_BACK and s.target != t.config for _, _, s in states) for t in failed
         )
         checks["baseline_restored"] = all(_restored(states, t.id) for t in failed)
         deployment = await run.sb.api.get(f"/apis/apps/v1/namespaces/default/deployments/{run.name}")
@@ -855,7 +856,7 @@ def _restored(states: Sequence[tuple[float, str, PolicyState]], trial_id: int) -
         return False
     target = None
     for _, _, s in states[failed_at:]:
-        if s.step == "RollingBack" and s.target is not None:
+        if s.step == Step.ROLLING_BACK and s.target is not None:
             target = s.target
         elif target is not None:
             return s.current == target
@@ -870,7 +871,7 @@ def _remeasured(trials: Sequence[Any]) -> bool:
     return any(t.invalidations >= 1 and t.outcome != "running" for t in trials)
 
 
-async def run_scenario_in_process(sc: Scenario, workdir: Path) -> dict[str, Any]:
+async def run_scenario_in_process(sc: FaultScenario, workdir: Path) -> dict[str, Any]:
     """``run_scenario`` in a child Python process (sandboxes cannot share one event loop's kmock DNS
     patching when they overlap): its ``to_dict()``; a child that fails gives ok False and its error."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -894,7 +895,7 @@ async def run_scenario_in_process(sc: Scenario, workdir: Path) -> dict[str, Any]
 
 def _main(argv: Sequence[str]) -> int:
     kind, seed, repeats, max_trials, timeout_s, workdir = argv
-    sc = Scenario(kind, int(seed), int(repeats), float(timeout_s), max_trials=int(max_trials))
+    sc = FaultScenario(kind, int(seed), int(repeats), float(timeout_s), max_trials=int(max_trials))
     result = asyncio.run(run_scenario(sc, Path(workdir)))
     print(json.dumps(result.to_dict()))
     return 0
@@ -902,9 +903,9 @@ def _main(argv: Sequence[str]) -> int:
 
 __all__ = [
     "KINDS",
+    "FaultScenario",
     "Invariants",
     "Operators",
-    "Scenario",
     "ScenarioResult",
     "check_invariants",
     "peering_overlaps",

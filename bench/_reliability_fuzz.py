@@ -192,7 +192,7 @@ def valid_spec(draw: st.DrawFn, engine: str | None = None, max_replicas: int = 8
 
 
 @dataclass(frozen=True)
-class Case:
+class FuzzCase:
     """One fuzzed spec: what was done to a valid spec, and where (the field a rejection should name)."""
 
     kind: str
@@ -374,7 +374,7 @@ def extra_args_attack(draw: st.DrawFn, engine: str, family: str) -> tuple[str, l
 
 
 @st.composite
-def fuzz_case(draw: st.DrawFn, max_replicas: int = 8) -> Case:
+def fuzz_case(draw: st.DrawFn, max_replicas: int = 8) -> FuzzCase:
     """A valid spec, or a valid spec with one mutation (weights favour mutations)."""
     # The kind and the extraArgs family are the case's first choices: hypothesis varies those evenly
     # (draws deep inside a nested example lean hard to the first option).
@@ -403,15 +403,15 @@ def fuzz_case(draw: st.DrawFn, max_replicas: int = 8) -> Case:
     spec = draw(valid_spec(max_replicas=max_replicas))
     engine = spec["engine"]
     if kind == "valid":
-        return Case(kind, spec)
+        return FuzzCase(kind, spec)
     if kind == "wrong-type":
         path, keys = draw(st.sampled_from(_leaves(spec)))
         _set(spec, keys, draw(_other_type(_get(spec, keys))))
-        return Case(kind, spec, path)
+        return FuzzCase(kind, spec, path)
     if kind == "out-of-range":
         dotted, values = draw(st.sampled_from(OUT_OF_RANGE))
         _put(spec, dotted, draw(st.sampled_from(values)))
-        return Case(kind, spec, f"spec.{dotted}")
+        return FuzzCase(kind, spec, f"spec.{dotted}")
     if kind == "unknown-field":
         path, obj = draw(st.sampled_from(_objects(spec)))
         name = draw(
@@ -425,23 +425,23 @@ def fuzz_case(draw: st.DrawFn, max_replicas: int = 8) -> Case:
         if name in obj or _snake(name) in obj:
             name = name + "Unknown"
         obj[name] = draw(st.sampled_from([1, "x", True, None, {}]))
-        return Case(kind, spec, f"{path}.{name}")
+        return FuzzCase(kind, spec, f"{path}.{name}")
     if kind == "bad-enum":
         dotted, values = draw(st.sampled_from(BAD_ENUMS))
         _put(spec, dotted, draw(st.sampled_from(values)))
-        return Case(kind, spec, f"spec.{dotted}")
+        return FuzzCase(kind, spec, f"spec.{dotted}")
     if kind == "engine-knob":
         return _engine_knob(draw, spec)
     if kind == "bad-duration":
         dotted = draw(st.sampled_from(DURATION_FIELDS))
         bad = list(BAD_DURATIONS) + (["0s", "0ms", "-0s"] if dotted in POSITIVE_DURATIONS else [])
         _put(spec, dotted, draw(st.sampled_from(bad)))
-        return Case(kind, spec, f"spec.{dotted}")
+        return FuzzCase(kind, spec, f"spec.{dotted}")
     if kind == "extra-args":
         family, args, index = draw(extra_args_attack(engine, family))
         spec["extraArgs"] = args
         target = "spec.extraArgs" if index is None else f"spec.extraArgs[{index}]"
-        return Case(f"extra-args:{family}", spec, target)
+        return FuzzCase(f"extra-args:{family}", spec, target)
     if kind == "cross-field":
         which = draw(
             st.sampled_from(["canary-one-replica", "prometheus-url-query", "space-min-max", "space-dup"])
@@ -450,50 +450,52 @@ def fuzz_case(draw: st.DrawFn, max_replicas: int = 8) -> Case:
         if which == "canary-one-replica":
             spec["replicas"] = 1
             tuning.setdefault("rollout", {})["strategy"] = "canary"
-            return Case(f"cross-field:{which}", spec, "spec.tuning.rollout.strategy")
+            return FuzzCase(f"cross-field:{which}", spec, "spec.tuning.rollout.strategy")
         if which == "prometheus-url-query":
             tuning["metrics"] = {"source": "prometheus", "url": f"http://{PROM}/api?x=1"}
-            return Case(f"cross-field:{which}", spec, "spec.tuning.metrics.url")
+            return FuzzCase(f"cross-field:{which}", spec, "spec.tuning.metrics.url")
         if which == "space-min-max":
             low = draw(st.integers(40, 90)) / 100
             tuning.setdefault("space", {})["memoryFraction"] = {
                 "min": low,
                 "max": draw(st.sampled_from([low, low - 0.1])),
             }
-            return Case(f"cross-field:{which}", spec, "spec.tuning.space.memoryFraction")
+            return FuzzCase(f"cross-field:{which}", spec, "spec.tuning.space.memoryFraction")
         choices = get_adapter(engine).knobs()["block_size"].choices
         value = draw(st.sampled_from(choices))
         tuning.setdefault("space", {})["blockSize"] = [value, value]
-        return Case(f"cross-field:{which}", spec, "spec.tuning.space.blockSize[1]")
+        return FuzzCase(f"cross-field:{which}", spec, "spec.tuning.space.blockSize[1]")
     if kind == "structure":
         which = draw(
             st.sampled_from(["not-a-mapping", "no-engine", "no-model", "section-scalar", "list-scalar"])
         )
         if which == "not-a-mapping":
-            return Case(f"structure:{which}", draw(st.sampled_from([[], "vllm", 3, None, [spec]])), "spec")
+            return FuzzCase(
+                f"structure:{which}", draw(st.sampled_from([[], "vllm", 3, None, [spec]])), "spec"
+            )
         if which == "no-engine":
             del spec["engine"]
-            return Case(f"structure:{which}", spec, "spec.engine")
+            return FuzzCase(f"structure:{which}", spec, "spec.engine")
         if which == "no-model":
             del spec["model"]
-            return Case(f"structure:{which}", spec, "spec.model")
+            return FuzzCase(f"structure:{which}", spec, "spec.model")
         if which == "section-scalar":
             name = draw(st.sampled_from(["gpu", "config", "tuning"]))
             spec[name] = draw(st.sampled_from(["x", 1, [], True]))
-            return Case(f"structure:{which}", spec, f"spec.{name}")
+            return FuzzCase(f"structure:{which}", spec, f"spec.{name}")
         spec["extraArgs"] = draw(
             st.sampled_from(["--seed 1", {"--seed": 1}, 5, [1, 2], [None], [["--seed"]]])
         )
-        return Case(f"structure:{which}", spec, "spec.extraArgs")
+        return FuzzCase(f"structure:{which}", spec, "spec.extraArgs")
     # null: a required field or a section set to null
     dotted = draw(
         st.sampled_from(["engine", "model", "replicas", "gpu", "tuning.mode", "tuning.slo.ttftP99"])
     )
     _put(spec, dotted, None)
-    return Case(kind, spec, f"spec.{dotted}")
+    return FuzzCase(kind, spec, f"spec.{dotted}")
 
 
-def _engine_knob(draw: st.DrawFn, spec: Spec) -> Case:
+def _engine_knob(draw: st.DrawFn, spec: Spec) -> FuzzCase:
     """A knob value some engine allows but this one does not (blockSize 1 for vLLM, lpm for TRT-LLM)."""
     engine = spec["engine"]
     mine = get_adapter(engine).knobs()
@@ -507,9 +509,9 @@ def _engine_knob(draw: st.DrawFn, spec: Spec) -> Case:
     value: object = bad
     if draw(st.booleans()):
         spec.setdefault("config", {})[_CAMEL[knob]] = value
-        return Case("engine-knob", spec, f"spec.config.{_CAMEL[knob]}")
+        return FuzzCase("engine-knob", spec, f"spec.config.{_CAMEL[knob]}")
     spec.setdefault("tuning", {}).setdefault("space", {})[_CAMEL[knob]] = [value]
-    return Case("engine-knob", spec, f"spec.tuning.space.{_CAMEL[knob]}[0]")
+    return FuzzCase("engine-knob", spec, f"spec.tuning.space.{_CAMEL[knob]}[0]")
 
 
 def _snake(name: str) -> str:
@@ -611,7 +613,7 @@ def check_accepted(spec_model: Any) -> list[str]:
     return failures
 
 
-def check_case(case: Case, tally: Tally) -> None:
+def check_case(case: FuzzCase, tally: Tally) -> None:
     tally.specs += 1
     counts = tally.kinds.setdefault(case.kind, [0, 0])
     try:
@@ -655,7 +657,9 @@ def _short(obj: object) -> str:
 # --- running hypothesis ------------------------------------------------------------------------------
 
 
-def generate(strategy: st.SearchStrategy[Case], n: int, seed: int, body: Callable[[Case], None]) -> int:
+def generate(
+    strategy: st.SearchStrategy[FuzzCase], n: int, seed: int, body: Callable[[FuzzCase], None]
+) -> int:
     """Run ``body`` on at least ``n`` examples of ``strategy`` (deterministic for ``seed``)."""
     done = 0
     round_ = 0
@@ -670,7 +674,7 @@ def generate(strategy: st.SearchStrategy[Case], n: int, seed: int, body: Callabl
         )
         @hypothesis_seed(seed * 1_000 + round_)
         @given(strategy)
-        def run(case: Case) -> None:
+        def run(case: FuzzCase) -> None:
             nonlocal done
             done += 1
             body(case)
@@ -700,7 +704,7 @@ BASE_SPEC: Spec = {"engine": "vllm", "model": MODELS[0], "replicas": 1, "tuning"
 @dataclass
 class LiveCase:
     name: str
-    case: Case
+    case: FuzzCase
     update: bool  # applied as an update of a resource created with BASE_SPEC
     expected_args: list[str] | None = None  # the rendered argv when validation accepts it
     outcome: str = ""  # accepted | rejected | stalled
@@ -726,9 +730,9 @@ def _rendered(spec_obj: object) -> list[str] | None:
     return list(rendered.argv)
 
 
-def live_cases(n: int, seed: int) -> list[Case]:
+def live_cases(n: int, seed: int) -> list[FuzzCase]:
     """``n`` cases for the live run: small replica counts (every accepted spec starts pods)."""
-    cases: list[Case] = []
+    cases: list[FuzzCase] = []
     generate(fuzz_case(max_replicas=2), n, seed, cases.append)
     return cases[:n] if len(cases) >= n else cases
 

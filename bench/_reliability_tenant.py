@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from prefixtune.controller.kube import Connection, KubeClient
 from prefixtune.controller.measure import Meter
 from prefixtune.controller.reconcile import OperatorContext, reconcile
 from prefixtune.sandbox.up import Sandbox, SandboxOptions, sandbox
+from prefixtune.tuning.phases import Phase
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SDEP = "/apis/prefixtune.io/v1alpha1"
@@ -170,24 +171,10 @@ async def foreign_objects(ticks: int = 3) -> dict[str, Any]:
         }
 
 
-async def timed(call: Callable[[], Awaitable[Any]]) -> float:
-    began = time.perf_counter()
-    await call()
-    return time.perf_counter() - began
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-@dataclass
-class Latencies:
-    values: list[float] = field(default_factory=list)
-
-    def worst(self) -> float:
-        return max(self.values, default=0.0)
 
 
 # --- SSRF --------------------------------------------------------------------------------------------
@@ -425,7 +412,7 @@ async def _ready(h: Harness, names: list[str], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         phases = [(await h.status(n)).get("phase") for n in names]
-        if all(p not in (None, "Pending") for p in phases):
+        if all(p not in (None, Phase.PENDING) for p in phases):
             return
         await asyncio.sleep(0.5)
     raise TimeoutError(f"not every resource left Pending within {timeout_s:g}s")
@@ -588,11 +575,11 @@ async def scraped_twice(window_s: int = 8, timeout_s: float = 90.0) -> dict[str,
             requests, Selector((*sel.matchers, Matcher("job", "=", ENGINE_JOB)))
         )
         keep = prometheus_source._one_job_per_pod
-        prometheus_source._one_job_per_pod = lambda rows: lambda labels: True  # type: ignore[assignment]
+        prometheus_source._one_job_per_pod = lambda rows: lambda labels: True
         try:
             summed = await asyncio.to_thread(requests, Selector.pods(pods))
         finally:
-            prometheus_source._one_job_per_pod = keep  # type: ignore[assignment]
+            prometheus_source._one_job_per_pod = keep
         return {
             "jobs": sorted(jobs),
             "counted": counted,

@@ -32,7 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefixtune.benchcli import load_bench
+from bench import _reliability_faults as faults
+from bench import _reliability_tenant as tenant
+from bench._reliability_tenant import MIN_DECISIONS
 
 DEFAULT_FUZZ = 1000
 DEFAULT_FUZZ_LIVE = 100
@@ -58,7 +60,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _options(argv: Sequence[str]) -> argparse.Namespace:
-    faults = load_bench("_reliability_faults")
     p = _parser()
     args = p.parse_args(list(argv))
     args.repeats = args.repeats if args.repeats is not None else (1 if args.quick else 2)
@@ -84,11 +85,8 @@ def _options(argv: Sequence[str]) -> argparse.Namespace:
 async def _fuzz(
     args: argparse.Namespace, errors: list[str]
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    try:
-        fuzz = load_bench("_reliability_fuzz")
-    except FileNotFoundError as err:
-        errors.append(f"fuzzing not run: {err} (it provides fuzz_validation and fuzz_live)")
-        return None, None
+    from bench import _reliability_fuzz as fuzz  # hypothesis: imported only when fuzzing
+
     validation: dict[str, Any] | None = None
     live: dict[str, Any] | None = None
     if args.fuzz:
@@ -106,11 +104,6 @@ async def _fuzz(
 
 async def _tenant(errors: list[str]) -> dict[str, Any] | None:
     """The hostile-tenant cases (issue #17): foreign objects, SSRF, stalled tenants."""
-    try:
-        tenant = load_bench("_reliability_tenant")
-    except FileNotFoundError as err:
-        errors.append(f"tenant cases not run: {err}")
-        return None
     out: dict[str, Any] = {}
     for name, case in (("foreign", tenant.foreign_objects), ("ssrf", tenant.ssrf), ("stall", tenant.stall)):
         started = time.monotonic()
@@ -165,7 +158,7 @@ def tenant_ok(tenant: dict[str, Any] | None) -> bool:
     if stall is None or stall["errors"] or stall["health"]["not_ok"]:
         return False
     good = stall["good_beside_stalled"]
-    enough = good.get("n", 0) >= load_bench("_reliability_tenant").MIN_DECISIONS
+    enough = good.get("n", 0) >= MIN_DECISIONS
     return bool(enough and good.get("max_s", 1e9) < stall["read_deadline_s"])
 
 
@@ -178,12 +171,11 @@ def _sum(per: list[dict[str, int]]) -> dict[str, int]:
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    faults = load_bench("_reliability_faults")
     started, cpu_started, load_before = time.monotonic(), faults.cpu_seconds(), os.getloadavg()
     errors: list[str] = []
     results = []
     for i, kind in enumerate(args.kinds):
-        scenario = faults.Scenario(kind, seed=args.seed + i, repeats=args.repeats)
+        scenario = faults.FaultScenario(kind, seed=args.seed + i, repeats=args.repeats)
         result = await faults.run_scenario(scenario, workdir / kind)
         results.append(result)
         if not args.json:

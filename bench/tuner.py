@@ -500,7 +500,7 @@ def run_scenarios(
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    ctx = multiprocessing.get_context("fork")  # the bench module is loaded from a file path
+    ctx = multiprocessing.get_context("fork")  # workers start from this process, imports done
     with ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=ctx) as pool:
         return list(pool.map(_run_one, work))
 

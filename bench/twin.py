@@ -226,7 +226,7 @@ def main(argv: Sequence[str]) -> int:
     load_before = _loadavg()
     results = [run_case(CASES[n], ns.duration, ns.seed) for n in names]
     busy = [r["name"] for r in results if r.get("machine_busy")]
-    report = {
+    report: dict[str, Any] = {
         "setup": {
             "duration_s": ns.duration,
             "seed": ns.seed,

@@ -46,7 +46,7 @@ TPS = (1, 2)
 # The GEMM collections are measured at M and M+1 on each side of the kernels' 256-row tiles up to
 # 4352 (and step there: M=769 costs about what 1024 does, 768 much less), so the table has a knot on
 # both sides of every tile boundary.
-PREFILL_ISL = (16, 17, 32, 64, 65, 128, 129)
+PREFILL_ISL: tuple[int, ...] = (16, 17, 32, 64, 65, 128, 129)
 PREFILL_ISL += tuple(m + d for m in range(256, 4353, 256) for d in (0, 1))
 PREFILL_ISL += (6144, 8192, 12288, 16384)
 PREFILL_BATCHED = ((2, 512), (4, 512), (8, 512), (2, 2048), (4, 2048))
@@ -119,7 +119,7 @@ def main(out: str) -> None:
 
     t0 = time.time()
     cases: list[dict[str, Any]] = []
-    skipped: list[dict[str, str]] = []
+    skipped: list[dict[str, Any]] = []
     for gpu, system in SYSTEMS.items():
         for model, path, wq in MODELS:
             for kv, kvq in KV.items():

@@ -1,12 +1,14 @@
-"""``prefixtune bench NAME ...``: run ``bench/NAME.py`` from the source tree.
+"""``prefixtune bench NAME ...``: run the benchmark ``bench/NAME.py`` from the source tree.
 
-Benchmarks live in ``bench/`` beside the package (they are not installed); each module defines
-``main(argv: list[str]) -> int`` and prints what it measured as JSON, with its setup.
+Benchmarks live in the ``bench`` package beside ``operator/`` (a source checkout's top level; they
+are not installed); each module defines ``main(argv: list[str]) -> int`` and prints what it
+measured as JSON, with its setup. ``bench`` is imported like any package: the checkout's top level
+goes on ``sys.path`` (the tests and mypy see it from there too).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +19,7 @@ def bench_dir() -> Path:
     here = Path(__file__).resolve()
     for parent in here.parents:
         candidate = parent / "bench"
-        if candidate.is_dir() and (parent / "pyproject.toml").exists():
+        if (candidate / "__init__.py").is_file() and (parent / "pyproject.toml").exists():
             return candidate
     raise FileNotFoundError("bench/ not found: benchmarks run from a source checkout of prefixtune")
 
@@ -27,19 +29,11 @@ def available() -> list[str]:
 
 
 def load_bench(name: str) -> ModuleType:
-    """The module ``bench/NAME.py`` (bench/ is not a package), loaded once per process."""
-    module_name = f"prefixtune_bench_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    path = bench_dir() / f"{name}.py"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing")
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The module ``bench.NAME``, imported from the source checkout this prefixtune runs from."""
+    root = str(bench_dir().parent)
+    if root not in sys.path:
+        sys.path.append(root)  # after everything else: the checkout's top level shadows nothing
+    return importlib.import_module(f"bench.{name}")
 
 
 def main(argv: Sequence[str]) -> int:

@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL
+from prefixtune.engines.knobs import api_text
 from prefixtune.tuning.phases import Phase
 
 EXAMPLES = ("vllm-rag.yaml", "sglang-chatbot.yaml", "trtllm-agent.yaml")
@@ -66,23 +67,12 @@ def demo_resource(
     return out
 
 
-def _fmt_config(cfg: Mapping[str, Any] | None) -> str:
-    if not cfg:
-        return "-"
-    caching = "on" if cfg.get("prefixCaching") else "off"
-    mem, block, policy = cfg.get("memoryFraction"), cfg.get("blockSize"), cfg.get("schedulePolicy")
-    mem_text = f"{mem:.3g}" if isinstance(mem, float) else str(mem)
-    return f"mem {mem_text}, block {block}, cache {caching}, {policy}"
-
-
 def progress_rows(objs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     """One row per ServingDeployment: resource, engine, phase, trial k/budget, best score, hit rate."""
     rows = [["RESOURCE", "ENGINE", "PHASE", "TRIAL", "BEST SCORE", "HIT RATE", "CURRENT CONFIG"]]
     for obj in objs:
         meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-        trials = [
-            t for t in status.get("trials") or [] if not str(t.get("reason", "")).startswith("[baseline]")
-        ]
+        trials = [t for t in status.get("trials") or [] if t.get("role") != "baseline"]
         done = sum(1 for t in trials if t.get("outcome") not in ("running", "invalidated"))
         budget = ((spec.get("tuning") or {}).get("budget") or {}).get("maxTrials", "?")
         best = (status.get("bestConfig") or {}).get("score")
@@ -95,7 +85,7 @@ def progress_rows(objs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
                 f"{done}/{budget}",
                 "-" if best is None else f"{best:.4g}",
                 "-" if hit is None else f"{hit:.0%}",
-                _fmt_config(status.get("currentConfig")),
+                api_text(status.get("currentConfig")),
             ]
         )
     return rows
@@ -112,24 +102,24 @@ def summary(objs: Sequence[Mapping[str, Any]]) -> str:
     for obj in objs:
         meta, status = obj.get("metadata") or {}, obj.get("status") or {}
         trials = status.get("trials") or []
-        baseline = next((t for t in trials if str(t.get("reason", "")).startswith("[baseline]")), None)
+        baseline = next((t for t in trials if t.get("role") == "baseline"), None)
         best = status.get("bestConfig") or {}
         name = f"{meta.get('namespace')}/{meta.get('name')} ({(obj.get('spec') or {}).get('engine')})"
         lines.append(f"{name}: phase {status.get('phase', 'Pending')}, {len(trials)} trials")
         b_score = None if baseline is None else baseline.get("score")
         lines.append(
-            f"  baseline: {_fmt_config(None if baseline is None else baseline.get('config'))}"
+            f"  baseline: {api_text(None if baseline is None else baseline.get('config'))}"
             f"  score {'-' if b_score is None else f'{b_score:.4g}'}"
         )
         s = best.get("score")
         gain = f" ({(s / b_score - 1):+.0%} vs baseline)" if s is not None and b_score else ""
         lines.append(
-            f"  best:     {_fmt_config(best.get('config'))}  score {'-' if s is None else f'{s:.4g}'}{gain}"
+            f"  best:     {api_text(best.get('config'))}  score {'-' if s is None else f'{s:.4g}'}{gain}"
         )
         infeasible = [t for t in trials if t.get("outcome") == "infeasible"]
         if infeasible:
             lines.append(
-                f"  infeasible (rolled back): {', '.join(_fmt_config(t.get('config')) for t in infeasible)}"
+                f"  infeasible (rolled back): {', '.join(api_text(t.get('config')) for t in infeasible)}"
             )
     return "\n".join(lines)
 

@@ -54,12 +54,12 @@ async def test_verify_reports_what_the_pods_run_against_the_trial() -> None:
     spec, state, pod = _setup()
     default = get_adapter("vllm").default_config()
     same = await _Meter({"p": _info(default.memory_fraction, default.block_size)}).verify(spec, state, [pod])
-    assert same is not None and same.kind == "config_checked" and same.mismatches == []
+    assert same is not None and same.kind == "config_checked" and same.mismatches == ()
     assert same.kv_tokens == 100 * default.block_size
     other = await _Meter({"p": _info(0.5, default.block_size)}).verify(spec, state, [pod])
-    assert other is not None and other.mismatches == [
-        f"memory_fraction: intended {default.memory_fraction}, running 0.5 (pod p)"
-    ]
+    assert other is not None and other.mismatches == (
+        f"memory_fraction: intended {default.memory_fraction}, running 0.5 (pod p)",
+    )
 
 
 async def test_verify_waits_for_a_scrape_and_says_when_prometheus_pods_are_unreachable() -> None:
@@ -67,6 +67,6 @@ async def test_verify_waits_for_a_scrape_and_says_when_prometheus_pods_are_unrea
     assert await _Meter({}).verify(spec, state, [pod]) is None  # scrape mode: try again next tick
     spec, state, pod = _setup("prometheus")
     obs = await _Meter({}).verify(spec, state, [pod])
-    assert obs is not None and obs.mismatches == [] and "could not scrape" in obs.reason
+    assert obs is not None and obs.mismatches == () and "could not scrape" in obs.reason
     verified = state.model_copy(update={"trials": [state.trials[0].model_copy(update={"verified": True})]})
     assert await _Meter({}).verify(spec, verified, [pod]) is None  # checked once per trial

@@ -105,15 +105,25 @@ def test_demo_resource_table_and_summary() -> None:
     cfg = {"memoryFraction": 0.9, "blockSize": 16, "prefixCaching": True, "schedulePolicy": "fcfs"}
     res["status"] = {
         "phase": "Converged",
+        "currentConfig": cfg,
         "bestConfig": {"config": cfg, "score": 60.0},
         "diagnosis": {"hitRate": 0.9},
         "trials": [
-            {"index": 0, "reason": "[baseline] measure", "config": cfg, "outcome": "ok", "score": 40.0},
-            {"index": 1, "reason": "x", "config": cfg, "outcome": "infeasible"},
+            # as Trial.to_status writes them: the role says which trial is the baseline
+            {
+                "index": 0,
+                "role": "baseline",
+                "reason": "goodput 40",
+                "config": cfg,
+                "outcome": "ok",
+                "score": 40.0,
+            },
+            {"index": 1, "role": "trial", "reason": "x", "config": cfg, "outcome": "infeasible"},
         ],
     }
     rows = progress_rows([res])
     assert rows[1][:6] == ["d/x", "vllm", "Converged", "1/5", "60", "90%"]
+    assert rows[1][6] == "mem 0.90 · block 16 · cache on · fcfs"  # the knob registry's display
     assert "RESOURCE" in table(rows)
     text = summary([res])
     assert "+50% vs baseline" in text and "infeasible" in text

@@ -175,3 +175,17 @@ def test_to_dict_is_plain_json() -> None:
     data = json.loads(json.dumps(d.to_dict()))
     assert data["bound"] == DECODE and data["findings"][0]["code"] == "short-prefix-hits"
     assert d.notes()[0] == d.reason
+
+
+def test_each_finding_is_one_rule_and_findings_come_in_rule_order() -> None:
+    """A finding is one rule function in ``FINDING_RULES``; diagnose lists the findings in rule order."""
+    from prefixtune.metrics import diagnosis
+
+    quiet = BASE
+    previous = replace(BASE, hit_rate=0.55, output_tokens_per_s=600.0)
+    busy = replace(BASE, hit_rate=0.62, prefill_reduction=0.3, kv_usage_mean=0.95, preemptions_per_s=0.2)
+    got = diagnose(busy, history=[previous])
+    fired = [rule.__name__.strip("_").replace("_", "-") for rule in diagnosis.FINDING_RULES]
+    assert list(got.codes) == [c for c in fired if c in got.codes]
+    assert set(got.codes) == {"short-prefix-hits", "eviction-pressure", "hit-rate-up-throughput-down"}
+    assert not diagnose(quiet).codes

@@ -616,9 +616,9 @@ async def test_the_operators_own_rbac_entries_are_exactly_the_calls_it_makes() -
     """Issue #17: the operator's calls, recorded through the sandbox (children created, patched,
     an owned canary deleted, a ServiceMonitor, an Event), equal api_calls.py's "operator" entries:
     no verb granted that it never uses, none used that is not granted."""
-    from prefixtune.benchcli import load_bench
+    from bench import _reliability_tenant
 
-    seen = await load_bench("_reliability_tenant").observed_calls()
+    seen = await _reliability_tenant.observed_calls()
     listed = {(c.group, c.resource, v) for c in API_CALLS if c.by == "operator" for v in c.verbs}
     assert seen == listed
     assert all(c.by in ("operator", "kopf") for c in API_CALLS)

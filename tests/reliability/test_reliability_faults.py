@@ -18,8 +18,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bench import _reliability_faults as faults_bench
 from prefixtune.api import validate_spec
-from prefixtune.benchcli import load_bench
 from prefixtune.controller.measure import Meter
 from prefixtune.controller.observe import PodView
 from prefixtune.controller.render import LABEL_CONFIG_HASH, config_hash
@@ -34,9 +34,6 @@ from prefixtune.tuning.state import PolicyState, Trial
 CMS = "/api/v1/namespaces/default/configmaps"
 TOKEN = {"Authorization": "Bearer operator-0"}
 MERGE = {"Content-Type": "application/merge-patch+json"}
-
-
-faults_bench = load_bench("_reliability_faults")
 
 
 # ----------------------------------------------------------------------------- ApiFaults (pure)
@@ -338,7 +335,7 @@ def scenario_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict
 
     async def all_kinds() -> list[dict[str, Any]]:
         scenarios = [
-            faults_bench.Scenario(kind, seed=11 + i, repeats=1, max_trials=1, timeout_s=150)
+            faults_bench.FaultScenario(kind, seed=11 + i, repeats=1, max_trials=1, timeout_s=150)
             for i, kind in enumerate(SANDBOX_KINDS)
         ]
         runs = (faults_bench.run_scenario_in_process(s, workdir / s.kind) for s in scenarios)
@@ -444,7 +441,7 @@ def test_a_hold_set_during_a_trial_that_then_crashes_does_not_block_tuning_forev
     from prefixtune.tuning.actions import RollOut, SetCondition
     from prefixtune.tuning.optimizer import Suggestion
     from prefixtune.tuning.policy import step
-    from prefixtune.tuning.state import Observation
+    from prefixtune.tuning.state import MetricsUnavailable, RolloutFailed, RolloutReady, Tick
 
     def suggester(*_: Any) -> Suggestion:
         return Suggestion(B, "next")
@@ -454,15 +451,13 @@ def test_a_hold_set_during_a_trial_that_then_crashes_does_not_block_tuning_forev
     state = _state([_trial(0, A), trial], phase="Exploring", step="Measuring", active=1, best=0,
                    measure_from=10.0, measure_until=20.0)  # fmt: skip
     state = state.model_copy(update={"settings": settings})
-    state, _ = step(state, Observation(kind="metrics_unavailable", reason="dying pod"), 11.0, suggester)
+    state, _ = step(state, MetricsUnavailable(reason="dying pod"), 11.0, suggester)
     assert state.metrics_held
-    state, _ = step(
-        state, Observation(kind="rollout_failed", config=B, failure="oom_runtime"), 12.0, suggester
-    )
+    state, _ = step(state, RolloutFailed(config=B, failure="oom_runtime"), 12.0, suggester)
     assert state.trial(1).outcome == "infeasible" and state.step == "RollingBack" and state.target == A
     assert not state.metrics_held  # the window the hold was for is gone
-    state, _ = step(state, Observation(kind="rollout_ready", config=A), 13.0, suggester)
-    state, actions = step(state, Observation(kind="tick"), 14.0, suggester)
+    state, _ = step(state, RolloutReady(config=A), 13.0, suggester)
+    state, actions = step(state, Tick(), 14.0, suggester)
     assert any(isinstance(a, RollOut) for a in actions), (state.phase, state.step)  # tuning goes on
-    state, actions = step(state, Observation(kind="metrics_unavailable"), 15.0, suggester)
+    state, actions = step(state, MetricsUnavailable(), 15.0, suggester)
     assert state.metrics_held and any(isinstance(a, SetCondition) for a in actions)  # and holds again

@@ -10,14 +10,11 @@ from typing import Any
 
 import pytest
 
+from bench import _reliability_fuzz as fuzz
 from prefixtune.api import rules
 from prefixtune.api.models import MAX_EXTRA_ARG_LENGTH, MAX_EXTRA_ARGS
 from prefixtune.api.validation import validate_spec
-from prefixtune.benchcli import load_bench
 from prefixtune.engines import get_adapter
-
-fuzz = load_bench("_reliability_fuzz")
-
 
 # --- the fuzz through validation -------------------------------------------------------------------
 

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from prefixtune.benchcli import load_bench
+from bench import _reliability_tenant as tenant
 
-tenant = load_bench("_reliability_tenant")
 APPS = "/apis/apps/v1/namespaces/default"
 
 
@@ -289,7 +288,8 @@ def test_image_policy_matches_on_repository_boundaries() -> None:
 def test_the_bench_fails_on_a_changed_foreign_object_a_reflection_or_an_unbounded_stall() -> None:
     import copy
 
-    bench = load_bench("reliability")
+    from bench import reliability as bench
+
     good = {
         "foreign": {"foreign_objects": 3, "foreign_changed": []},
         "ssrf": {"attempts": 4, "reflected": 0, "tenant_url_requests": 0},

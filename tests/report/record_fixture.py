@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))  # the bench package, when run as a script
 
+from bench.tuner import TwinEnv, parse_scenario, settings_for  # noqa: E402
 from prefixtune.controller.execute import event_body  # noqa: E402
 from prefixtune.controller.status import build_status, validate_status  # noqa: E402
 from prefixtune.metrics.diagnosis import diagnose  # noqa: E402
 from prefixtune.tuning.actions import EmitEvent  # noqa: E402
 from prefixtune.tuning.drive import drive  # noqa: E402
-from tuner import TwinEnv, parse_scenario, settings_for  # noqa: E402
 
 T0 = 1_780_000_000.0  # a fixed wall-clock origin for the virtual times
 SCENARIO: dict[str, Any] = {

@@ -18,7 +18,7 @@ from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.policy import initial_state, step
 from prefixtune.tuning.settings import Slo, TuningSettings
 from prefixtune.tuning.space import SearchSpace
-from prefixtune.tuning.state import Observation
+from prefixtune.tuning.state import ConfigChecked, Observation, RolloutReady, Tick, WindowMeasured
 
 ENGINE = "trtllm"
 DEFAULT = get_adapter(ENGINE).default_config()
@@ -54,17 +54,15 @@ class Run:
         return acts
 
     def window(self, now: float) -> list[Any]:
-        return self(Observation(kind="window", signals=signals(), offered_rps=1.0), now)
+        return self(WindowMeasured(signals=signals(), offered_rps=1.0), now)
 
     def checked(self, config: Any, now: float, *found: str, kv: int | None = 4096) -> list[Any]:
-        return self(
-            Observation(kind="config_checked", config=config, mismatches=list(found), kv_tokens=kv), now
-        )
+        return self(ConfigChecked(config=config, mismatches=list(found), kv_tokens=kv), now)
 
 
 def _baseline(r: Run) -> float:
-    r(Observation(kind="rollout_ready", config=DEFAULT), 0.0)
-    r(Observation(kind="tick"), 60.0)
+    r(RolloutReady(config=DEFAULT), 0.0)
+    r(Tick(), 60.0)
     assert r.state.step == "Measuring"
     r.window(360.0)  # not verified yet: measured again, not scored
     assert r.state.trial(0).outcome == "running" and r.state.step == "Measuring"
@@ -83,7 +81,7 @@ def test_a_window_is_scored_only_after_the_effective_config_was_read_back() -> N
 def test_an_overridden_knob_ends_the_trial_not_applied_and_never_scored() -> None:
     r = Run()
     now = _baseline(r)
-    r(Observation(kind="rollout_ready", config=TRIAL), now + 10)
+    r(RolloutReady(config=TRIAL), now + 10)
     assert r.state.step == "WarmingUp"
     acts = r.checked(TRIAL, now + 20, "memory_fraction: intended 0.6, running 0.9 (pod p)")
     trial = r.state.trial(1)
@@ -105,8 +103,8 @@ def test_an_overridden_knob_ends_the_trial_not_applied_and_never_scored() -> Non
 
 def test_an_engine_without_config_info_is_verified_with_nothing_to_compare() -> None:
     r = Run()
-    r(Observation(kind="rollout_ready", config=DEFAULT), 0.0)
-    r(Observation(kind="tick"), 60.0)
+    r(RolloutReady(config=DEFAULT), 0.0)
+    r(Tick(), 60.0)
     r.checked(DEFAULT, 61.0, kv=None)
     r.window(361.0)
     assert r.state.trial(0).outcome == "ok" and r.state.trial(0).kv_tokens is None
@@ -157,7 +155,7 @@ def test_a_refused_objective_observes_and_names_the_missing_signals() -> None:
         SETTINGS, missing_signals=("prefix-cache hit rate",), refusal="objective goodput needs x"
     )
     r = Run(settings)
-    acts = r(Observation(kind="tick"), 0.0)
+    acts = r(Tick(), 0.0)
     assert r.state.phase == "Observing"
     conditions = {a.type: a for a in acts if isinstance(a, SetCondition)}
     assert conditions["SignalsMissing"].status == "True"
@@ -169,7 +167,7 @@ def test_a_refused_objective_observes_and_names_the_missing_signals() -> None:
 def test_an_objective_it_can_score_still_tunes_with_the_gap_named() -> None:
     settings = replace(SETTINGS, objective="ttft", missing_signals=("prefix-cache hit rate",))
     r = Run(settings)
-    acts = r(Observation(kind="tick"), 0.0)
+    acts = r(Tick(), 0.0)
     assert r.state.phase == "Baseline"
     assert any(
         isinstance(a, SetCondition) and a.type == "SignalsMissing" and a.status == "True" for a in acts
@@ -178,9 +176,9 @@ def test_an_objective_it_can_score_still_tunes_with_the_gap_named() -> None:
 
 def test_an_unverifiable_trial_is_scored_with_a_warning_naming_why() -> None:
     r = Run()
-    r(Observation(kind="rollout_ready", config=DEFAULT), 0.0)
-    r(Observation(kind="tick"), 60.0)
-    acts = r(Observation(kind="config_checked", config=DEFAULT, reason="the operator could not scrape"), 61.0)
+    r(RolloutReady(config=DEFAULT), 0.0)
+    r(Tick(), 60.0)
+    acts = r(ConfigChecked(config=DEFAULT, reason="the operator could not scrape"), 61.0)
     events = [a for a in acts if isinstance(a, EmitEvent) and a.reason == "KnobsUnverified"]
     assert events and "could not scrape" in events[0].message
     r.window(361.0)

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from prefixtune.benchcli import load_bench
+from bench import tuner
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench() -> ModuleType:
-    return load_bench("tuner")
+    return tuner
 
 
 def test_suite_covers_engines_workloads_and_bounds() -> None:

@@ -22,7 +22,20 @@ from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.policy import drift, initial_state, step
 from prefixtune.tuning.settings import Slo, TuningSettings
 from prefixtune.tuning.space import SearchSpace
-from prefixtune.tuning.state import Observation, PolicyState, WhatIf
+from prefixtune.tuning.state import (
+    MetricsUnavailable,
+    Observation,
+    PolicyState,
+    RolloutApplied,
+    RolloutFailed,
+    RolloutReady,
+    SpecChanged,
+    Tick,
+    TrialInvalidated,
+    WhatIf,
+    WindowMeasured,
+    parse_observation,
+)
 
 
 def window(
@@ -116,14 +129,14 @@ class Run:
         return actions
 
     def tick(self, now: float) -> list[Action]:
-        return self(Observation(kind="tick"), now)
+        return self(Tick(), now)
 
     def win(self, now: float, partial: bool = False, **kw: Any) -> list[Action]:
-        return self(Observation(kind="window", signals=window(**kw), partial=partial, offered_rps=1.0), now)
+        return self(WindowMeasured(signals=window(**kw), partial=partial, offered_rps=1.0), now)
 
     def baseline(self, value: float = 1000.0) -> float:
         """Pending -> Baseline (warm-up, window) -> Exploring; returns the time after."""
-        self(Observation(kind="rollout_ready", config=DEFAULT), 0.0)
+        self(RolloutReady(config=DEFAULT), 0.0)
         assert (self.state.phase, self.state.step) == ("Baseline", "WarmingUp")
         self.tick(60.0)
         assert self.state.step == "Measuring"
@@ -142,9 +155,9 @@ def test_phase_transitions_through_a_trial_to_converged() -> None:
     first = of(r.actions, RollOut)
     assert len(first) == 1 and first[0].config == C1 and first[0].trial == 1
     assert r.state.step == "RollingOut"
-    r(Observation(kind="rollout_applied"), now + 5)
+    r(RolloutApplied(), now + 5)
     assert r.state.step == "WaitingReady"
-    r(Observation(kind="rollout_ready", config=C1), now + 30)
+    r(RolloutReady(config=C1), now + 30)
     assert r.state.step == "WarmingUp" and r.state.current == C1
     r.tick(now + 90)
     assert r.state.step == "Measuring"
@@ -165,7 +178,7 @@ def test_phase_transitions_through_a_trial_to_converged() -> None:
         if cfg != C2:
             t += 600
             r.tick(t)
-        r(Observation(kind="rollout_ready", config=cfg), t + 30)
+        r(RolloutReady(config=cfg), t + 30)
         r.tick(t + 90)
         r.win(t + 390, goodput=900.0)
     assert r.state.phase == "Converged" and "budget spent" in r.state.note
@@ -173,7 +186,7 @@ def test_phase_transitions_through_a_trial_to_converged() -> None:
     acts = r.tick(t + 390)
     apply = of(acts, RollOut)
     assert apply and apply[0].config == C1 and apply[0].trial is None
-    r(Observation(kind="rollout_ready", config=C1), t + 420)
+    r(RolloutReady(config=C1), t + 420)
     assert (r.state.phase, r.state.step) == ("Converged", "Watching") and r.state.current == C1
     ids = [a.trial.id for a in of(r.actions, RecordTrial)]
     assert ids == sorted(set(ids)) == [0, 1, 2, 3]
@@ -186,7 +199,7 @@ def test_a_lucky_window_is_demoted_by_its_confirmation() -> None:
     t = r.baseline(800.0)  # decides at once (no rate limit): C1 is rolled out
     for cfg, goodput in ((C1, 1200.0), (C2, 1000.0), (C1, 700.0)):
         assert of(r.actions, RollOut)[-1].config == cfg
-        r(Observation(kind="rollout_ready", config=cfg), t + 30)
+        r(RolloutReady(config=cfg), t + 30)
         r.tick(t + 90)
         r.win(t + 390, goodput=goodput)
         t += 400
@@ -204,7 +217,7 @@ def test_rollouts_are_rate_limited() -> None:
     r = Run(settings, scripted([C1, C2, C3]))
     r.baseline()
     times = [360.0]
-    r(Observation(kind="rollout_ready", config=C1), 400)
+    r(RolloutReady(config=C1), 400)
     r.tick(460)
     r.win(760)
     for t in range(790, 1400, 30):
@@ -216,7 +229,7 @@ def test_rollouts_are_rate_limited() -> None:
 def test_early_abort_rolls_back_to_best() -> None:
     r = Run()
     now = r.baseline()
-    r(Observation(kind="rollout_ready", config=C1), now + 30)
+    r(RolloutReady(config=C1), now + 30)
     r.tick(now + 90)
     few = r.win(now + 120, partial=True, ttft=7.0, requests=10)  # too few requests to judge
     assert not of(few, RollBack)
@@ -226,23 +239,23 @@ def test_early_abort_rolls_back_to_best() -> None:
     assert [t.trial.outcome for t in of(acts, RecordTrial)] == ["aborted"]
     assert any(e.type == "Warning" and e.reason == "TrialAborted" for e in of(acts, EmitEvent))
     assert r.state.step == "RollingBack"
-    r(Observation(kind="rollout_ready", config=DEFAULT), now + 200)
+    r(RolloutReady(config=DEFAULT), now + 200)
     assert r.state.step == "Idle" and r.state.current == DEFAULT
 
 
 def test_infeasible_rollout_is_recorded_and_rolled_back() -> None:
     r = Run()
     now = r.baseline()
-    acts = r(Observation(kind="rollout_failed", config=C1, failure="oom_startup"), now + 60)
+    acts = r(RolloutFailed(config=C1, failure="oom_startup"), now + 60)
     rec = of(acts, RecordTrial)
     assert rec[0].trial.outcome == "infeasible" and rec[0].trial.failure == "oom_startup"
     assert of(acts, RollBack)[0].to_config == DEFAULT
     # a runtime OOM during measurement is infeasible too
-    r(Observation(kind="rollout_ready", config=DEFAULT), now + 90)
+    r(RolloutReady(config=DEFAULT), now + 90)
     r.tick(now + 1000)
-    r(Observation(kind="rollout_ready", config=C2), now + 1030)
+    r(RolloutReady(config=C2), now + 1030)
     r.tick(now + 1090)
-    acts = r(Observation(kind="rollout_failed", config=C2, failure="oom_runtime"), now + 1200)
+    acts = r(RolloutFailed(config=C2, failure="oom_runtime"), now + 1200)
     assert of(acts, RecordTrial)[0].trial.outcome == "infeasible"
 
 
@@ -251,7 +264,7 @@ def test_ready_timeout_is_infeasible_and_failed_rollback_is_failed() -> None:
     now = r.baseline()
     acts = r.tick(now + SETTINGS.ready_timeout_s + 1)
     assert of(acts, RecordTrial)[0].trial.failure == "timeout"
-    acts = r(Observation(kind="rollout_failed", config=DEFAULT, failure="crash"), now + 700)
+    acts = r(RolloutFailed(config=DEFAULT, failure="crash"), now + 700)
     assert r.state.phase == "Failed"
     assert any(c.type == "Degraded" and c.status == "True" for c in of(acts, SetCondition))
     assert r.tick(now + 5000) == []
@@ -259,9 +272,9 @@ def test_ready_timeout_is_infeasible_and_failed_rollback_is_failed() -> None:
 
 def test_metrics_unavailable_holds_rollouts() -> None:
     r = Run()
-    r(Observation(kind="rollout_ready", config=DEFAULT), 0.0)
+    r(RolloutReady(config=DEFAULT), 0.0)
     r.tick(60)
-    acts = r(Observation(kind="metrics_unavailable", reason="prometheus unreachable"), 100)
+    acts = r(MetricsUnavailable(reason="prometheus unreachable"), 100)
     assert any(c.type == "MetricsUnavailable" and c.status == "True" for c in of(acts, SetCondition))
     for t in (200.0, 400.0, 2000.0):
         assert not of(r.tick(t), RollOut)
@@ -275,10 +288,10 @@ def test_metrics_unavailable_holds_rollouts() -> None:
 
 def test_window_missing_signals_is_never_scored() -> None:
     r = Run()
-    r(Observation(kind="rollout_ready", config=DEFAULT), 0.0)
+    r(RolloutReady(config=DEFAULT), 0.0)
     r.tick(60)
     sig = replace(window(), goodput_tokens_per_s=None, slo_attainment=None)
-    acts = r(Observation(kind="window", signals=sig), 360)
+    acts = r(WindowMeasured(signals=sig), 360)
     assert not of(acts, RecordTrial) and not of(acts, RollOut)
     assert r.state.metrics_held
 
@@ -286,7 +299,7 @@ def test_window_missing_signals_is_never_scored() -> None:
 def test_too_few_requests_extends_then_invalidates() -> None:
     r = Run()
     now = r.baseline()
-    r(Observation(kind="rollout_ready", config=C1), now + 30)
+    r(RolloutReady(config=C1), now + 30)
     r.tick(now + 90)
     t = now + 390
     for _ in range(SETTINGS.max_extensions):
@@ -300,11 +313,11 @@ def test_too_few_requests_extends_then_invalidates() -> None:
 def test_pod_deleted_mid_measurement_remeasures() -> None:
     r = Run()
     now = r.baseline()
-    r(Observation(kind="rollout_ready", config=C1), now + 30)
+    r(RolloutReady(config=C1), now + 30)
     r.tick(now + 90)
-    acts = r(Observation(kind="trial_invalidated", reason="pod deleted"), now + 150)
+    acts = r(TrialInvalidated(reason="pod deleted"), now + 150)
     assert not of(acts, RecordTrial) and r.state.step == "WaitingReady"
-    r(Observation(kind="rollout_ready", config=C1), now + 200)
+    r(RolloutReady(config=C1), now + 200)
     r.tick(now + 260)
     acts = r.win(now + 560, goodput=1100.0)
     rec = of(acts, RecordTrial)
@@ -317,13 +330,13 @@ def test_observe_mode_recommends_and_never_rolls_out() -> None:
     assert r.state.phase == "Observing"
     better = WhatIf(config=C1, signals=window(goodput=1500.0))
     worse = WhatIf(config=C2, signals=window(goodput=500.0))
-    acts = r(Observation(kind="window", signals=window(goodput=1000.0), what_if=[worse, better]), 600)
+    acts = r(WindowMeasured(signals=window(goodput=1000.0), what_if=[worse, better]), 600)
     rec = of(acts, Recommend)
     assert rec and rec[0].config == C1 and "what-if" in rec[0].reason
     # the same recommendation is not repeated; a cache holding memory for nothing is flagged
-    assert not of(r(Observation(kind="window", signals=window(), what_if=[better]), 1200), Recommend)
+    assert not of(r(WindowMeasured(signals=window(), what_if=[better]), 1200), Recommend)
     r2 = Run(replace(SETTINGS, mode="observe"))
-    acts = r2(Observation(kind="window", signals=window(hit=0.01)), 600)
+    acts = r2(WindowMeasured(signals=window(hit=0.01)), 600)
     assert of(acts, Recommend)[0].config.prefix_caching is False
     for t in range(1800, 20000, 600):
         r.tick(float(t))
@@ -334,12 +347,12 @@ def test_observe_mode_recommends_and_never_rolls_out() -> None:
 def test_mode_off_pauses_and_spec_change_resumes() -> None:
     r = Run()
     now = r.baseline()
-    r(Observation(kind="rollout_ready", config=C1), now + 30)
-    acts = r(Observation(kind="spec_changed", settings=replace(SETTINGS, mode="off"), generation=2), now + 40)
+    r(RolloutReady(config=C1), now + 30)
+    acts = r(SpecChanged(settings=replace(SETTINGS, mode="off"), generation=2), now + 40)
     assert r.state.phase == "Paused" and of(acts, RollBack)
     assert of(acts, RecordTrial)[0].trial.outcome == "invalidated"
     assert not of(r.tick(now + 5000), RollOut)
-    r(Observation(kind="spec_changed", settings=SETTINGS, generation=3), now + 6000)
+    r(SpecChanged(settings=SETTINGS, generation=3), now + 6000)
     assert r.state.phase == "Baseline" and r.state.epoch == 1
 
 
@@ -356,13 +369,13 @@ def test_drift_retunes_with_warm_start() -> None:
         return Suggestion(None, "stop", converged=True)
 
     same = replace(s.reference, window_s=120.0)
-    s2, acts = step(s, Observation(kind="window", signals=same), result.now + 600, spy)
+    s2, acts = step(s, WindowMeasured(signals=same), result.now + 600, spy)
     assert s2.epoch == 0 and not of(acts, EmitEvent)
     moved = replace(s.reference, hit_rate=(s.reference.hit_rate or 0) - 0.4)
-    s3, acts = step(s, Observation(kind="window", signals=moved), result.now + 600, spy)
+    s3, acts = step(s, WindowMeasured(signals=moved), result.now + 600, spy)
     assert any(e.reason == "DriftDetected" for e in of(acts, EmitEvent))
     assert (s3.phase, s3.step, s3.epoch) == ("Baseline", "Measuring", 1)
-    step(s3, Observation(kind="window", signals=moved), result.now + 600 + 120, spy)
+    step(s3, WindowMeasured(signals=moved), result.now + 600 + 120, spy)
     assert seen, "the optimizer was consulted after the new baseline"
     old_ok = [t for t in s.trials if t.outcome == "ok"]
     assert len(seen[-1]) == len(old_ok) + 1  # every earlier trial is kept as warm start
@@ -393,7 +406,7 @@ def test_restart_mid_trial_resumes_identically() -> None:
     state = initial_state(ENGINE, settings, DEFAULT)
     for (obs, now), want in zip(script, expected, strict=True):
         state = PolicyState.from_json(state.to_json())  # the operator restarted before this event
-        obs = Observation.model_validate_json(obs.model_dump_json())
+        obs = parse_observation(obs.model_dump_json())
         state, actions = step(state, obs, now)
         assert [a.to_dict() for a in actions] == want
     ids = [a["trial"]["index"] for acts in expected for a in acts if a["kind"] == "RecordTrial"]
@@ -420,7 +433,7 @@ def test_infeasible_trials_are_learned_through_the_policy() -> None:
 
 def test_too_little_traffic_for_a_baseline_waits_then_tunes() -> None:
     r = Run()
-    r(Observation(kind="rollout_ready", config=DEFAULT), 0.0)
+    r(RolloutReady(config=DEFAULT), 0.0)
     r.tick(60)
     t = 360.0
     for _ in range(SETTINGS.max_extensions + 1):
@@ -437,11 +450,10 @@ def test_canary_trial_is_scored_against_the_stable_pods() -> None:
     r = Run(replace(SETTINGS, strategy="canary"))
     now = r.baseline(value=1000.0)
     assert of(r.actions, RollOut)[0].strategy == "canary"
-    r(Observation(kind="rollout_ready", config=C1), now + 30)
+    r(RolloutReady(config=C1), now + 30)
     assert r.state.current == DEFAULT  # the stable pods keep the baseline config
     r.tick(now + 90)
-    obs = Observation(
-        kind="window",
+    obs = WindowMeasured(
         signals=window(goodput=600.0, requests=250.0),  # one canary pod, its share of the requests
         baseline_signals=window(goodput=1000.0),  # two stable pods, same window (load moved)
         canary_pods=1,
@@ -459,10 +471,9 @@ def test_canary_value_is_anchored_to_the_config_the_stable_pods_run() -> None:
     for config, canary_goodput, at in ((C1, 600.0, now), (C2, 450.0, now + 1000)):
         r.tick(at)  # past the rollout rate limit: the next trial is rolled out
         assert of(r.actions, RollOut)[-1].config == config
-        r(Observation(kind="rollout_ready", config=config), at + 30)
+        r(RolloutReady(config=config), at + 30)
         r.tick(at + 90)
-        obs = Observation(
-            kind="window",
+        obs = WindowMeasured(
             signals=window(goodput=canary_goodput, requests=250.0),  # a pod's share of the requests
             baseline_signals=window(goodput=1000.0),
             canary_pods=1,
@@ -479,9 +490,7 @@ def test_canary_value_is_anchored_to_the_config_the_stable_pods_run() -> None:
 
 
 def _spec_change(r: Run, now: float, key: str, generation: int) -> list[Action]:
-    obs = Observation(
-        kind="spec_changed", settings=SETTINGS, config=DEFAULT, generation=generation, deployment_key=key
-    )
+    obs = SpecChanged(settings=SETTINGS, config=DEFAULT, generation=generation, deployment_key=key)
     return r(obs, now)
 
 
@@ -489,7 +498,7 @@ def test_deployment_change_starts_a_new_epoch_with_a_fresh_baseline() -> None:
     r = Run()
     r.state = initial_state(ENGINE, SETTINGS, DEFAULT, deployment_key="replicas=2")
     now = r.baseline()
-    r(Observation(kind="rollout_ready", config=C1), now + 30)
+    r(RolloutReady(config=C1), now + 30)
     r.tick(now + 90)
     assert (r.state.phase, r.state.step, r.state.epoch) == ("Exploring", "Measuring", 0)
     # same key (e.g. only a tuning timing setting moved): no new epoch, no baseline (the trial in
@@ -499,7 +508,7 @@ def test_deployment_change_starts_a_new_epoch_with_a_fresh_baseline() -> None:
     assert not [e for e in of(acts, EmitEvent) if e.reason == "DeploymentChanged"]
     assert [t.role for t in r.state.trials] == ["baseline", "trial"]
     assert of(r.tick(now + 700), RollOut)[0].config == C1  # after the rate limit
-    r(Observation(kind="rollout_ready", config=C1), now + 730)
+    r(RolloutReady(config=C1), now + 730)
     assert r.state.step == "WarmingUp"
     # replicas (or model) changed: the trial in flight is dropped and a new epoch measures a baseline
     acts = _spec_change(r, now + 750, "replicas=4", 3)
@@ -519,20 +528,19 @@ def test_deployment_change_starts_a_new_epoch_with_a_fresh_baseline() -> None:
     assert (r.state.phase, r.state.epoch) == ("Baseline", 2) and of(acts, EmitEvent)
 
 
-def test_deployment_key_is_stored_on_first_sight_without_restarting() -> None:
+def test_a_spec_change_without_a_deployment_key_keeps_the_stored_one() -> None:
     r = Run()
+    r.state = initial_state(ENGINE, SETTINGS, DEFAULT, deployment_key="k1")
     now = r.baseline()
-    assert r.state.deployment_key == "" and r.state.phase == "Exploring"
-    acts = _spec_change(r, now + 10, "k1", 2)
-    assert r.state.deployment_key == "k1" and (r.state.phase, r.state.epoch) == ("Exploring", 0)
-    assert not [e for e in of(acts, EmitEvent) if e.reason == "DeploymentChanged"]
+    assert r.state.deployment_key == "k1" and r.state.phase == "Exploring"
     # an observation without a key (caller does not know it) keeps the stored one
-    _spec_change(r, now + 20, "", 3)
+    acts = _spec_change(r, now + 20, "", 3)
+    assert not [e for e in of(acts, EmitEvent) if e.reason == "DeploymentChanged"]
     assert r.state.deployment_key == "k1" and r.state.epoch == 0
     back = PolicyState.from_json(r.state.to_json())
     assert back.deployment_key == "k1" and back == r.state
-    obs = Observation(kind="spec_changed", deployment_key="k2")
-    assert Observation.model_validate_json(obs.model_dump_json()).deployment_key == "k2"
+    obs = SpecChanged(deployment_key="k2")
+    assert parse_observation(obs.model_dump_json()).deployment_key == "k2"
 
 
 def test_trials_starved_of_traffic_end_the_search() -> None:
@@ -545,7 +553,7 @@ def test_trials_starved_of_traffic_end_the_search() -> None:
         decisions += 1
         assert r.state.step == "RollingOut"
         target = r.state.target
-        r(Observation(kind="rollout_ready", config=target), t + 30)
+        r(RolloutReady(config=target), t + 30)
         r.tick(t + 90)
         t += 390
         for _ in range(settings.max_extensions + 1):
@@ -577,7 +585,7 @@ def test_starved_trials_count_toward_the_budget() -> None:
     decisions = 0
     while r.state.phase == "Exploring" and decisions < 50:
         decisions += 1
-        r(Observation(kind="rollout_ready", config=r.state.target), t + 30)
+        r(RolloutReady(config=r.state.target), t + 30)
         r.tick(t + 90)
         t += 390
         for _ in range(settings.max_extensions + 1):

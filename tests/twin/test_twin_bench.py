@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from prefixtune.benchcli import load_bench
+from bench import twin
 from prefixtune.cli import main
 from prefixtune.twin.cache import native_pool_status
 
@@ -34,7 +34,6 @@ def test_bench_twin_reports_cases_speedups_and_the_pool(capsys: pytest.CaptureFi
 
 
 def test_a_run_that_got_under_nine_tenths_of_a_core_is_flagged_busy() -> None:
-    twin = load_bench("twin")
     assert twin.cpu_share(0.35, 1.0) == pytest.approx(0.35)  # the 349x run of issue 25: a share like this
     assert twin.machine_busy(twin.cpu_share(0.35, 1.0))
     assert not twin.machine_busy(twin.cpu_share(0.98, 1.0))

@@ -10,13 +10,12 @@ import time
 
 import aiohttp
 
-from prefixtune.benchcli import load_bench
+from bench import client
 from prefixtune.engines import get_adapter
 from prefixtune.metrics.exposition import parse
 from prefixtune.twin.serve import serving
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-client = load_bench("client")
 
 
 async def test_twin_window_matches_the_responses_usage() -> None:

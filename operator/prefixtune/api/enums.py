@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-# One Phase: the tuning policy's phase is status.phase.
+# One Phase: the tuning policy's phase is status.phase; one Objective: the policy's.
 from prefixtune.tuning.phases import Phase as Phase
+from prefixtune.tuning.settings import Objective as Objective
 
 
 class GpuType(StrEnum):
@@ -18,12 +19,6 @@ class TuningMode(StrEnum):
     OFF = "off"
     OBSERVE = "observe"
     AUTO = "auto"
-
-
-class Objective(StrEnum):
-    GOODPUT = "goodput"
-    THROUGHPUT = "throughput"
-    TTFT = "ttft"
 
 
 class RolloutStrategy(StrEnum):

@@ -272,7 +272,7 @@ class _ConfigSpec(_KnobFields):
     """The baseline configuration of the tuned knobs. Omitted knobs take the engine's default."""
 
 
-class _SearchSpace(_Model):
+class _SearchSpaceSpec(_Model):
     """Values the tuner may try. Each omitted knob uses the engine adapter's default space."""
 
     def listed(self) -> dict[str, Any]:
@@ -312,14 +312,14 @@ def _knob_model(base: type[_Model], field: Callable[[Knob], tuple[Any, Any]]) ->
 
 if TYPE_CHECKING:  # the static type is the base with the knob methods; fields are read by name
     ConfigSpec = _ConfigSpec
-    SearchSpace = _SearchSpace
+    SearchSpaceSpec = _SearchSpaceSpec
     KnobValues = _KnobValues
 else:
     ConfigSpec = _knob_model(
         _ConfigSpec, lambda knob: (_VALUE_TYPE[knob.kind] | None, _omittable(knob.config_doc))
     )
-    SearchSpace = _knob_model(
-        _SearchSpace,
+    SearchSpaceSpec = _knob_model(
+        _SearchSpaceSpec,
         lambda knob: (
             _space_type(knob) | None,
             _omittable(knob.space_doc, None if knob.continuous else _SET),
@@ -392,7 +392,7 @@ class TuningSpec(_Model):
     )
     objective: Objective = Field(Objective.GOODPUT, description="What the tuner maximises.")
     slo: SloSpec = _section(SloSpec, "Latency objectives.")
-    space: SearchSpace = _section(SearchSpace, "Search space; defaults come from the engine adapter.")
+    space: SearchSpaceSpec = _section(SearchSpaceSpec, "Search space; defaults come from the engine adapter.")
     trial: TrialSpec = _section(TrialSpec, "Trial timing.")
     budget: BudgetSpec = _section(BudgetSpec, "Trial budget.")
     rollout: RolloutSpec = _section(RolloutSpec, "How trial configurations are rolled out.")
@@ -531,7 +531,7 @@ class TrialRecord(_Model):
     )
 
 
-class Diagnosis(_Model):
+class DiagnosisStatus(_Model):
     bound: Bound = Bound.UNKNOWN
     hit_rate: Ratio | None = Field(None, description="Prefix-cache hit rate (tokens), 0..1.")
     prefill_reduction: Ratio | None = Field(None, description="Share of prompt tokens not recomputed, 0..1.")
@@ -556,7 +556,7 @@ class ServingDeploymentStatus(_Model):
     current_config: KnobValues | None = _omittable("The configuration the serving pods run.")
     best_config: BestConfig | None = _omittable("The best configuration measured so far.")
     trials: list[TrialRecord] = Field(default_factory=list)
-    diagnosis: Diagnosis | None = _omittable("What limits the deployment now.")
+    diagnosis: DiagnosisStatus | None = _omittable("What limits the deployment now.")
     recommendation: Recommendation | None = _omittable("Observe mode: what would be rolled out.")
     policy: dict[str, Any] = Field(
         default_factory=dict,

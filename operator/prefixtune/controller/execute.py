@@ -24,8 +24,8 @@ from prefixtune.controller.observe import Desired, PodView, pod_view
 from prefixtune.controller.ownership import Claim, Foreign, claim, foreign
 from prefixtune.controller.render import (
     ROLES,
+    DeploymentRole,
     Owner,
-    Role,
     configmap_name,
     deployment_name,
     render_configmap,
@@ -50,7 +50,7 @@ COMPONENT = "prefixtune-operator"
 
 @dataclass
 class Children:
-    deployments: dict[Role, dict[str, Any] | None] = field(default_factory=dict)
+    deployments: dict[DeploymentRole, dict[str, Any] | None] = field(default_factory=dict)
     pods: list[PodView] = field(default_factory=list)
     foreign: list[Foreign] = field(default_factory=list)  # objects of our names that are not ours
 
@@ -68,7 +68,7 @@ async def read_children(client: KubeClient, owner: Owner) -> Children:
     pods are not ours to measure or judge) and the pods of our selector."""
     require("apps", "deployments", "get")
     require("", "pods", "list")
-    deployments: dict[Role, dict[str, Any] | None] = {}
+    deployments: dict[DeploymentRole, dict[str, Any] | None] = {}
     found: list[Foreign] = []
     for role in ROLES:
         got = await client.get(

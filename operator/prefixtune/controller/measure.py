@@ -22,7 +22,7 @@ from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.controller import applied
 from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.observe import PodView, desired, pods_of
-from prefixtune.controller.render import Role, config_hash, prometheus_labels
+from prefixtune.controller.render import DeploymentRole, config_hash, prometheus_labels
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import MetricNames
 from prefixtune.metrics.bounded import METRICS_POOL, BoundedPrometheus
@@ -33,7 +33,14 @@ from prefixtune.metrics.promql import Selector
 from prefixtune.metrics.scrape_source import ScrapeSource, Window, window_signals
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.phases import SEARCH_PHASES, WINDOW_STEPS, Phase, Step, watching
-from prefixtune.tuning.state import Observation, PolicyState
+from prefixtune.tuning.state import (
+    ConfigChecked,
+    MetricsUnavailable,
+    Observation,
+    PolicyState,
+    TrialInvalidated,
+    WindowMeasured,
+)
 
 PARTIAL_EVERY = 4  # early-abort checks per window
 
@@ -107,23 +114,21 @@ class Meter:
         if trial is None or trial.verified or state.step not in WINDOW_STEPS:
             return None
         want = desired(state)
-        role: Role = want.subject
+        role: DeploymentRole = want.subject
         mine = [p for p in pods_of(pods, role, config_hash(trial.config)) if p.ready]
         snaps, _ = await self._scrape(spec, mine) if mine else ({}, [])
         if not snaps:
             if mine and spec.tuning.metrics.source.value == "prometheus":
                 # Windows come from Prometheus; the operator may not reach the pods itself. Say so
                 # rather than hold the trial forever.
-                return Observation(
-                    kind="config_checked",
+                return ConfigChecked(
                     config=trial.config,
                     reason="the operator could not scrape the pods to read back their effective config",
                 )
             return None
         adapter = get_adapter(spec.engine)
         reads = [applied.read_back(adapter, pod, snap) for pod, snap in sorted(snaps.items())]
-        return Observation(
-            kind="config_checked",
+        return ConfigChecked(
             config=trial.config,
             mismatches=applied.mismatches(trial.config, reads),
             kv_tokens=applied.kv_tokens(reads),
@@ -160,9 +165,9 @@ class Meter:
             return ("watch", state.phase, state.epoch), state.measure_from or 0.0
         return None
 
-    def _groups(self, state: PolicyState, pods: Sequence[PodView]) -> dict[Role, list[PodView]]:
+    def _groups(self, state: PolicyState, pods: Sequence[PodView]) -> dict[DeploymentRole, list[PodView]]:
         want = desired(state)
-        groups: dict[Role, list[PodView]] = {
+        groups: dict[DeploymentRole, list[PodView]] = {
             "baseline": pods_of(pods, "baseline", config_hash(want.baseline))
         }
         if want.canary is not None:
@@ -206,19 +211,17 @@ class Meter:
                 # The window began before this operator process: its start scrape is lost. Re-measure.
                 # (A window that began under this process is scraped now, at most a tick late.)
                 self.starts.pop(uid, None)
-                return Observation(
-                    kind="trial_invalidated",
+                return TrialInvalidated(
                     reason="the operator restarted during the measurement window (its start scrape is lost)",
                 )
             snaps, errors = await self._scrape(spec, everyone)
             if not snaps:
-                return Observation(
-                    kind="metrics_unavailable",
+                return MetricsUnavailable(
                     reason=self._unanswered("no ready pod answered a metrics scrape", errors),
                 )
             if empty := _empty(snaps):
                 # A window must not start from nothing: it would read as zero traffic.
-                return Observation(kind="metrics_unavailable", reason=f"metrics missing or NaN: {empty}")
+                return MetricsUnavailable(reason=f"metrics missing or NaN: {empty}")
             self.starts[uid] = _Start(key, now, snaps, now)
             return None
         full = (
@@ -234,23 +237,20 @@ class Meter:
         if not (full or partial_due):
             return None
         end, errors = await self._scrape(spec, everyone)
-        subject: Role = "canary" if "canary" in groups else "baseline"
+        subject: DeploymentRole = "canary" if "canary" in groups else "baseline"
         gaps = _gaps(start.snaps, end, everyone) or ([_empty(end)] if _empty(end) else [])
         if gaps:
             # Series the window began with are missing now (an empty or NaN exposition): the data
             # is not there, so hold; the policy re-measures once the metrics are back.
             start.last_partial = now
-            return Observation(
-                kind="metrics_unavailable", reason=f"metrics missing or NaN: {'; '.join(gaps)}"
-            )
+            return MetricsUnavailable(reason=f"metrics missing or NaN: {'; '.join(gaps)}")
         reset = self._window(spec, start, end, everyone)
         if full and reset is not None and reset.resets:
             # Counters went backwards without a pod restart (an exporter restart, a scrape of another
             # process): what was counted before the reset is lost, so the window is not the trial's.
             self.starts.pop(uid, None)
             if key[0] == "trial":
-                return Observation(
-                    kind="trial_invalidated",
+                return TrialInvalidated(
                     reason=f"metrics counters reset inside the window ({', '.join(reset.resets)})",
                 )
             return None  # a watching window: start a new one on the next tick
@@ -265,14 +265,12 @@ class Meter:
         else:
             start.last_partial = now
         if signals is None:
-            return Observation(
-                kind="metrics_unavailable",
+            return MetricsUnavailable(
                 reason=self._unanswered(f"no {subject} pod answered a metrics scrape", errors),
             )
         if full:
             self.last_signals[uid] = total or signals
-        return Observation(
-            kind="window",
+        return WindowMeasured(
             signals=signals,
             baseline_signals=baseline,
             canary_pods=len(groups.get("canary", [])) or 1,
@@ -311,7 +309,7 @@ class Meter:
             window = int(max(now - last[1], 1))
             self.watch_from[uid] = (key, now)
         groups = self._groups(state, pods)
-        subject: Role = "canary" if "canary" in groups else "baseline"
+        subject: DeploymentRole = "canary" if "canary" in groups else "baseline"
         client = BoundedPrometheus(url, ca_file=admin.prometheus_ca_file, budget_s=self.budget_s)
         source = PrometheusSource(
             client,
@@ -338,11 +336,10 @@ class Meter:
             )
         except Exception as err:  # a short reason only: bounded.FetchError never quotes a body
             reason = str(err) if isinstance(err, OSError) else type(err).__name__
-            return Observation(kind="metrics_unavailable", reason=f"Prometheus query failed: {reason[:200]}")
+            return MetricsUnavailable(reason=f"Prometheus query failed: {reason[:200]}")
         if signals is None:
-            return Observation(kind="metrics_unavailable", reason=f"no {subject} pods to query")
-        return Observation(
-            kind="window",
+            return MetricsUnavailable(reason=f"no {subject} pods to query")
+        return WindowMeasured(
             signals=signals,
             baseline_signals=baseline,
             canary_pods=len(groups.get("canary", [])) or 1,

@@ -16,13 +16,20 @@ from typing import Any
 from prefixtune.controller.render import (
     LABEL_CONFIG_HASH,
     LABEL_ROLE,
-    Role,
+    DeploymentRole,
     config_hash,
     template_hash,
 )
 from prefixtune.engines.base import KnobConfig
 from prefixtune.tuning.phases import ROLLOUT_STEPS, TRIAL_STEPS, WINDOW_STEPS, Step
-from prefixtune.tuning.state import Observation, PolicyState
+from prefixtune.tuning.state import (
+    Observation,
+    PolicyState,
+    RolloutApplied,
+    RolloutFailed,
+    RolloutReady,
+    TrialInvalidated,
+)
 
 OOM_PATTERN = re.compile(r"out of memory|outofmemory|oomkilled|\boom\b")
 
@@ -35,11 +42,11 @@ class Desired:
     canary: KnobConfig | None = None
 
     @property
-    def subject(self) -> Role:
+    def subject(self) -> DeploymentRole:
         """The Deployment a rollout in flight is waiting on."""
         return "canary" if self.canary is not None else "baseline"
 
-    def config_of(self, role: Role) -> KnobConfig | None:
+    def config_of(self, role: DeploymentRole) -> KnobConfig | None:
         return self.baseline if role == "baseline" else self.canary
 
 
@@ -160,7 +167,7 @@ def deployment_ready(deployment: Mapping[str, Any] | None, expected_hash: str) -
     )
 
 
-def pods_of(pods: Sequence[PodView], role: Role, digest: str | None = None) -> list[PodView]:
+def pods_of(pods: Sequence[PodView], role: DeploymentRole, digest: str | None = None) -> list[PodView]:
     return [
         p for p in pods if p.role == role and not p.deleting and (digest is None or p.config_hash == digest)
     ]
@@ -168,7 +175,7 @@ def pods_of(pods: Sequence[PodView], role: Role, digest: str | None = None) -> l
 
 def rollout_observation(
     state: PolicyState,
-    deployments: Mapping[Role, Mapping[str, Any] | None],
+    deployments: Mapping[DeploymentRole, Mapping[str, Any] | None],
     pods: Sequence[PodView],
 ) -> Observation | None:
     """What the pods say about the rollout or trial in flight; None when there is nothing to report."""
@@ -181,8 +188,7 @@ def rollout_observation(
     if state.step in ROLLOUT_STEPS:
         for pod in mine:
             if pod.crashed:
-                return Observation(
-                    kind="rollout_failed",
+                return RolloutFailed(
                     config=config,
                     failure=failure_kind(pod, reached_ready=False),
                     reason=_failure_detail(pod),
@@ -192,9 +198,9 @@ def rollout_observation(
         ready_pods = [p for p in mine if p.ready]
         replicas = int(((dep or {}).get("spec") or {}).get("replicas", 1))
         if deployment_ready(dep, digest) and not others and len(ready_pods) >= replicas:
-            return Observation(kind="rollout_ready", config=config)
+            return RolloutReady(config=config)
         if state.step == Step.ROLLING_OUT and dep is not None and template_hash(dep) == digest:
-            return Observation(kind="rollout_applied", config=config)
+            return RolloutApplied(config=config)
         return None
     trial = None if state.active is None else state.trial(state.active)
     if trial is None or state.step not in WINDOW_STEPS:
@@ -202,8 +208,7 @@ def rollout_observation(
     if trial.role == "trial":
         for pod in mine:
             if pod.crashed:
-                return Observation(
-                    kind="rollout_failed",
+                return RolloutFailed(
                     config=config,
                     failure=failure_kind(pod, reached_ready=True),
                     reason=_failure_detail(pod) + " (under load, after it was ready)",
@@ -215,7 +220,7 @@ def rollout_observation(
     restarted = [p for p in mine if since is not None and p.started_at is not None and p.started_at > since]
     if restarted or not any(p.ready for p in mine):
         who = ", ".join(p.name for p in restarted) or f"no ready {role} pod"
-        return Observation(kind="trial_invalidated", reason=f"pods restarted or missing ({who})")
+        return TrialInvalidated(reason=f"pods restarted or missing ({who})")
     return None
 
 

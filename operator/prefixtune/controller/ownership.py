@@ -22,9 +22,7 @@ from prefixtune.controller.render import (
     LABEL_MANAGED_BY,
     LABEL_RESOURCE,
     MANAGER,
-    ROLES,
     Owner,
-    deployment_name,
 )
 
 CANARY_SUFFIX = "-canary"
@@ -109,8 +107,3 @@ def name_errors(name: str) -> list[str]:
             f"a resource {name[: -len(CANARY_SUFFIX)]!r}; choose a name that does not"
         )
     return errors
-
-
-def child_names(owner_name: str) -> list[str]:
-    """The Deployment names a resource uses (for the docs and the collision test)."""
-    return [deployment_name(owner_name, role) for role in ROLES]

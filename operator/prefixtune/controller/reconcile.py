@@ -43,7 +43,7 @@ from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.tuning.actions import Action, EmitEvent
 from prefixtune.tuning.phases import Phase
 from prefixtune.tuning.policy import initial_state, step
-from prefixtune.tuning.state import Observation, PolicyState
+from prefixtune.tuning.state import Observation, PolicyState, SpecChanged, Tick
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def resource_path(namespace: str, name: str) -> str:
 
 
 @dataclass
-class Outcome:
+class Reconciled:
     """What one reconcile did (for logs and tests)."""
 
     phase: str = ""
@@ -115,7 +115,7 @@ async def _advance(state: PolicyState, obs: Observation, now: float, actions: li
     return new
 
 
-async def reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome | None:
+async def reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconciled | None:
     """Reconcile once; None when the resource is gone."""
     async with ctx.lock(f"{namespace}/{name}"):
         started = time.perf_counter()
@@ -131,7 +131,7 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome 
                 logger.warning("reconcile of %s/%s took %.1fs", namespace, name, took)
 
 
-async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome | None:
+async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconciled | None:
     client = ctx.client
     require(API_GROUP, PLURAL, "get")
     body = await client.get(resource_path(namespace, name))
@@ -161,20 +161,20 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
     if state is None or state.engine != str(spec.engine) or state.phase == Phase.PENDING:
         state = initial_state(str(spec.engine), settings, spec.knob_config(), generation, key)
     elif state.spec_generation != generation:
-        obs = Observation(
-            kind="spec_changed", settings=settings, config=spec.knob_config(), generation=generation,
+        obs = SpecChanged(
+            settings=settings, config=spec.knob_config(), generation=generation,
             deployment_key=key,
         )  # fmt: skip
         state = await _advance(state, obs, now, actions)
-    elif state.settings != settings or not state.deployment_key:
-        # e.g. a changed operator-level ready timeout; a state stored before deployment keys: adopt it
-        state = state.model_copy(update={"settings": settings, "deployment_key": key})
+    elif state.settings != settings:
+        # e.g. a changed operator-level ready timeout
+        state = state.model_copy(update={"settings": settings})
 
     children = await read_children(client, owner)
     if state.phase == Phase.PENDING:
         # The policy's clock starts once the baseline serves: warm-up must not run on loading pods.
         if deployment_ready(children.deployments.get("baseline"), config_hash(state.current)):
-            state = await _advance(state, Observation(kind="tick"), now, actions)
+            state = await _advance(state, Tick(), now, actions)
     else:
         rollout = rollout_observation(state, children.deployments, children.pods)
         if rollout is not None:
@@ -187,7 +187,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
         )
         if window is not None:
             state = await _advance(state, window, now, actions)
-        state = await _advance(state, Observation(kind="tick"), now, actions)
+        state = await _advance(state, Tick(), now, actions)
 
     signals = ctx.meter.last_signals.get(uid)
     diagnosis = (
@@ -198,7 +198,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Outcome
         state, actions, previous, now=now, generation=generation,
         ready=ready_condition(spec, children, found), diagnosis=diagnosis,
     )  # fmt: skip
-    outcome = Outcome(phase=state.phase, actions=actions)
+    outcome = Reconciled(phase=state.phase, actions=actions)
     try:
         require(API_GROUP, f"{PLURAL}/status", "patch")
         written = await client.merge_patch(
@@ -282,11 +282,11 @@ async def _invalid(
     errors: list[str],
     now: float,
     generation: int,
-) -> Outcome:
+) -> Reconciled:
     """An invalid spec: a condition and a Warning Event naming the fields; nothing is rolled out."""
     meta = body["metadata"]
     namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
-    outcome = Outcome(phase=str(Phase.FAILED), invalid=errors)
+    outcome = Reconciled(phase=str(Phase.FAILED), invalid=errors)
     ready: dict[str, Any] = next(
         (c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {}
     )

@@ -21,8 +21,8 @@ from prefixtune.controller import engine_pod, podspec
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig, RenderedCommand
 
-Role = Literal["baseline", "canary"]
-ROLES: tuple[Role, ...] = ("baseline", "canary")
+DeploymentRole = Literal["baseline", "canary"]
+ROLES: tuple[DeploymentRole, ...] = ("baseline", "canary")
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
@@ -83,11 +83,11 @@ def config_hash(config: KnobConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def deployment_name(owner_name: str, role: Role) -> str:
+def deployment_name(owner_name: str, role: DeploymentRole) -> str:
     return owner_name if role == "baseline" else f"{owner_name}-canary"
 
 
-def configmap_name(owner_name: str, role: Role) -> str:
+def configmap_name(owner_name: str, role: DeploymentRole) -> str:
     return f"{deployment_name(owner_name, role)}-options"
 
 
@@ -95,7 +95,7 @@ def service_name(owner_name: str) -> str:
     return owner_name
 
 
-def selector_labels(owner_name: str, role: Role | None = None) -> dict[str, str]:
+def selector_labels(owner_name: str, role: DeploymentRole | None = None) -> dict[str, str]:
     """Labels that select the pods: both roles for the Service, one role for a Deployment."""
     labels = {LABEL_RESOURCE: owner_name}
     if role is not None:
@@ -148,7 +148,7 @@ def _options_data(files: Mapping[str, str]) -> dict[str, str]:
 
 
 def render_configmap(
-    owner: Owner, spec: ServingDeploymentSpec, config: KnobConfig, role: Role
+    owner: Owner, spec: ServingDeploymentSpec, config: KnobConfig, role: DeploymentRole
 ) -> dict[str, Any] | None:
     """The ConfigMap with the engine's option files (TensorRT-LLM's YAML); None when it reads none."""
     command = render_command(spec, config)
@@ -163,7 +163,7 @@ def render_configmap(
     }
 
 
-def replicas_for(spec: ServingDeploymentSpec, role: Role, canary_active: bool) -> int:
+def replicas_for(spec: ServingDeploymentSpec, role: DeploymentRole, canary_active: bool) -> int:
     """The baseline gives one replica to the canary during a canary trial."""
     if role == "canary":
         return 1
@@ -171,7 +171,7 @@ def replicas_for(spec: ServingDeploymentSpec, role: Role, canary_active: bool) -
 
 
 def render_deployment(
-    owner: Owner, spec: ServingDeploymentSpec, config: KnobConfig, role: Role, replicas: int
+    owner: Owner, spec: ServingDeploymentSpec, config: KnobConfig, role: DeploymentRole, replicas: int
 ) -> dict[str, Any]:
     """The engine Deployment of one role running ``config``."""
     adapter = get_adapter(spec.engine)

@@ -64,7 +64,7 @@ def tuning_settings(
     """The policy's settings for a validated spec (engine defaults already filled in)."""
     tuning = spec.tuning
     mode: Mode = tuning.mode.value
-    objective: Objective = tuning.objective.value
+    objective: Objective = tuning.objective
     strategy: Strategy = spec.effective_rollout().value
     if strategy == "canary" and spec.replicas < 2:
         strategy = "rolling"  # a canary needs a baseline pod beside it

@@ -148,20 +148,6 @@ class AdapterBase(ABC):
     def allowed_choices(self, extra_args: Sequence[str]) -> Mapping[str, tuple[object, ...]]:
         return {}
 
-    def check_combination(self, config: KnobConfig, extra_args: Sequence[str]) -> list[tuple[str, str]]:
-        errors = []
-        for knob, choices in self.allowed_choices(extra_args).items():
-            value = config.to_dict()[knob]
-            if value not in choices:
-                allowed = ", ".join(str(c) for c in choices)
-                errors.append(
-                    (
-                        knob,
-                        f"{self.name}: {knob} {value} is refused with these extra args; allowed: {allowed}",
-                    )
-                )
-        return errors
-
     def refused_for_version(self, version: str, extra_args: Sequence[str]) -> list[tuple[int, str]]:
         return []
 

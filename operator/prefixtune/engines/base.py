@@ -314,10 +314,6 @@ class EngineAdapter(Protocol):
         """Knob values the engine accepts with these extra args, where the args narrow them."""
         ...
 
-    def check_combination(self, config: KnobConfig, extra_args: Sequence[str]) -> list[tuple[str, str]]:
-        """(knob, message) for knob values the engine refuses at start with these extra args."""
-        ...
-
     def refused_for_version(self, version: str, extra_args: Sequence[str]) -> list[tuple[int, str]]:
         """(index, message) for extra args that parse but that ``version`` refuses at start."""
         ...

@@ -22,11 +22,13 @@ prefill inflating ITL); otherwise the split of a request's time between TTFT and
 ``caching-earns-nothing`` is not raised when the caller says caching is off.
 
 Thresholds are in ``Thresholds`` (documented defaults; all heuristics, not engine facts).
+Each is one small rule function: ``BOUND_RULES`` (the first that applies names the bound) and
+``FINDING_RULES`` (every one that applies adds its finding, in that order).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,7 @@ QUEUEING = "queueing"
 UNKNOWN = "unknown"
 INSUFFICIENT = "insufficient-data"
 BOUNDS = (PREFILL, DECODE, KV_CAPACITY, QUEUEING, UNKNOWN, INSUFFICIENT)
+TTFT_DOWN_THROUGHPUT_FLAT = "ttft-down-throughput-flat"  # its finding also names an unknown bound: decode
 
 
 @dataclass(frozen=True)
@@ -143,62 +146,252 @@ def computed_prefill_per_output_token(s: Signals) -> float | None:
     return s.input_tokens_per_s * (1.0 - saved) / s.output_tokens_per_s
 
 
-def _bound(s: Signals, t: Thresholds) -> tuple[str, str, dict[str, float]]:
-    kv = s.kv_usage_mean
-    pre = s.preemptions_per_s
-    waiting, running = s.waiting_mean, s.running_mean
-    if (
+@dataclass(frozen=True)
+class _Case:
+    """What a rule reads: the window, what it is compared with, the thresholds."""
+
+    s: Signals
+    t: Thresholds
+    baseline: Signals | None
+    history: Sequence[Signals]
+    prefix_caching: bool | None
+
+    @property
+    def previous(self) -> Signals | None:
+        return self.history[-1] if self.history else None
+
+
+# ---------------------------------------------------------------- the bound: the first rule that applies
+
+_Bound = tuple[str, str, dict[str, float]]
+
+
+def _kv_capacity(s: Signals, t: Thresholds) -> _Bound | None:
+    kv, pre, waiting = s.kv_usage_mean, s.preemptions_per_s, s.waiting_mean
+    if not (
         kv is not None
         and kv >= t.kv_full
         and ((pre is not None and pre > 0) or (waiting or 0) >= t.min_waiting)
     ):
-        r = _present(s, "kv_usage_mean", "preemptions_per_s", "waiting_mean", "running_mean")
-        return (
-            KV_CAPACITY,
-            f"KV pool {kv:.0%} used with preemptions or a queue: the batch is limited by KV memory",
-            r,
-        )
-    if waiting is not None and running is not None and waiting >= max(t.min_waiting, t.queue_ratio * running):
-        r = _present(s, "waiting_mean", "running_mean", "kv_usage_mean", "ttft_p50_s")
-        return (
-            QUEUEING,
-            f"{waiting:.1f} requests waiting on average against {running:.1f} running: "
-            "arrivals exceed capacity",
-            r,
-        )
+        return None
+    r = _present(s, "kv_usage_mean", "preemptions_per_s", "waiting_mean", "running_mean")
+    return (
+        KV_CAPACITY,
+        f"KV pool {kv:.0%} used with preemptions or a queue: the batch is limited by KV memory",
+        r,
+    )
+
+
+def _queueing(s: Signals, t: Thresholds) -> _Bound | None:
+    waiting, running = s.waiting_mean, s.running_mean
+    if not (
+        waiting is not None and running is not None and waiting >= max(t.min_waiting, t.queue_ratio * running)
+    ):
+        return None
+    r = _present(s, "waiting_mean", "running_mean", "kv_usage_mean", "ttft_p50_s")
+    return (
+        QUEUEING,
+        f"{waiting:.1f} requests waiting on average against {running:.1f} running: arrivals exceed capacity",
+        r,
+    )
+
+
+def _prefill_tokens(s: Signals, t: Thresholds) -> _Bound | None:
     ratio = computed_prefill_per_output_token(s)
-    if ratio is not None and ratio >= t.prefill_token_ratio:
-        r = {
-            "computed_prefill_per_output_token": ratio,
-            **_present(s, "input_tokens_per_s", "output_tokens_per_s", "prefill_reduction", "gpu_util"),
-        }
+    if not (ratio is not None and ratio >= t.prefill_token_ratio):
+        return None
+    r = {
+        "computed_prefill_per_output_token": ratio,
+        **_present(s, "input_tokens_per_s", "output_tokens_per_s", "prefill_reduction", "gpu_util"),
+    }
+    return (
+        PREFILL,
+        f"{ratio:.0f} prompt tokens are computed per output token: prefill is most of the GPU's work "
+        "(prefill-bound; caching raises throughput)",
+        r,
+    )
+
+
+def _time_share(s: Signals, t: Thresholds) -> _Bound | None:
+    share = prefill_time_share(s)
+    if share is None:
+        return None
+    r = {
+        "prefill_time_share": share,
+        **_present(s, "ttft_p50_s", "itl_p50_s", "output_tokens_per_s", "requests_per_s", "gpu_util"),
+    }
+    if share >= t.prefill_share:
         return (
             PREFILL,
-            f"{ratio:.0f} prompt tokens are computed per output token: prefill is most of the GPU's work "
-            "(prefill-bound; caching raises throughput)",
+            f"prefill takes {share:.0%} of a request's service time: "
+            "prefill-bound (caching raises throughput)",
             r,
         )
-    share = prefill_time_share(s)
-    if share is not None:
-        r = {
-            "prefill_time_share": share,
-            **_present(s, "ttft_p50_s", "itl_p50_s", "output_tokens_per_s", "requests_per_s", "gpu_util"),
-        }
-        if share >= t.prefill_share:
-            return (
-                PREFILL,
-                f"prefill takes {share:.0%} of a request's service time: "
-                "prefill-bound (caching raises throughput)",
-                r,
-            )
-        return (
-            DECODE,
-            f"decode takes {1 - share:.0%} of a request's service time: "
-            "decode-bound (caching mostly cuts TTFT)",
-            r,
-        )
+    return (
+        DECODE,
+        f"decode takes {1 - share:.0%} of a request's service time: decode-bound (caching mostly cuts TTFT)",
+        r,
+    )
+
+
+BOUND_RULES: tuple[Callable[[Signals, Thresholds], _Bound | None], ...] = (
+    _kv_capacity,
+    _queueing,
+    _prefill_tokens,
+    _time_share,
+)
+
+
+def _bound(s: Signals, t: Thresholds) -> _Bound:
+    for rule in BOUND_RULES:
+        found = rule(s, t)
+        if found is not None:
+            return found
     r = _present(s, "kv_usage_mean", "waiting_mean", "running_mean", "ttft_p50_s", "itl_p50_s")
     return UNKNOWN, "not enough latency and throughput signals to tell prefill from decode", r
+
+
+# ---------------------------------------------------------------- findings: every rule that applies, in order
+
+
+def _ttft_down_throughput_flat(c: _Case) -> Finding | None:
+    if c.baseline is None:
+        return None
+    s, t = c.s, c.t
+    ttft50 = _rel(s.ttft_p50_s, c.baseline.ttft_p50_s)
+    thr = _rel(_throughput(s), _throughput(c.baseline))
+    if not (ttft50 is not None and thr is not None and ttft50 <= -t.ttft_drop and thr < t.flat):
+        return None
+    return Finding(
+        TTFT_DOWN_THROUGHPUT_FLAT,
+        f"TTFT p50 {-ttft50:.0%} lower than the baseline but throughput {thr:+.0%}: serving is "
+        "decode-bound; prefix caching saves prefill only",
+        {"ttft_p50_change": ttft50, "throughput_change": thr, **_present(s, "hit_rate")},
+    )
+
+
+def _p99_stuck(c: _Case) -> Finding | None:
+    if c.baseline is None:
+        return None
+    s, t = c.s, c.t
+    ttft50 = _rel(s.ttft_p50_s, c.baseline.ttft_p50_s)
+    ttft99 = _rel(s.ttft_p99_s, c.baseline.ttft_p99_s)
+    if not (ttft50 is not None and ttft99 is not None and ttft50 <= -t.ttft_drop and ttft99 > -t.flat):
+        return None
+    return Finding(
+        "p99-stuck",
+        f"TTFT p50 {-ttft50:.0%} lower but p99 {ttft99:+.0%}: misses make the tail "
+        "(long prefixes evicted, or always-missing requests such as new sessions)",
+        {
+            "ttft_p50_change": ttft50,
+            "ttft_p99_change": ttft99,
+            **_present(s, "ttft_p50_s", "ttft_p99_s", "hit_rate"),
+        },
+    )
+
+
+def _miss_dominated_tail(c: _Case) -> Finding | None:
+    """Without a baseline: a high hit rate with a p99 many times p50."""
+    s, t, hr = c.s, c.t, c.s.hit_rate
+    if c.baseline is not None:
+        return None
+    if not (hr is not None and hr >= t.high_hit_rate and s.ttft_p50_s and s.ttft_p99_s is not None):
+        return None
+    ratio = s.ttft_p99_s / s.ttft_p50_s
+    if not ratio >= t.tail_ratio:
+        return None
+    return Finding(
+        "miss-dominated-tail",
+        f"hit rate {hr:.0%} yet TTFT p99 is {ratio:.1f}x p50: misses (evicted long prefixes, new "
+        "sessions) make the tail",
+        {"p99_over_p50": ratio, **_present(s, "hit_rate", "ttft_p50_s", "ttft_p99_s")},
+    )
+
+
+def _short_prefix_hits(c: _Case) -> Finding | None:
+    hr, red, t = c.s.hit_rate, c.s.prefill_reduction, c.t
+    if not (hr is not None and red is not None and hr >= t.high_hit_rate and red <= hr - t.reduction_gap):
+        return None
+    return Finding(
+        "short-prefix-hits",
+        f"hit rate {hr:.0%} but only {red:.0%} of prompt tokens skipped prefill: hits land on short prefixes",
+        {"hit_rate": hr, "prefill_reduction": red},
+    )
+
+
+def _eviction_pressure(c: _Case) -> Finding | None:
+    s, t, previous, hr = c.s, c.t, c.previous, c.s.hit_rate
+    kv, pre = s.kv_usage_mean, s.preemptions_per_s
+    if not (kv is not None and kv >= t.kv_full):
+        return None
+    falling = (
+        previous is not None
+        and previous.hit_rate is not None
+        and hr is not None
+        and previous.hit_rate - hr >= t.hit_rate_fall
+    )
+    if not ((pre is not None and pre > 0) or falling):
+        return None
+    r = _present(s, "kv_usage_mean", "preemptions_per_s", "hit_rate")
+    if falling and previous is not None and previous.hit_rate is not None:
+        r["previous_hit_rate"] = previous.hit_rate
+    return Finding(
+        "eviction-pressure",
+        f"KV pool {kv:.0%} used"
+        + (f", {pre:.2f} preemptions/s" if pre else "")
+        + (", hit rate falling" if falling else "")
+        + ": cached prefixes are being evicted",
+        r,
+    )
+
+
+def _hit_rate_up_throughput_down(c: _Case) -> Finding | None:
+    s, t, previous, hr = c.s, c.t, c.previous, c.s.hit_rate
+    if previous is None or hr is None or previous.hit_rate is None:
+        return None
+    thr = _rel(_throughput(s), _throughput(previous))
+    if not (hr - previous.hit_rate >= t.hit_rate_fall and thr is not None and thr <= -t.flat):
+        return None
+    r = {"hit_rate_change": hr - previous.hit_rate, "throughput_change": thr}
+    r.update(_present(s, "running_max", "gpu_util"))
+    return Finding(
+        "hit-rate-up-throughput-down",
+        f"hit rate up {hr - previous.hit_rate:+.2f} but throughput {thr:+.0%}: "
+        "check the maximum batch and GPU utilization "
+        "(the cache may be taking memory from the batch)",
+        r,
+    )
+
+
+def _caching_earns_nothing(c: _Case) -> Finding | None:
+    s, t, hr = c.s, c.t, c.s.hit_rate
+    windows = [w.hit_rate for w in (*c.history, s) if w.hit_rate is not None]
+    if not (
+        c.prefix_caching is not False
+        and hr is not None
+        and windows
+        and max(windows) < t.earns_nothing_hit_rate
+    ):
+        return None
+    return Finding(
+        "caching-earns-nothing",
+        f"hit rate below {t.earns_nothing_hit_rate:.0%} in {len(windows)} window(s) "
+        f"(max {max(windows):.0%}): "
+        "the cache holds memory the batch could use; consider turning prefix caching off"
+        + ("" if len(windows) > 1 else " (one window: confirm over more)"),
+        {"hit_rate": hr, "max_hit_rate": max(windows), "windows": float(len(windows))},
+    )
+
+
+FINDING_RULES: tuple[Callable[[_Case], Finding | None], ...] = (
+    _ttft_down_throughput_flat,
+    _p99_stuck,
+    _miss_dominated_tail,
+    _short_prefix_hits,
+    _eviction_pressure,
+    _hit_rate_up_throughput_down,
+    _caching_earns_nothing,
+)
 
 
 def diagnose(
@@ -224,109 +417,10 @@ def diagnose(
             prefill_reduction=s.prefill_reduction,
         )
     bound, reason, readings = _bound(s, t)
-    findings: list[Finding] = []
-    hr, red = s.hit_rate, s.prefill_reduction
-
-    if baseline is not None:
-        ttft50 = _rel(s.ttft_p50_s, baseline.ttft_p50_s)
-        ttft99 = _rel(s.ttft_p99_s, baseline.ttft_p99_s)
-        thr = _rel(_throughput(s), _throughput(baseline))
-        if ttft50 is not None and thr is not None and ttft50 <= -t.ttft_drop and thr < t.flat:
-            findings.append(
-                Finding(
-                    "ttft-down-throughput-flat",
-                    f"TTFT p50 {-ttft50:.0%} lower than the baseline but throughput {thr:+.0%}: serving is "
-                    "decode-bound; prefix caching saves prefill only",
-                    {"ttft_p50_change": ttft50, "throughput_change": thr, **_present(s, "hit_rate")},
-                )
-            )
-            if bound == UNKNOWN:
-                bound, reason = DECODE, "TTFT fell with caching while throughput stayed flat: decode-bound"
-        if ttft50 is not None and ttft99 is not None and ttft50 <= -t.ttft_drop and ttft99 > -t.flat:
-            findings.append(
-                Finding(
-                    "p99-stuck",
-                    f"TTFT p50 {-ttft50:.0%} lower but p99 {ttft99:+.0%}: misses make the tail "
-                    "(long prefixes evicted, or always-missing requests such as new sessions)",
-                    {
-                        "ttft_p50_change": ttft50,
-                        "ttft_p99_change": ttft99,
-                        **_present(s, "ttft_p50_s", "ttft_p99_s", "hit_rate"),
-                    },
-                )
-            )
-    elif hr is not None and hr >= t.high_hit_rate and s.ttft_p50_s and s.ttft_p99_s is not None:
-        ratio = s.ttft_p99_s / s.ttft_p50_s
-        if ratio >= t.tail_ratio:
-            findings.append(
-                Finding(
-                    "miss-dominated-tail",
-                    f"hit rate {hr:.0%} yet TTFT p99 is {ratio:.1f}x p50: misses (evicted long prefixes, new "
-                    "sessions) make the tail",
-                    {"p99_over_p50": ratio, **_present(s, "hit_rate", "ttft_p50_s", "ttft_p99_s")},
-                )
-            )
-
-    if hr is not None and red is not None and hr >= t.high_hit_rate and red <= hr - t.reduction_gap:
-        findings.append(
-            Finding(
-                "short-prefix-hits",
-                f"hit rate {hr:.0%} but only {red:.0%} of prompt tokens skipped prefill: hits land on short "
-                "prefixes",
-                {"hit_rate": hr, "prefill_reduction": red},
-            )
-        )
-
-    previous = history[-1] if history else None
-    kv, pre = s.kv_usage_mean, s.preemptions_per_s
-    if kv is not None and kv >= t.kv_full:
-        falling = (
-            previous is not None
-            and previous.hit_rate is not None
-            and hr is not None
-            and previous.hit_rate - hr >= t.hit_rate_fall
-        )
-        if (pre is not None and pre > 0) or falling:
-            r = _present(s, "kv_usage_mean", "preemptions_per_s", "hit_rate")
-            if falling and previous is not None and previous.hit_rate is not None:
-                r["previous_hit_rate"] = previous.hit_rate
-            findings.append(
-                Finding(
-                    "eviction-pressure",
-                    f"KV pool {kv:.0%} used"
-                    + (f", {pre:.2f} preemptions/s" if pre else "")
-                    + (", hit rate falling" if falling else "")
-                    + ": cached prefixes are being evicted",
-                    r,
-                )
-            )
-
-    if previous is not None and hr is not None and previous.hit_rate is not None:
-        thr = _rel(_throughput(s), _throughput(previous))
-        if hr - previous.hit_rate >= t.hit_rate_fall and thr is not None and thr <= -t.flat:
-            r = {"hit_rate_change": hr - previous.hit_rate, "throughput_change": thr}
-            r.update(_present(s, "running_max", "gpu_util"))
-            findings.append(
-                Finding(
-                    "hit-rate-up-throughput-down",
-                    f"hit rate up {hr - previous.hit_rate:+.2f} but throughput {thr:+.0%}: "
-                    "check the maximum batch and GPU utilization "
-                    "(the cache may be taking memory from the batch)",
-                    r,
-                )
-            )
-
-    windows = [w.hit_rate for w in (*history, s) if w.hit_rate is not None]
-    if prefix_caching is not False and hr is not None and windows and max(windows) < t.earns_nothing_hit_rate:
-        findings.append(
-            Finding(
-                "caching-earns-nothing",
-                f"hit rate below {t.earns_nothing_hit_rate:.0%} in {len(windows)} window(s) "
-                f"(max {max(windows):.0%}): "
-                "the cache holds memory the batch could use; consider turning prefix caching off"
-                + ("" if len(windows) > 1 else " (one window: confirm over more)"),
-                {"hit_rate": hr, "max_hit_rate": max(windows), "windows": float(len(windows))},
-            )
-        )
-
-    return Diagnosis(bound, reason, readings, tuple(findings), hit_rate=hr, prefill_reduction=red)
+    case = _Case(s, t, baseline, history, prefix_caching)
+    findings = tuple(f for f in (rule(case) for rule in FINDING_RULES) if f is not None)
+    if bound == UNKNOWN and any(f.code == TTFT_DOWN_THROUGHPUT_FLAT for f in findings):
+        bound, reason = DECODE, "TTFT fell with caching while throughput stayed flat: decode-bound"
+    return Diagnosis(
+        bound, reason, readings, findings, hit_rate=s.hit_rate, prefill_reduction=s.prefill_reduction
+    )

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixtune.metrics.histogram import Bucket, buckets_from, parse_le
-
 Labels = frozenset[tuple[str, str]]
 SeriesKey = tuple[str, Labels]
 
@@ -147,14 +145,3 @@ def total_of(snap: Snapshot, name: str, matchers: Iterable[Matcher] = ()) -> flo
     ms = tuple(matchers)
     found = [v for labels, v in snap.series(name) if matches(labels, ms)]
     return sum(found) if found else None
-
-
-def histogram_of(snaps: Iterable[Snapshot], base: str) -> tuple[Bucket, ...]:
-    """Buckets of the histogram ``base`` summed over series (labels other than ``le``) and snapshots."""
-    pairs: list[tuple[float, float]] = []
-    for snap in snaps:
-        for labels, v in snap.series(base + "_bucket"):
-            le = dict(labels).get("le")
-            if le is not None:
-                pairs.append((parse_le(le), v))
-    return buckets_from(pairs)

@@ -339,11 +339,5 @@ class ScrapeSource:
         window = window_signals(self.recipe, chains, slo=self.slo, dcgm=dcgm, pods=self.pods)
         return Window(window.signals, window.start, window.end, window.resets, (*window.notes, *self.errors))
 
-    def signals_between(
-        self, chains: Mapping[str, Sequence[Snapshot]], dcgm: Sequence[Snapshot] = ()
-    ) -> Window:
-        """The same computation on scrapes taken by the caller (e.g. at a trial's start and end)."""
-        return window_signals(self.recipe, chains, slo=self.slo, dcgm=dcgm, pods=self.pods)
-
 
 __all__ = ["Increases", "Matcher", "ScrapeSource", "Window", "increases", "window_signals"]

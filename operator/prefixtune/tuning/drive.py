@@ -17,7 +17,15 @@ from prefixtune.tuning.actions import Action, RecordTrial, RollBack, RollOut
 from prefixtune.tuning.phases import ROLLOUT_STEPS, Step, settled
 from prefixtune.tuning.policy import Suggester, initial_state, step
 from prefixtune.tuning.settings import TuningSettings
-from prefixtune.tuning.state import Observation, PolicyState, Trial
+from prefixtune.tuning.state import (
+    Observation,
+    PolicyState,
+    RolloutFailed,
+    RolloutReady,
+    Tick,
+    Trial,
+    WindowMeasured,
+)
 
 MAX_IDLE_STEPS = 1000  # a driver bug guard: that many steps without time, state or actions moving
 
@@ -74,7 +82,7 @@ def drive(
     state = initial_state(engine, settings, config)
     result = DriveResult(state=state)
     now = 0.0
-    obs = Observation(kind="rollout_ready", config=config)
+    obs: Observation = RolloutReady(config=config)
     running = config
     pending: Observation | None = None  # what the in-flight rollout will report
     pending_at = 0.0
@@ -100,9 +108,9 @@ def drive(
                 running = target
                 boot = env.run(target, 0.0, 0.0, seed=seed * 1000003 + runs) if _probe_boot(env) else None
                 if boot is not None and boot.status == "oom_startup":
-                    pending = Observation(kind="rollout_failed", config=target, failure="oom_startup")
+                    pending = RolloutFailed(config=target, failure="oom_startup")
                 else:
-                    pending = Observation(kind="rollout_ready", config=target)
+                    pending = RolloutReady(config=target)
                 pending_at = now + rollout_s
         if settled(state.phase, state.step):
             break
@@ -111,7 +119,7 @@ def drive(
         if st in ROLLOUT_STEPS and pending is not None:
             now, obs, pending = max(now, pending_at), pending, None
         elif st == Step.WARMING_UP and state.warm_until is not None:
-            now, obs = state.warm_until, Observation(kind="tick")
+            now, obs = state.warm_until, Tick()
         elif st == Step.MEASURING and state.measure_until is not None:
             started = state.measure_from if state.measure_from is not None else now
             runs += 1
@@ -120,14 +128,14 @@ def drive(
             )
             now = state.measure_until
             if run.status != "ok" or run.signals is None:
-                obs = Observation(kind="rollout_failed", config=running, failure=run.status)
+                obs = RolloutFailed(config=running, failure=run.status)
             else:
-                obs = Observation(kind="window", signals=run.signals, offered_rps=run.offered_rps)
+                obs = WindowMeasured(signals=run.signals, offered_rps=run.offered_rps)
         else:
             wait = (
                 state.last_rollout_at + settings.min_interval_s if state.last_rollout_at is not None else now
             )
-            now, obs = max(now + tick_s, wait), Observation(kind="tick")
+            now, obs = max(now + tick_s, wait), Tick()
     result.state = state
     result.now = now
     return result

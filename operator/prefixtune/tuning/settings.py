@@ -8,18 +8,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, make_dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
 from prefixtune.engines.knobs import BY_NAME, KNOB_NAMES, KNOBS, KnobKind, Value, knob
 from prefixtune.metrics.histogram import Slo as Slo  # the one Slo
 
 Mode = Literal["off", "observe", "auto"]
-Objective = Literal["goodput", "throughput", "ttft"]
+
+
+class Objective(StrEnum):
+    """What the tuner maximises (``spec.tuning.objective``; tuning/objective.py says how)."""
+
+    GOODPUT = "goodput"
+    THROUGHPUT = "throughput"
+    TTFT = "ttft"
+
+
 Strategy = Literal["canary", "rolling"]
 Method = Literal["bo", "random", "grid"]
 
 MODES: tuple[str, ...] = ("off", "observe", "auto")
-OBJECTIVES: tuple[str, ...] = ("goodput", "throughput", "ttft")
+OBJECTIVES: tuple[str, ...] = tuple(Objective)
 STRATEGIES: tuple[str, ...] = ("canary", "rolling")
 METHODS: tuple[str, ...] = ("bo", "random", "grid")
 
@@ -80,7 +90,7 @@ else:
 @dataclass(frozen=True)
 class TuningSettings:
     mode: Mode = "auto"
-    objective: Objective = "goodput"
+    objective: Objective = Objective.GOODPUT
     slo: Slo = field(default_factory=Slo)
     space: SpaceOverride = field(default_factory=SpaceOverride)
     warmup_s: float = 180.0

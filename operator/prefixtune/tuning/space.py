@@ -26,15 +26,14 @@ from prefixtune.engines.base import (
     KnobConfig,
     KnobSpec,
 )
-from prefixtune.engines.knobs import MEMORY_KNOB, categorical_key, memory_of
+from prefixtune.engines.knobs import MEMORY_KNOB, Value, categorical_key, memory_of
 from prefixtune.tuning.settings import SpaceOverride
 
 # Default search bounds for the memory fraction when the resource gives none: the engines accept
 # (0, 1], but a KV pool below 60% of the engine's base wastes trials, and above 0.98 nothing boots.
 DEFAULT_FRACTION_LOW = 0.60
 DEFAULT_FRACTION_HIGH = 0.98
-Value = float | int | bool | str
-Point = list[Any]  # a skopt point: floats for continuous dimensions, strings for categorical ones
+SkoptPoint = list[Any]  # a skopt point: floats for continuous dimensions, strings for categorical ones
 
 
 class SpaceError(ValueError):
@@ -120,10 +119,10 @@ class SearchSpace:
         values = {d.name: d.decode(_plain(raw)) for d, raw in zip(self.dims, point, strict=True)}
         return self.normalize(self.base.with_(**values))
 
-    def to_point(self, config: KnobConfig) -> Point:
+    def to_point(self, config: KnobConfig) -> SkoptPoint:
         """A config -> its skopt point (config values outside the space are clipped / must be valid)."""
         data = config.to_dict()
-        point: Point = []
+        point: SkoptPoint = []
         for d in self.dims:
             value = data[d.name]
             if d.continuous:

@@ -8,9 +8,9 @@ in the benchmark).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from prefixtune.engines.base import KnobConfig
 from prefixtune.engines.knobs import to_api
@@ -19,17 +19,6 @@ from prefixtune.tuning.phases import Phase, Step
 from prefixtune.tuning.settings import TuningSettings
 
 Outcome = Literal["running", "ok", "infeasible", "aborted", "invalidated", "not_applied"]
-ObservationKind = Literal[
-    "tick",
-    "rollout_applied",
-    "rollout_ready",
-    "rollout_failed",
-    "window",
-    "spec_changed",
-    "metrics_unavailable",
-    "trial_invalidated",
-    "config_checked",
-]
 
 
 def config_to_api(config: KnobConfig) -> dict[str, Any]:
@@ -88,27 +77,106 @@ class WhatIf(_Model):
     signals: Signals
 
 
-class Observation(_Model):
-    kind: ObservationKind
-    config: KnobConfig | None = None  # rollout_*: the config the pods report; spec_changed: spec.config
-    failure: str = ""  # rollout_failed: crash | oom | oom_startup | oom_runtime | timeout
-    signals: Signals | None = None  # window: the pods under test (canary) or all pods (rolling)
-    baseline_signals: Signals | None = None  # window, canary strategy: the stable pods, same window
+class _Obs(BaseModel):
+    """An observation: what the shell saw, handed to ``step``. Frozen; each kind carries only what it
+    needs, and ``kind`` tells them apart in JSON (``parse_observation``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Tick(_Obs):
+    """Time passed: timeouts, warm-ups ending, the next decision."""
+
+    kind: Literal["tick"] = "tick"
+
+
+class RolloutApplied(_Obs):
+    """The Deployment's template carries the config rolled out (pods not ready yet)."""
+
+    kind: Literal["rollout_applied"] = "rollout_applied"
+    config: KnobConfig | None = None
+
+
+class RolloutReady(_Obs):
+    """Every pod of the rollout serves ``config`` (None: the caller does not say which)."""
+
+    kind: Literal["rollout_ready"] = "rollout_ready"
+    config: KnobConfig | None = None
+
+
+class RolloutFailed(_Obs):
+    kind: Literal["rollout_failed"] = "rollout_failed"
+    config: KnobConfig | None = None
+    failure: str = ""  # crash | oom | oom_startup | oom_runtime | timeout ("": crash)
+    reason: str = ""
+
+
+class WindowMeasured(_Obs):
+    """A measurement window (or, ``partial``, part of one for the early-abort check)."""
+
+    kind: Literal["window"] = "window"
+    signals: Signals | None = None  # the pods under test (canary) or all pods (rolling)
+    baseline_signals: Signals | None = None  # canary strategy: the stable pods, same window
     canary_pods: int = 1
     baseline_pods: int = 1
-    partial: bool = False  # window: only part of the measurement period (early-abort check)
-    offered_rps: float | None = None  # window: ARRIVAL rate over the window (load-aware normalisation)
-    settings: TuningSettings | None = None  # spec_changed
-    generation: int | None = None  # spec_changed: metadata.generation
-    # spec_changed: a stable hash of what is deployed besides the knobs (engine, model, image,
-    # replicas, GPUs, extra args); "" when the caller does not know it
+    partial: bool = False
+    offered_rps: float | None = None  # ARRIVAL rate over the window (load-aware normalisation)
+    what_if: tuple[WhatIf, ...] = ()  # observe mode: the twin's estimates for other configs
+
+
+class SpecChanged(_Obs):
+    kind: Literal["spec_changed"] = "spec_changed"
+    settings: TuningSettings | None = None
+    config: KnobConfig | None = None  # spec.config
+    generation: int | None = None  # metadata.generation
+    # a stable hash of what is deployed besides the knobs (engine, model, image, replicas, GPUs,
+    # extra args); "" when the caller does not know it
     deployment_key: str = ""
-    what_if: list[WhatIf] = Field(default_factory=list)  # window in observe mode
-    # config_checked: "knob: intended X, running Y (pod)" for every knob the engine does not run as
-    # asked (empty: applied, or not verifiable on this engine); the KV pool it reports
-    mismatches: list[str] = Field(default_factory=list)
-    kv_tokens: int | None = None
+    reason: str = ""  # what changed, for the DeploymentChanged Event
+
+
+class MetricsUnavailable(_Obs):
+    kind: Literal["metrics_unavailable"] = "metrics_unavailable"
     reason: str = ""
+
+
+class TrialInvalidated(_Obs):
+    """The window in flight is not the trial's (pods restarted, counters reset, operator restart)."""
+
+    kind: Literal["trial_invalidated"] = "trial_invalidated"
+    reason: str = ""
+
+
+class ConfigChecked(_Obs):
+    """The effective config read back from the engine after a rollout."""
+
+    kind: Literal["config_checked"] = "config_checked"
+    config: KnobConfig | None = None  # the config the rollout intended
+    # "knob: intended X, running Y (pod)" for every knob the engine does not run as asked (empty:
+    # applied, or not verifiable on this engine)
+    mismatches: tuple[str, ...] = ()
+    kv_tokens: int | None = None  # the KV pool the engine reports (tokens)
+    reason: str = ""  # why it could not be checked
+
+
+Observation = Annotated[
+    Tick
+    | RolloutApplied
+    | RolloutReady
+    | RolloutFailed
+    | WindowMeasured
+    | SpecChanged
+    | MetricsUnavailable
+    | TrialInvalidated
+    | ConfigChecked,
+    Field(discriminator="kind"),
+]
+_OBSERVATION: TypeAdapter[Observation] = TypeAdapter(Observation)
+
+
+def parse_observation(text: str | bytes) -> Observation:
+    """An observation from its JSON (``model_dump_json()``), by its ``kind``."""
+    return _OBSERVATION.validate_json(text)
 
 
 class PolicyState(_Model):

@@ -34,6 +34,8 @@ Safety rules enforced here:
 
 from __future__ import annotations
 
+from typing import assert_never
+
 from prefixtune.engines.base import KnobConfig
 from prefixtune.tuning.actions import Action
 from prefixtune.tuning.optimizer import Suggestion, TrialResult, suggest
@@ -49,7 +51,19 @@ from prefixtune.tuning.policy._core import Core, Suggester, space_of
 from prefixtune.tuning.policy.drift_watch import drift
 from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.space import SearchSpace
-from prefixtune.tuning.state import Observation, PolicyState
+from prefixtune.tuning.state import (
+    ConfigChecked,
+    MetricsUnavailable,
+    Observation,
+    PolicyState,
+    RolloutApplied,
+    RolloutFailed,
+    RolloutReady,
+    SpecChanged,
+    Tick,
+    TrialInvalidated,
+    WindowMeasured,
+)
 
 __all__ = ["Suggester", "drift", "initial_state", "space_of", "step"]
 
@@ -88,10 +102,10 @@ def step(
 
 class _Ctx(Core):
     def handle(self, obs: Observation) -> None:
-        if obs.kind == "spec_changed":
+        if isinstance(obs, SpecChanged):
             spec_change.on_spec_changed(self, obs)
             return
-        if obs.kind == "metrics_unavailable":
+        if isinstance(obs, MetricsUnavailable):
             measurement.on_metrics_unavailable(self, obs)
             return
         phase = self.s.phase
@@ -99,27 +113,29 @@ class _Ctx(Core):
             return
         if phase == Phase.PENDING:
             self.start()
-            if obs.kind != "window":
+            if not isinstance(obs, WindowMeasured):
                 return
             phase = self.s.phase
         if phase == Phase.OBSERVING:
             observe.on_observing(self, obs)
             return
-        if obs.kind == "tick":
+        if isinstance(obs, Tick):
             self.on_tick()
-        elif obs.kind == "rollout_applied":
+        elif isinstance(obs, RolloutApplied):
             if self.s.step == Step.ROLLING_OUT:
                 self.goto(step=Step.WAITING_READY)
-        elif obs.kind == "rollout_ready":
+        elif isinstance(obs, RolloutReady):
             rollout.on_ready(self, obs)
-        elif obs.kind == "rollout_failed":
+        elif isinstance(obs, RolloutFailed):
             rollout.on_failed(self, obs.failure or "crash", obs.reason)
-        elif obs.kind == "window":
+        elif isinstance(obs, WindowMeasured):
             measurement.on_window(self, obs)
-        elif obs.kind == "trial_invalidated":
+        elif isinstance(obs, TrialInvalidated):
             measurement.on_invalidated(self, obs)
-        elif obs.kind == "config_checked":
+        elif isinstance(obs, ConfigChecked):
             rollout.on_config_checked(self, obs)
+        else:
+            assert_never(obs)
 
     def start(self) -> None:
         mode = self.s.settings.mode

@@ -11,10 +11,10 @@ from prefixtune.tuning.policy import (
     measurement,
 )
 from prefixtune.tuning.policy._core import Core, per_request
-from prefixtune.tuning.state import Observation
+from prefixtune.tuning.state import WindowMeasured
 
 
-def check_drift(self: Core, obs: Observation) -> None:
+def check_drift(self: Core, obs: WindowMeasured) -> None:
     ref = self.s.reference
     assert obs.signals is not None
     if ref is None:

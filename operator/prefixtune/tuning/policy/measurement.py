@@ -26,7 +26,7 @@ from prefixtune.tuning.policy import (
 )
 from prefixtune.tuning.policy._core import MAX_STARVED_REPEATS, TOO_LITTLE_TRAFFIC, Core, all_missing
 from prefixtune.tuning.policy.messages import config_label, evidence, score_text
-from prefixtune.tuning.state import Observation, Trial
+from prefixtune.tuning.state import MetricsUnavailable, Trial, TrialInvalidated, WindowMeasured
 
 
 def begin_baseline(self: Core, warm: bool) -> None:
@@ -55,7 +55,7 @@ def begin_measuring(self: Core) -> None:
     self.s.measure_until = self.now + self.s.settings.measure_s
 
 
-def on_invalidated(self: Core, obs: Observation) -> None:
+def on_invalidated(self: Core, obs: TrialInvalidated) -> None:
     trial = self.active()
     if trial is None or self.s.step not in WINDOW_STEPS:
         return
@@ -71,7 +71,7 @@ def on_invalidated(self: Core, obs: Observation) -> None:
     )
 
 
-def on_metrics_unavailable(self: Core, obs: Observation) -> None:
+def on_metrics_unavailable(self: Core, obs: MetricsUnavailable) -> None:
     if not self.s.metrics_held:
         self.condition("MetricsUnavailable", True, "MetricsUnavailable", obs.reason or "no metrics")
         self.event(
@@ -96,12 +96,10 @@ def release_hold(self: Core) -> bool:
     return False
 
 
-def on_window(self: Core, obs: Observation) -> None:
+def on_window(self: Core, obs: WindowMeasured) -> None:
     signals = obs.signals
     if signals is None or all_missing(signals):
-        measurement.on_metrics_unavailable(
-            self, Observation(kind="metrics_unavailable", reason="window has no signals")
-        )
+        measurement.on_metrics_unavailable(self, MetricsUnavailable(reason="window has no signals"))
         return
     if measurement.release_hold(self):
         return
@@ -132,7 +130,7 @@ def on_window(self: Core, obs: Observation) -> None:
     measurement.score_trial(self, trial, obs)
 
 
-def score_trial(self: Core, trial: Trial, obs: Observation) -> None:
+def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
     settings = self.s.settings
     assert obs.signals is not None
     canary = settings.strategy == "canary" and trial.role == "trial" and obs.baseline_signals is not None
@@ -204,7 +202,7 @@ def insufficient(self: Core, trial: Trial, why: InsufficientData) -> None:
     settings = self.s.settings
     if why.missing:
         # Required signals missing: hold, and measure again once they return.
-        measurement.on_metrics_unavailable(self, Observation(kind="metrics_unavailable", reason=why.reason))
+        measurement.on_metrics_unavailable(self, MetricsUnavailable(reason=why.reason))
         measurement.begin_measuring(self)
         return
     if self.s.extensions < settings.max_extensions:

@@ -16,16 +16,14 @@ from prefixtune.tuning.policy import (
 )
 from prefixtune.tuning.policy._core import LOW_HIT_RATE, RECOMMEND_MARGIN, Core, all_missing, better, space_of
 from prefixtune.tuning.policy.messages import config_label, evidence
-from prefixtune.tuning.state import Observation
+from prefixtune.tuning.state import MetricsUnavailable, Observation, WindowMeasured
 
 
 def on_observing(self: Core, obs: Observation) -> None:
-    if obs.kind != "window" or obs.partial or obs.signals is None:
+    if not isinstance(obs, WindowMeasured) or obs.partial or obs.signals is None:
         return
     if all_missing(obs.signals):
-        measurement.on_metrics_unavailable(
-            self, Observation(kind="metrics_unavailable", reason="window has no signals")
-        )
+        measurement.on_metrics_unavailable(self, MetricsUnavailable(reason="window has no signals"))
         return
     measurement.release_hold(self)
     settings = self.s.settings

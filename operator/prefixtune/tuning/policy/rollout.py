@@ -15,10 +15,10 @@ from prefixtune.tuning.policy import (
 )
 from prefixtune.tuning.policy._core import Core
 from prefixtune.tuning.policy.messages import config_label
-from prefixtune.tuning.state import Observation, Trial
+from prefixtune.tuning.state import ConfigChecked, RolloutReady, Trial
 
 
-def on_ready(self: Core, obs: Observation) -> None:
+def on_ready(self: Core, obs: RolloutReady) -> None:
     st = self.s.step
     if obs.config is not None and self.s.target is not None and obs.config != self.s.target:
         return  # a stale report about an earlier rollout
@@ -98,7 +98,7 @@ def rollback(self: Core, to: KnobConfig, reason: str) -> None:
     self.goto(step=Step.ROLLING_BACK)
 
 
-def on_config_checked(self: Core, obs: Observation) -> None:
+def on_config_checked(self: Core, obs: ConfigChecked) -> None:
     """The engine's effective config after the rollout: matched (or not readable on this engine),
     the trial goes on; another value than rendered ends it not_applied, never scored."""
     trial = self.active()

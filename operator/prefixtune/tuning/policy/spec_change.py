@@ -9,21 +9,17 @@ from prefixtune.tuning.policy import (
     rollout,
 )
 from prefixtune.tuning.policy._core import Core
-from prefixtune.tuning.state import Observation
+from prefixtune.tuning.state import SpecChanged
 
 
-def on_spec_changed(self: Core, obs: Observation) -> None:
+def on_spec_changed(self: Core, obs: SpecChanged) -> None:
     old = self.s.settings
     new = obs.settings or old
     if obs.generation is not None:
         self.s.spec_generation = obs.generation
     config_changed = obs.config is not None and obs.config != self.s.spec_config
-    # First sight of the key (a state from before keys existed): store it, restart nothing.
-    deployment_changed = (
-        bool(self.s.deployment_key)
-        and bool(obs.deployment_key)
-        and (obs.deployment_key != self.s.deployment_key)
-    )
+    # An observation without a key (the caller does not know it) changes nothing.
+    deployment_changed = bool(obs.deployment_key) and obs.deployment_key != self.s.deployment_key
     if obs.deployment_key:
         self.s.deployment_key = obs.deployment_key
     if (new.missing_signals, new.refusal) != (old.missing_signals, old.refusal):

@@ -1,0 +1,1 @@
+"""Benchmarks: ``prefixtune bench NAME`` runs ``bench/NAME.py``'s ``main`` (see prefixtune.benchcli)."""

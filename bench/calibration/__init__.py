@@ -1,0 +1,1 @@
+"""Refitting the twin's step costs to AIConfigurator (``make calibrate``; docs/calibration.md)."""
