@@ -898,7 +898,7 @@ async def _apply(api: Any, item: LiveCase) -> None:
     body = _body(item.name, item.case.spec)
     # No resourceVersion: an unconditional replace (the operator's status writes bump the version).
     body["metadata"] = {k: v for k, v in current["metadata"].items() if k != "resourceVersion"}
-    await api._call("PUT", f"{SDEP}/{item.name}", body)
+    await api.call("PUT", f"{SDEP}/{item.name}", body)
 
 
 def _args_of(deployment: Mapping[str, Any]) -> list[str]:

@@ -39,13 +39,6 @@ class ApiClient(KubeClient):
     def __init__(self, base_url: str, session: aiohttp.ClientSession) -> None:
         super().__init__(Connection(server=base_url.rstrip("/")), session)
 
-    async def _call(
-        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
-    ) -> dict[str, Any]:
-        """The old client's entry point, kept for bench/_reliability_fuzz.py (it PUTs through it);
-        ``KubeClient.call`` is the public one, and that caller can move to it."""
-        return await self.call(method, path, body, content_type=content_type)
-
     async def patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """Merge patch; None when the object is gone."""
         try:
