@@ -441,7 +441,7 @@ class PodWorker:
 
     async def _run_container(self, last_exit: dict[str, Any] | None) -> _Exit:
         from prefixtune.twin.memory import StartupOOM
-        from prefixtune.twin.serve import OOM_STARTUP_PREFIX, TwinServer
+        from prefixtune.twin.serve import TwinServer, oom_startup_prefix
 
         cfg = self.kubelet.config
         started = podlib.now_iso()
@@ -482,7 +482,7 @@ class PodWorker:
                 engine_version=adapter.version_of(self.image) if self.image else None,
             )
         except StartupOOM as err:
-            return _Exit(1, "Error", f"{OOM_STARTUP_PREFIX[plan.engine]}: {err}", started)
+            return _Exit(1, "Error", f"{oom_startup_prefix(plan.engine)}: {err}", started)
         except (ValueError, KeyError) as err:
             return _Exit(1, "Error", f"{type(err).__name__}: {err}", started)
         if self.kubelet.metrics_faults is not None:

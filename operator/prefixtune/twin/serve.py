@@ -69,13 +69,14 @@ from typing import Any
 from aiohttp import web
 
 from prefixtune.engines import get_adapter
-from prefixtune.engines.base import ArgsError, EngineName, ParsedCommand
+from prefixtune.engines.base import ArgsError, ParsedCommand
 from prefixtune.twin.cache.base import Match
 from prefixtune.twin.chat import VOCAB, ChatError, answer, parse_messages, render_chat, text_tokens
 from prefixtune.twin.cliargs import add_target_args
 from prefixtune.twin.engine import TwinEngine
 from prefixtune.twin.exporter import CONTENT_TYPE, DcgmExporter, EngineExporter
 from prefixtune.twin.memory import StartupOOM
+from prefixtune.twin.models.base import twin_model
 from prefixtune.twin.observer import FanOut, NullObserver
 from prefixtune.twin.openai_api import (
     chat_chunk,
@@ -95,12 +96,10 @@ DEFAULT_MAX_TOKENS = 16  # vLLM's default for /v1/completions
 CHAT_ANSWER_TOKENS = 128
 TICK_S = 0.005  # wall seconds between background advances
 
-OWNED_BY = {EngineName.VLLM: "vllm", EngineName.SGLANG: "sglang", EngineName.TRTLLM: "tensorrt_llm"}
-OOM_STARTUP_PREFIX = {
-    EngineName.VLLM: "ValueError",
-    EngineName.SGLANG: "RuntimeError",
-    EngineName.TRTLLM: "RuntimeError",
-}
+
+def oom_startup_prefix(engine: str) -> str:
+    """What ``engine`` prints before a start-up out-of-memory message (the exception it raises)."""
+    return twin_model(engine).oom_startup_prefix
 
 
 class RequestError(ValueError):
@@ -183,7 +182,7 @@ class TwinServer:
 
     def __init__(
         self,
-        engine: str | EngineName,
+        engine: str,
         parsed: ParsedCommand,
         gpu: str,
         *,
@@ -200,8 +199,9 @@ class TwinServer:
     ) -> None:
         if not speedup > 0:
             raise ValueError(f"--speedup must be > 0; got {speedup}")
-        self.engine_name = EngineName(engine)
-        self.adapter = get_adapter(self.engine_name)
+        self.adapter = get_adapter(engine)
+        self.engine_name = self.adapter.name
+        self.twin = twin_model(self.engine_name)
         self.parsed = parsed
         self.gpu = gpu
         self.host = host
@@ -341,8 +341,8 @@ class TwinServer:
         if self.adapter.ready_path != self.adapter.health_path:
             app.router.add_get(self.adapter.ready_path, self._health)
         app.router.add_get(self.adapter.metrics_path, self._metrics)
-        if self.engine_name is EngineName.TRTLLM:
-            app.router.add_get("/metrics", self._trt_iteration_stats)
+        if self.twin.iteration_stats_path is not None:
+            app.router.add_get(self.twin.iteration_stats_path, self._iteration_stats)
         self._t0 = time.monotonic()
         self.url = await self._bind(app, self.port)
         if self.dcgm_port is not None:
@@ -398,21 +398,9 @@ class TwinServer:
         self.catch_up()
         return web.Response(body=self.dcgm.render(), headers={"Content-Type": CONTENT_TYPE})
 
-    async def _trt_iteration_stats(self, request: web.Request) -> web.Response:
+    async def _iteration_stats(self, request: web.Request) -> web.Response:
         self.catch_up()
-        g = self.engine.gauges()
-        stats = {
-            "iter": int(g.now * 1000),
-            "numActiveRequests": g.running,
-            "numQueuedRequests": g.waiting,
-            "kvCacheStats": {
-                "maxNumBlocks": g.pool_blocks,
-                "freeNumBlocks": g.free_blocks,
-                "usedNumBlocks": g.pool_blocks - g.free_blocks,
-                "tokensPerBlock": g.block_size,
-            },
-        }
-        return web.json_response([stats])
+        return web.json_response(self.twin.iteration_stats(self.engine.gauges()))
 
     async def _models(self, request: web.Request) -> web.Response:
         created = int(time.time())
@@ -421,7 +409,7 @@ class TwinServer:
                 "id": name,
                 "object": "model",
                 "created": created,
-                "owned_by": OWNED_BY[self.engine_name],
+                "owned_by": self.twin.owned_by,
                 "root": self.parsed.model,
                 "parent": None,
                 "max_model_len": int(self.engine.memory.max_request_tokens),
@@ -907,7 +895,7 @@ def serve_main(argv: Sequence[str]) -> int:
 
 
 async def _serve(opts: argparse.Namespace, parsed: ParsedCommand, port: int) -> int:
-    engine = EngineName(opts.engine)
+    engine = get_adapter(opts.engine).name
     try:
         server = TwinServer(
             engine,
@@ -925,7 +913,7 @@ async def _serve(opts: argparse.Namespace, parsed: ParsedCommand, port: int) -> 
             engine_version=opts.engine_version,
         )
     except StartupOOM as err:
-        print(f"{OOM_STARTUP_PREFIX[engine]}: out of memory at start-up: {err}", file=sys.stderr)
+        print(f"{oom_startup_prefix(engine)}: out of memory at start-up: {err}", file=sys.stderr)
         return 1
     except (ValueError, KeyError) as err:
         print(f"twin serve: {err}", file=sys.stderr)
@@ -936,7 +924,7 @@ async def _serve(opts: argparse.Namespace, parsed: ParsedCommand, port: int) -> 
         print(f"twin serve: cannot bind {opts.host}:{port}: {err.strerror or err}", file=sys.stderr)
         return 1
     print(
-        f"twin serve: {engine.value} {parsed.model} on {opts.gpu} at {url} (speedup {opts.speedup}x, "
+        f"twin serve: {engine} {parsed.model} on {opts.gpu} at {url} (speedup {opts.speedup}x, "
         f"KV pool {server.engine.memory.pool_tokens} tokens)",
         file=sys.stderr,
         flush=True,
