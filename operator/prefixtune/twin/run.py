@@ -59,7 +59,7 @@ def setup_of(
     parsed: ParsedCommand, gpu: str, seed: int, extra: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     setup: dict[str, Any] = {
-        "engine": str(parsed.engine.value),
+        "engine": str(parsed.engine),
         "model": parsed.model,
         "gpu": gpu,
         "tp": int(parsed.tensor_parallel),
