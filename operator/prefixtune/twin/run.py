@@ -16,7 +16,15 @@ from prefixtune.engines.base import ArgsError, ParsedCommand
 from prefixtune.twin.engine import CacheFactory, TwinEngine, gc_paused
 from prefixtune.twin.memory import StartupOOM
 from prefixtune.twin.request import Request
-from prefixtune.twin.summary import Summary, SummaryCollector, failed_summary, summarize
+from prefixtune.twin.summary import (
+    EngineTotals,
+    GoodputSlo,
+    RunWindow,
+    Summary,
+    SummaryCollector,
+    failed_summary,
+    summarize,
+)
 
 
 def parse_command(
@@ -139,14 +147,17 @@ def simulate(
     c1 = _snapshot(eng)
     d = {k: c1[k] - c0[k] for k in c0}
     arrived = sum(1 for r in requests if start <= r.arrival_s <= end)
-    return summarize(
-        collector,
+    window = RunWindow(
         status=eng.status,
-        arrived=arrived,
-        rejected=int(eng.counters.rejected),
         start_s=start,
         end_s=end,
-        wall_seconds=time.perf_counter() - t0,
+        arrived=arrived,
+        rejected=int(eng.counters.rejected),
+        max_running=int(eng.counters.max_running),
+        kv_pool_tokens=int(eng.memory.pool_tokens),
+        error=eng.oom_reason,
+    )
+    totals = EngineTotals(
         hit_tokens=int(d["hit_tokens"]),
         query_tokens=int(d["query_tokens"]),
         saved_prefill_tokens=int(d["saved_prefill_tokens"]),
@@ -154,14 +165,10 @@ def simulate(
         busy_s=float(d["busy_s"]),
         running_integral=float(d["running_integral"]),
         kv_usage_integral=float(d["kv_usage_integral"]),
-        max_running=int(eng.counters.max_running),
         preemptions=int(d["preemptions"]),
-        kv_pool_tokens=int(eng.memory.pool_tokens),
-        slo_ttft_s=slo_ttft_s,
-        slo_itl_s=slo_itl_s,
-        setup=info,
-        error=eng.oom_reason,
     )
+    slo = GoodputSlo(slo_ttft_s, slo_itl_s)
+    return summarize(collector, window, totals, slo, info, time.perf_counter() - t0)
 
 
 def _snapshot(eng: TwinEngine) -> dict[str, float]:
