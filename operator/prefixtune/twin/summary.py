@@ -15,11 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefixtune.twin.cache.base import Match
 from prefixtune.twin.observer import NullObserver
 from prefixtune.twin.request import Request
+
+if TYPE_CHECKING:
+    from prefixtune.metrics.signals import Signals
 
 
 @dataclass(slots=True)
@@ -146,6 +149,12 @@ class Summary:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def signals(self, window_s: float | None = None, *, waiting_mean: float | None = None) -> Signals:
+        """What the engine's metrics would have shown over the window (``metrics.twin_signals``)."""
+        from prefixtune.metrics.twin_signals import signals_from_summary  # the metrics package is heavy
+
+        return signals_from_summary(self, window_s, waiting_mean=waiting_mean)
 
     def without_wall(self) -> dict[str, Any]:
         """Everything but ``wall_seconds``: equal for equal seeds."""
