@@ -63,7 +63,7 @@ from prefixtune.twin.models import SchedulerDefaults, TwinModel
 from prefixtune.twin.openai_api import error_body
 from prefixtune.twin.replay import replay_cache
 from prefixtune.twin.request import Request
-from prefixtune.twin.run import simulate
+from prefixtune.twin.run import SimOptions, simulate
 from prefixtune.twin.workloads import generate
 
 STUB = "stubserve"
@@ -274,7 +274,7 @@ def _stub_run(config: KnobConfig, seed: int = 1) -> dict[str, object]:
     adapter = registry.get_adapter(STUB)
     cmd = adapter.render(M8, config, ("--batch", "32"))
     requests = generate("chatbot", rate=4.0, duration_s=60.0, seed=seed)
-    summary = simulate(STUB, cmd.argv, "H100-80GB", requests, seed=seed, warmup_s=10.0)
+    summary = simulate(STUB, cmd.argv, "H100-80GB", requests, SimOptions(seed=seed, warmup_s=10.0))
     return summary.without_wall()
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from prefixtune.metrics.twin_signals import signals_from_summary
-from prefixtune.twin.run import simulate
+from prefixtune.twin.run import SimOptions, simulate
 from prefixtune.twin.workloads import generate
 
 _CHECK = """
@@ -28,6 +28,8 @@ def test_no_metrics_module_imports_the_twin() -> None:
 
 def test_the_twin_summary_provides_its_signals() -> None:
     reqs = generate("chatbot", rate=2.0, duration_s=20.0, seed=1)
-    summary = simulate("vllm", [], "H100-80GB", reqs, model="meta-llama/Llama-3.1-8B-Instruct", seed=1)
+    summary = simulate(
+        "vllm", [], "H100-80GB", reqs, SimOptions(model="meta-llama/Llama-3.1-8B-Instruct", seed=1)
+    )
     assert summary.signals(15.0, waiting_mean=0.5) == signals_from_summary(summary, 15.0, waiting_mean=0.5)
     assert summary.signals().window_s == summary.sim_seconds and summary.signals().requests > 0

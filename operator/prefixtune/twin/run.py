@@ -1,7 +1,7 @@
 """Batch simulation: boot a twin engine, replay requests, return a ``Summary``.
 
-``simulate(engine, argv_or_parsed, gpu, requests, seed=..., ...)`` is the pure core of ``twin run``
-and of the benchmarks (deterministic for a seed: only ``wall_seconds`` varies).
+``simulate(engine, argv_or_parsed, gpu, requests, SimOptions(seed=..., ...))`` is the pure core of
+``twin run`` and of the benchmarks (deterministic for a seed: only ``wall_seconds`` varies).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -86,6 +87,26 @@ def _plain(v: object) -> object:
     return str(v)
 
 
+@dataclass(frozen=True)
+class SimOptions:
+    """How one ``simulate`` run is set up, beyond the engine, its command, the GPU and the requests.
+
+    ``model``, ``tp`` and ``files`` say how to read the command (``parse_command``); ``slo`` is what
+    goodput counts against; ``warmup_s`` and ``horizon_s`` bound the measured window;
+    ``cache_factory`` replaces the engine's cache model; ``setup`` is added to the summary's setup.
+    """
+
+    seed: int = 0
+    slo: GoodputSlo = field(default_factory=GoodputSlo)
+    warmup_s: float = 0.0
+    horizon_s: float | None = None
+    model: str | None = None
+    tp: int | None = None
+    files: Mapping[str, str] | None = None
+    cache_factory: CacheFactory | None = None
+    setup: Mapping[str, Any] | None = None
+
+
 # The cyclic collector stays off for the whole run (see gc_paused) and comes back once simulate has
 # returned, when the engine is gone: its objects die by reference counting instead of being scanned.
 @gc_paused()
@@ -94,17 +115,7 @@ def simulate(
     argv: Sequence[str] | ParsedCommand,
     gpu: str,
     requests: Sequence[Request],
-    *,
-    seed: int = 0,
-    slo_ttft_s: float | None = None,
-    slo_itl_s: float | None = None,
-    warmup_s: float = 0.0,
-    horizon_s: float | None = None,
-    model: str | None = None,
-    tp: int | None = None,
-    files: Mapping[str, str] | None = None,
-    cache_factory: CacheFactory | None = None,
-    setup: Mapping[str, Any] | None = None,
+    options: SimOptions | None = None,
 ) -> Summary:
     """Run ``requests`` through a twin of ``engine`` booted from ``argv`` on ``gpu``.
 
@@ -112,8 +123,10 @@ def simulate(
     (requests still running then are not counted as finished). Metrics cover ``[warmup_s, end]``.
     """
     t0 = time.perf_counter()
-    parsed = parse_command(engine, argv, model=model, tp=tp, files=files)
-    info = setup_of(parsed, gpu, seed, setup)
+    o = options if options is not None else SimOptions()
+    seed, warmup_s, horizon_s = o.seed, o.warmup_s, o.horizon_s
+    parsed = parse_command(engine, argv, model=o.model, tp=o.tp, files=o.files)
+    info = setup_of(parsed, gpu, seed, o.setup)
     info["warmup_s"] = float(warmup_s)
     info["horizon_s"] = None if horizon_s is None else float(horizon_s)
     if warmup_s < 0:
@@ -122,7 +135,7 @@ def simulate(
         raise ValueError(f"horizon_s ({horizon_s}) must be after warmup_s ({warmup_s})")
     collector = SummaryCollector(warmup_s)
     try:
-        eng = TwinEngine(parsed, gpu, seed, collector, cache_factory=cache_factory)
+        eng = TwinEngine(parsed, gpu, seed, collector, cache_factory=o.cache_factory)
     except StartupOOM as exc:
         return failed_summary("oom_startup", str(exc), info, time.perf_counter() - t0)
     info["memory"] = eng.memory.to_dict()
@@ -167,8 +180,7 @@ def simulate(
         kv_usage_integral=float(d["kv_usage_integral"]),
         preemptions=int(d["preemptions"]),
     )
-    slo = GoodputSlo(slo_ttft_s, slo_itl_s)
-    return summarize(collector, window, totals, slo, info, time.perf_counter() - t0)
+    return summarize(collector, window, totals, o.slo, info, time.perf_counter() - t0)
 
 
 def _snapshot(eng: TwinEngine) -> dict[str, float]:
