@@ -321,3 +321,13 @@ def test_without_its_twin_model_the_twin_does_not_know_the_fourth_engine() -> No
     base = KnobConfig(memory_fraction=0.8, block_size=16, prefix_caching=True, schedule_policy="fifo")
     with pytest.raises(ValueError, match="unknown engine 'stubserve'; known engines: vllm, sglang, trtllm"):
         _stub_run(base)
+
+
+def test_the_twin_commands_take_the_fourth_engine() -> None:
+    import argparse
+
+    from prefixtune.twin.cliargs import add_target_args
+
+    parser = argparse.ArgumentParser()
+    add_target_args(parser, model_required=False, tp_default=None)
+    assert parser.parse_args(["--engine", STUB, "--gpu", "H100"]).engine == STUB
