@@ -268,7 +268,7 @@ class ThreadedTwin:
         asyncio.run(self._main())
 
     async def _main(self) -> None:
-        from prefixtune.twin.serve import make_server
+        from prefixtune.twin.serve import ServeOptions, make_server
 
         try:
             pod = f"{self.engine.value}-0"
@@ -277,11 +277,7 @@ class ThreadedTwin:
                 MODEL,
                 "H100",
                 [],
-                speedup=SPEEDUP,
-                seed=self.seed,
-                dcgm_port=0,
-                pod=pod,
-                namespace="ns",
+                ServeOptions(speedup=SPEEDUP, seed=self.seed, dcgm_port=0, pod=pod, namespace="ns"),
             )
             server.engine.observer = FanOut([self.recorder, server.engine.observer])
             await server.start()

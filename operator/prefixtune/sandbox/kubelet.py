@@ -441,7 +441,7 @@ class PodWorker:
 
     async def _run_container(self, last_exit: dict[str, Any] | None) -> _Exit:
         from prefixtune.twin.memory import StartupOOM
-        from prefixtune.twin.serve import TwinServer, oom_startup_prefix
+        from prefixtune.twin.serve import ServeOptions, TwinServer, oom_startup_prefix
 
         cfg = self.kubelet.config
         started = podlib.now_iso()
@@ -471,15 +471,17 @@ class PodWorker:
                 plan.engine,
                 parsed,
                 plan.gpu,
-                host=self.ip,
-                port=int(parsed.port),
-                speedup=cfg.speedup,
-                seed=self.kubelet.seed_for(self.uid, self.restarts),
-                exit_delay_s=cfg.wall(cfg.exit_delay_s),  # TwinServer waits wall seconds
-                dcgm_port=cfg.dcgm_port,
-                pod=self.name,
-                namespace=self.namespace,
-                engine_version=adapter.version_of(self.image) if self.image else None,
+                ServeOptions(
+                    host=self.ip,
+                    port=int(parsed.port),
+                    speedup=cfg.speedup,
+                    seed=self.kubelet.seed_for(self.uid, self.restarts),
+                    exit_delay_s=cfg.wall(cfg.exit_delay_s),  # TwinServer waits wall seconds
+                    dcgm_port=cfg.dcgm_port,
+                    pod=self.name,
+                    namespace=self.namespace,
+                    engine_version=adapter.version_of(self.image) if self.image else None,
+                ),
             )
         except StartupOOM as err:
             return _Exit(1, "Error", f"{oom_startup_prefix(plan.engine)}: {err}", started)

@@ -46,7 +46,8 @@ Endpoints (as the engines serve them):
 
 A start-up OOM prints the engine's kind of message and exits 1 before binding any port.
 
-In-process (tests, the sandbox): ``async with serving(engine, model, gpu, engine_args, ...) as url``.
+In-process (tests, the sandbox): ``async with serving(engine, model, gpu, engine_args, ServeOptions(...))
+as url``, or ``make_server(...)`` / ``TwinServer(engine, parsed, gpu, ServeOptions(...))``.
 """
 
 from __future__ import annotations
@@ -175,42 +176,49 @@ class _ServeObserver(NullObserver):
         self.server.on_oom(reason)
 
 
+@dataclass(frozen=True)
+class ServeOptions:
+    """How a twin is served: where it binds, how fast simulated time runs, its seed, how long a dead
+    engine takes to exit, the DCGM exporter's port and path and its pod labels, and the engine
+    release whose metrics it serves (None: the adapter's)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: a free port
+    speedup: float = 1.0  # simulated seconds per wall second
+    seed: int = 0
+    exit_delay_s: float = 1.0  # wall seconds between a runtime OOM and the exit
+    dcgm_port: int | None = None
+    dcgm_path: str = "/metrics"
+    pod: str = ""
+    namespace: str = ""
+    engine_version: str | None = None
+
+
 class TwinServer:
     """A twin engine served over HTTP (see the module doc). ``start()`` boots the engine (raising
     ``StartupOOM``/``ArgsError``) and binds; ``url`` is the base URL; ``stop()`` shuts down.
     ``exited`` is set when the engine died (runtime OOM) and its exit delay passed."""
 
     def __init__(
-        self,
-        engine: str,
-        parsed: ParsedCommand,
-        gpu: str,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        speedup: float = 1.0,
-        seed: int = 0,
-        exit_delay_s: float = 1.0,
-        dcgm_port: int | None = None,
-        dcgm_path: str = "/metrics",
-        pod: str = "",
-        namespace: str = "",
-        engine_version: str | None = None,
+        self, engine: str, parsed: ParsedCommand, gpu: str, options: ServeOptions | None = None
     ) -> None:
+        o = options if options is not None else ServeOptions()
+        speedup, pod, namespace, engine_version = o.speedup, o.pod, o.namespace, o.engine_version
         if not speedup > 0:
             raise ValueError(f"--speedup must be > 0; got {speedup}")
+        self.options = o
         self.adapter = get_adapter(engine)
         self.engine_name = self.adapter.name
         self.twin = twin_model(self.engine_name)
         self.parsed = parsed
         self.gpu = gpu
-        self.host = host
-        self.port = port
+        self.host = o.host
+        self.port = o.port
         self.speedup = float(speedup)
-        self.seed = seed
-        self.exit_delay_s = exit_delay_s
-        self.dcgm_port = dcgm_port
-        self.dcgm_path = dcgm_path
+        self.seed = seed = o.seed
+        self.exit_delay_s = o.exit_delay_s
+        self.dcgm_port = o.dcgm_port
+        self.dcgm_path = o.dcgm_path
         self.pending: dict[int, _Pending] = {}
         self.streams: set[int] = set()  # req_ids of the pending requests that stream
         # First tokens and finishes the engine has simulated, answered when wall time reaches them:
@@ -786,31 +794,13 @@ async def serving(
     model: str | None,
     gpu: str,
     engine_args: Sequence[str] = (),
+    options: ServeOptions | None = None,
     *,
     tp: int | None = None,
     files: dict[str, str] | None = None,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    speedup: float = 1.0,
-    seed: int = 0,
-    exit_delay_s: float = 1.0,
-    dcgm_port: int | None = None,
 ) -> AsyncIterator[str]:
-    """Serve a twin in this event loop; yields the base URL (``port=0``: a free port)."""
-    server = make_server(
-        engine,
-        model,
-        gpu,
-        engine_args,
-        tp=tp,
-        files=files,
-        host=host,
-        port=port,
-        speedup=speedup,
-        seed=seed,
-        exit_delay_s=exit_delay_s,
-        dcgm_port=dcgm_port,
-    )
+    """Serve a twin in this event loop; yields the base URL (``options.port`` 0: a free port)."""
+    server = make_server(engine, model, gpu, engine_args, options, tp=tp, files=files)
     url = await server.start()
     try:
         yield url
@@ -823,14 +813,14 @@ def make_server(
     model: str | None,
     gpu: str,
     engine_args: Sequence[str] = (),
+    options: ServeOptions | None = None,
     *,
     tp: int | None = None,
     files: dict[str, str] | None = None,
-    **kwargs: Any,
 ) -> TwinServer:
     """Parse the engine command and boot the twin (raises ArgsError, StartupOOM, ValueError)."""
     parsed = parse_command(engine, list(engine_args), model=model, tp=tp, files=files)
-    return TwinServer(engine, parsed, gpu, **kwargs)
+    return TwinServer(engine, parsed, gpu, options)
 
 
 # --- CLI -----------------------------------------------------------------------------------------
@@ -897,10 +887,7 @@ def serve_main(argv: Sequence[str]) -> int:
 async def _serve(opts: argparse.Namespace, parsed: ParsedCommand, port: int) -> int:
     engine = get_adapter(opts.engine).name
     try:
-        server = TwinServer(
-            engine,
-            parsed,
-            opts.gpu,
+        options = ServeOptions(
             host=opts.host,
             port=port,
             speedup=opts.speedup,
@@ -912,6 +899,7 @@ async def _serve(opts: argparse.Namespace, parsed: ParsedCommand, port: int) -> 
             namespace=opts.namespace,
             engine_version=opts.engine_version,
         )
+        server = TwinServer(engine, parsed, opts.gpu, options)
     except StartupOOM as err:
         print(f"{oom_startup_prefix(engine)}: out of memory at start-up: {err}", file=sys.stderr)
         return 1
