@@ -36,6 +36,8 @@ UNCHUNKED_PREFILL_TOKENS = 16384  # --max-prefill-tokens default: caps a prefill
 
 
 class SglangMetrics(EngineMetrics):
+    """SGLang's series as ``srt/metrics/collector.py`` exports them (reference/engines.md 2.2)."""
+
     def __init__(self, exporter: EngineExporter) -> None:
         super().__init__(exporter)
         sched = {

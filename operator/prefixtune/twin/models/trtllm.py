@@ -34,6 +34,8 @@ from prefixtune.twin.request import Request
 
 
 class TrtllmMetrics(EngineMetrics):
+    """TensorRT-LLM's series as ``tensorrt_llm/metrics/collector.py`` exports them (engines.md 2.3)."""
+
     def __init__(self, exporter: EngineExporter) -> None:
         super().__init__(exporter)
         lab = {"model_name": exporter.model, "engine_type": "trtllm"}

@@ -32,6 +32,8 @@ from prefixtune.twin.request import Request
 
 
 class VllmMetrics(EngineMetrics):
+    """vLLM's series as ``vllm/v1/metrics/loggers.py`` exports them (reference/engines.md 2.1)."""
+
     def __init__(self, exporter: EngineExporter) -> None:
         super().__init__(exporter)
         lab = {"model_name": exporter.model, "engine": "0"}
