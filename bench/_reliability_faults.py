@@ -54,7 +54,7 @@ from prefixtune.sandbox.emulator import kubeconfig
 from prefixtune.sandbox.faults import ApiFaults, AuditEntry, MetricsFaults
 from prefixtune.sandbox.kubelet import ApiStatusError, KubeletConfig
 from prefixtune.sandbox.up import Sandbox, sandbox
-from prefixtune.sandbox.waiting import wait_until
+from prefixtune.sandbox.waiting import tuning_progress, wait_until
 from prefixtune.tuning.state import PolicyState
 
 SPEEDUP = 10.0
@@ -212,6 +212,7 @@ class Operators:
     url: str
     workdir: Path
     peering: bool = False
+    clock_file: Path | None = None  # the sandbox's clock: the operators' deadlines follow its progress
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     killed_at: dict[str, float] = field(default_factory=dict)
     started_at: dict[str, float] = field(default_factory=dict)
@@ -222,7 +223,9 @@ class Operators:
         config["users"][0]["user"]["token"] = name
         path = self.workdir / f"kubeconfig-{name}"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        argv = operator_argv(str(path), tick_s=1.0, time_scale=SPEEDUP, ready_timeout_s=60.0)
+        argv = operator_argv(
+            str(path), tick_s=1.0, time_scale=SPEEDUP, ready_timeout_s=60.0, clock_file=self.clock_file
+        )
         if self.peering:
             i = argv.index("--standalone")
             argv[i : i + 1] = ["--peering", PEERING, "--priority", str(priority),
@@ -280,6 +283,7 @@ class ScenarioResult:
     seed: int
     injected: dict[str, int] = field(default_factory=dict)
     survived: dict[str, int] = field(default_factory=dict)
+    missed: dict[str, int] = field(default_factory=dict)  # faults that missed their window, retried
     converged: bool = False
     invariants: Invariants = field(default_factory=Invariants)
     checks: dict[str, bool] = field(default_factory=dict)
@@ -295,7 +299,7 @@ class ScenarioResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind, "seed": self.seed, "ok": self.ok, "converged": self.converged,
-            "injected": dict(self.injected), "survived": dict(self.survived),
+            "injected": dict(self.injected), "survived": dict(self.survived), "missed": dict(self.missed),
             "trials_lost": self.invariants.trials_lost, "duplicate_trials": self.invariants.duplicate_trials,
             "rollouts_on_missing_data": self.invariants.rollouts_on_missing_data,
             "checks": dict(self.checks), "details": list(self.invariants.details) + list(self.notes),
@@ -352,7 +356,33 @@ class Run:
         return policy_state_of((obj or {}).get("status"))
 
     async def wait(self, check: Callable[[], Awaitable[T | None]], timeout_s: float, what: str) -> T:
-        return await wait_until(check, timeout_s, what, every_s=0.25)
+        """Wait on the sandbox's clock (a busy machine slows it), and for as long as the resource's
+        tuning makes progress (a busy machine slows the operators too): the deadline follows both."""
+        return await wait_until(
+            check, timeout_s, what, every_s=0.25, clock=self.sb.clock.now, progress=self.progress
+        )
+
+    async def progress(self) -> tuple[object, ...]:
+        return tuning_progress(await self.state())
+
+    async def hit(self, injection: Injection) -> bool:
+        """Once its trial is over: whether the fault hit its window (``missed``); a miss is noted,
+        taken off the injected counts, and the injector tries another window."""
+        final = await self.state()
+        audit = self.api.audit if self.api is not None else []
+        why = "" if final is None else missed(injection, written_states(audit, self.name), final)
+        if why:
+            injection.missed = why
+            self.result.injected[injection.kind] -= 1
+            if not self.result.injected[injection.kind]:
+                del self.result.injected[injection.kind]
+            self.result.missed[injection.kind] = self.result.missed.get(injection.kind, 0) + 1
+            self.result.notes.append(f"missed: {injection.kind} trial={injection.trial}: {why}")
+        return not why
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` of sandbox time (the operators' clock: ``--clock-file``)."""
+        await self.sb.clock.sleep(seconds)
 
     async def acted(self, client: str, since: float = 0.0) -> bool:
         """Whether operator ``client`` has acted (written something besides peering keep-alives)."""
@@ -389,7 +419,7 @@ class Run:
 
     def count(self, kind: str, trial: int | None = None, client: str = "") -> Injection:
         self.result.injected[kind] = self.result.injected.get(kind, 0) + 1
-        injection = Injection(kind, time.time(), trial=trial, client=client)
+        injection = Injection(kind, time.time(), trial=trial, client=client, at=self.sb.clock.now())
         self.result.injections.append(injection)
         return injection
 
@@ -408,6 +438,8 @@ class Injection:
     trial: int | None = None
     client: str = ""  # operator_kill: the restarted one; active_replica_kill: the standby
     handled: bool = False
+    at: float = 0.0  # when, on the sandbox's clock (the operators' clock: their windows' times)
+    missed: str = ""  # why it missed its window (``missed``); not counted as injected
 
 
 def handled(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], final: PolicyState) -> bool:
@@ -428,7 +460,7 @@ def handled(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], fi
             s for _, _, s in states if any(x.id == trial.id and x.outcome == "running" for x in s.trials)
         ]
         scored_from = running[-1].measure_from if running else None
-        clean = trial.outcome != "ok" or (scored_from is not None and scored_from >= inj.t)
+        clean = trial.outcome != "ok" or (scored_from is not None and scored_from >= inj.at)
         return noticed and clean
     if inj.kind in ("engine_oom", "engine_crash"):
         if trial is None or trial.outcome != "infeasible":
@@ -441,6 +473,30 @@ def handled(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], fi
     return True  # API faults: survived when the scenario converges with its invariants
 
 
+WINDOW_FAULTS = ("engine_oom", "engine_crash", "pod_delete", "metrics_unreachable", "metrics_gap",
+                 "metrics_nan", "metrics_reset")  # fmt: skip
+
+
+def missed(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], final: PolicyState) -> str:
+    """Why a fault aimed at a measurement window did not hit it ("" when it did), from what the
+    operators wrote: the last status written before the fault had left that window, or the trial was
+    scored by a reconcile that began before the fault (its ``finished_at``, on the operators' clock).
+    On a busy machine an operator writes late, so an injector that read "Measuring" can act after the
+    operator moved on; such a fault tests nothing and is tried again on another window."""
+    if inj.kind not in WINDOW_FAULTS:
+        return ""
+    before = [s for t, _, s in states if t <= inj.t]
+    last = before[-1] if before else None
+    if last is None or last.step != "Measuring" or last.active != inj.trial:
+        where = "none" if last is None else f"{last.phase}/{last.step}, active {last.active}"
+        return f"the operator had left the window of trial {inj.trial} ({where})"
+    trial = next((t for t in final.trials if t.id == inj.trial), None)
+    scored = None if trial is None or trial.outcome != "ok" else trial.finished_at
+    if scored is not None and scored <= inj.at:
+        return f"trial {inj.trial} was scored at {scored:.2f}, before the fault ({inj.at:.2f})"
+    return ""
+
+
 Injector = Callable[[Run, Scenario], Awaitable[None]]
 
 
@@ -448,7 +504,7 @@ async def _inject_operator_kill(run: Run, sc: Scenario) -> None:
     for _ in range(sc.repeats):
         n = run.ops.starts
         await run.wait(partial(run.acted, f"operator-{n - 1}"), 120, f"operator-{n - 1} to act")
-        await asyncio.sleep(run.rng.uniform(0.5, 8.0))  # a random point of the tuning loop
+        await run.pause(run.rng.uniform(0.5, 8.0))  # a random point of the tuning loop
         if await run.converged():
             return
         run.ops.kill(f"operator-{n - 1}")
@@ -461,11 +517,12 @@ async def _inject_metrics(run: Run, sc: Scenario) -> None:
     assert run.metrics is not None
     modes = ("unreachable", "gap", "nan", "reset")
     offset = run.rng.randrange(len(modes))
-    for i in range(sc.repeats):
+    i = hits = 0
+    while hits < sc.repeats:  # until that many faults hit a window (TuningOver ends it sooner)
         delay = run.rng.uniform(0.0, 1.5)
         while True:  # a random point of a measurement window (the fault must hit one)
             await run.wait(run.measuring, 120, "a measurement window")
-            await asyncio.sleep(delay)
+            await run.pause(delay)
             state = await run.measuring()
             if state is not None:
                 break
@@ -473,14 +530,17 @@ async def _inject_metrics(run: Run, sc: Scenario) -> None:
         began = time.time()
         run.metrics.set(mode)  # every pod of the scenario, new ones included
         injection = run.count(f"metrics_{mode}", trial=state.active)
-        await asyncio.sleep(run.rng.uniform(4.0, 7.0))
+        await run.pause(run.rng.uniform(4.0, 7.0))
         # An outage outlasts a scrape: on a loaded machine the operator's next scrape can come later
         # than the few seconds above, so the fault stays until the operator has seen it.
         await run.wait(partial(_noticed, run, state.active), 90, "the operator to notice the metrics fault")
         run.metrics.clear()
         injection.until = time.time()
         run.result.notes.append(f"metrics {mode} for {injection.until - began:.1f}s")
-        await asyncio.sleep(run.rng.uniform(3.0, 6.0))
+        await run.pause(run.rng.uniform(3.0, 6.0))
+        await run.wait(partial(_not_active, run, state.active), 120, "the faulted window's trial to finish")
+        i += 1
+        hits += await run.hit(injection)
 
 
 async def _noticed(run: Run, trial_id: int | None) -> bool:
@@ -496,24 +556,38 @@ async def _measured_pods(
     run: Run, measuring: Callable[[], Awaitable[PolicyState | None]], what: str, max_delay_s: float
 ) -> tuple[PolicyState, list[dict[str, Any]]]:
     """Wait for ``what`` in its measurement window, then, at a random point up to ``max_delay_s``
-    into it, the pods that run the measured config (maybe none: the window may have ended)."""
+    into it, the pods that run the measured config; none when the operator has left the window by
+    then (``missed`` judges the fault afterwards, from what the operator wrote)."""
     state = await run.wait(measuring, 150, f"{what} in its measurement window")
     assert state.active is not None
     digest = config_hash(state.trial(state.active).config)
-    await asyncio.sleep(run.rng.uniform(0.0, max_delay_s))
-    return state, await run.pods(digest)
+    await run.pause(run.rng.uniform(0.0, max_delay_s))
+    pods = await run.pods(digest)
+    now = await run.state()
+    same = now is not None and (now.active, now.step, now.measure_from) == (
+        state.active, "Measuring", state.measure_from
+    )  # fmt: skip
+    if not same:
+        run.result.notes.append(f"missed the window of trial {state.active}: it ended before the fault")
+        return state, []
+    return state, pods
 
 
 async def _inject_engine_crash(run: Run, sc: Scenario) -> None:
-    for i in range(sc.repeats):
+    i = 0
+    while i < sc.repeats:  # until that many faults hit a window (TuningOver ends it sooner)
         state, pods = await _measured_pods(run, partial(run.measuring, "trial"), "a trial", max_delay_s=2.0)
         if not pods:
+            await run.wait(partial(_not_active, run, state.active), 60, "the missed trial to finish")
             continue
         oom = (i + run.rng.randrange(2)) % 2 == 0
+        injection = None
         if run.sb.kubelet.crash("default", pods[0]["metadata"]["name"], oom=oom):
-            run.count("engine_oom" if oom else "engine_crash", trial=state.active)
+            injection = run.count("engine_oom" if oom else "engine_crash", trial=state.active)
             run.result.notes.append(f"crashed trial {state.active} ({'oom' if oom else 'crash'})")
         await run.wait(partial(_not_active, run, state.active), 60, "the crashed trial to finish")
+        if injection is not None and await run.hit(injection):
+            i += 1
 
 
 async def _not_active(run: Run, trial_id: int | None) -> bool:
@@ -522,28 +596,31 @@ async def _not_active(run: Run, trial_id: int | None) -> bool:
 
 
 async def _inject_pod_delete(run: Run, sc: Scenario) -> None:
-    for _ in range(sc.repeats):
+    deleted = 0
+    while deleted < sc.repeats:  # until that many faults hit a window (TuningOver ends it sooner)
         state, pods = await _measured_pods(run, run.measuring, "a trial or baseline", max_delay_s=1.5)
         if not pods:
+            await run.wait(partial(_not_active, run, state.active), 90, "the missed window to finish")
             continue
         name = pods[0]["metadata"]["name"]
         await run.sb.api.delete(f"/api/v1/namespaces/default/pods/{name}")
-        run.count("pod_delete", trial=state.active)
+        injection = run.count("pod_delete", trial=state.active)
         run.result.notes.append(f"deleted pod {name} while measuring trial {state.active}")
         await run.wait(partial(_not_active, run, state.active), 90, "the trial to finish")
+        deleted += await run.hit(injection)
 
 
 async def _inject_peering(run: Run, sc: Scenario) -> None:
     # The chart starts both pods at once; here the standby wins the start (it acts alone), then the
     # active one (higher priority) joins and must take over.
     await run.wait(partial(run.acted, "replica-1"), 120, "the standby (alone) to act")
-    await asyncio.sleep(run.rng.uniform(0.5, 4.0))
+    await run.pause(run.rng.uniform(0.5, 4.0))
     run.ops.start("replica-0", priority=200)
     run.count("higher_priority_replica_joins", client="replica-0")
     active, since = "replica-0", 0.0
     for i in range(sc.repeats):
         await run.wait(partial(run.acted, active, since), 120, f"{active} to act")
-        await asyncio.sleep(run.rng.uniform(0.5, 8.0))  # a random point of the tuning loop
+        await run.pause(run.rng.uniform(0.5, 8.0))  # a random point of the tuning loop
         if await run.converged():
             return
         standby = f"replica-{i + 1}"
@@ -622,7 +699,7 @@ async def run_scenario(sc: Scenario, workdir: Path) -> ScenarioResult:
     async with sandbox(
         speedup=SPEEDUP, crds=crds, config=KUBELET, seed=sc.seed, api_faults=api, metrics_faults=metrics
     ) as sb:
-        ops = Operators(sb.url, workdir, peering=peering)
+        ops = Operators(sb.url, workdir, peering=peering, clock_file=sb.clock_file)
         run = Run(sb, ops, name, random.Random(sc.seed * 7919 + KINDS.index(sc.kind)), result, metrics, api)
         try:
             if peering:
@@ -683,7 +760,7 @@ async def run_scenario(sc: Scenario, workdir: Path) -> ScenarioResult:
             result.notes.append(f"faulty scrapes served: {metrics.served}")
     result.wall_s = time.monotonic() - started
     result.survived = {k: 0 for k in result.injected}
-    for injection in result.injections:
+    for injection in (i for i in result.injections if not i.missed):
         if result.ok and (injection.handled or injection.kind not in _CHECKED_EACH):
             result.survived[injection.kind] += 1
     for kind, n in result.injected.items():  # API faults are counted by the emulator, not one by one
@@ -698,11 +775,12 @@ async def _scenario_checks(
     checks = run.result.checks
     states = written_states(api.audit, run.name)
     trials = final.trials
-    for injection in run.result.injections:
+    hits = [i for i in run.result.injections if not i.missed]
+    for injection in hits:
         injection.handled = handled(injection, states, final)
         if not injection.handled:
             run.result.notes.append(f"not handled: {injection}")
-    checks["each_fault_handled"] = all(i.handled for i in run.result.injections)
+    checks["each_fault_handled"] = all(i.handled for i in hits)
     if sc.kind == "api_faults":
         checks["faults_hit_the_operator"] = sum(api.injected.values()) > 0
     elif sc.kind == "metrics":

@@ -47,7 +47,7 @@ from prefixtune.controller.settings import tuning_settings
 from prefixtune.engines import get_adapter
 from prefixtune.engines._argv import Kind, Role
 from prefixtune.engines.base import KNOB_NAMES, EngineAdapter, EngineName, KnobSpec
-from prefixtune.sandbox.waiting import wait_until
+from prefixtune.sandbox.waiting import PROGRESS_CAP, wait_until
 from prefixtune.tuning.policy import initial_state
 
 ENGINES: tuple[str, ...] = tuple(e.value for e in EngineName)
@@ -756,6 +756,7 @@ async def fuzz_live(n: int, seed: int) -> dict[str, Any]:
                 str(sb.kubeconfig),
                 tick_s=5.0,
                 ready_timeout_s=3600.0,
+                clock_file=sb.clock_file,
                 extra=[f"--prometheus-allowed-hosts={PROM}"],
             )
             log_path = str(Path(tmp) / "operator.log")
@@ -763,18 +764,23 @@ async def fuzz_live(n: int, seed: int) -> dict[str, Any]:
             crashes = 0
             try:
                 api = sb.api
-                await _wait(partial(_api_ok, api), 60, "the API server")
+                await _wait(partial(_api_ok, api), 60, "the API server", clock=sb.clock.now)
                 # Updates: first a valid resource each, and its Deployment.
                 for item in [x for x in live if x.update]:
                     await api.create(SDEP, _body(item.name, BASE_SPEC))
                 for item in [x for x in live if x.update]:
-                    await _wait(partial(_deployment, api, item.name), 90, f"{item.name}'s first Deployment")
+                    first = f"{item.name}'s first Deployment"
+                    await _wait(partial(_deployment, api, item.name), 90, first, clock=sb.clock.now)
                 originals = {x.name: await _deployment(api, x.name) for x in live if x.update}
                 # The batch, concurrently: creates, and replacing the spec of the existing ones.
                 await asyncio.gather(*(_apply(api, item) for item in live))
-                deadline = time.monotonic() + max(90.0, 1.0 * len(live))
+                # On the sandbox's clock (a machine too busy for the sandbox to keep up extends it),
+                # and while the operator settles specs: a stall is no progress for `quiet` seconds.
+                quiet = max(90.0, 1.0 * len(live))
+                began = sb.clock.now()
+                deadline = began + quiet
                 pending = list(live)
-                while pending and time.monotonic() < deadline:
+                while pending and sb.clock.now() < deadline:
                     if proc.poll() is not None:
                         crashes += 1
                         proc = spawn_operator(argv, log_path + f".{crashes}")
@@ -782,6 +788,8 @@ async def fuzz_live(n: int, seed: int) -> dict[str, Any]:
                     for item in pending:
                         if not await _settled(api, item, originals.get(item.name)):
                             still.append(item)
+                    if len(still) < len(pending):
+                        deadline = min(began + PROGRESS_CAP * quiet, max(deadline, sb.clock.now() + quiet))
                     pending = still
                     if pending:
                         await asyncio.sleep(2.0)
@@ -792,7 +800,11 @@ async def fuzz_live(n: int, seed: int) -> dict[str, Any]:
                 probe = "fz-after"
                 await api.create(SDEP, _body(probe, BASE_SPEC))
                 handled = await _wait(
-                    partial(_deployment, api, probe), 60, "a valid resource after the batch", strict=False
+                    partial(_deployment, api, probe),
+                    60,
+                    "a valid resource after the batch",
+                    strict=False,
+                    clock=sb.clock.now,
                 )
                 if proc.poll() is not None:
                     alive = False
@@ -852,9 +864,15 @@ async def _api_ok(api: Any) -> bool:
     return False
 
 
-async def _wait(check: Callable[[], Any], timeout_s: float, what: str, strict: bool = True) -> Any:
+async def _wait(
+    check: Callable[[], Any],
+    timeout_s: float,
+    what: str,
+    strict: bool = True,
+    clock: Callable[[], float] = time.monotonic,
+) -> Any:
     try:
-        return await wait_until(check, timeout_s, what)
+        return await wait_until(check, timeout_s, what, clock=clock)
     except TimeoutError:
         if strict:
             raise

@@ -25,6 +25,7 @@ from prefixtune.controller.observe import PodView
 from prefixtune.controller.render import LABEL_CONFIG_HASH, config_hash
 from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.exposition import Snapshot, parse
+from prefixtune.sandbox.clock import HANG_GUARD_S
 from prefixtune.sandbox.emulator import RealisticEmulator, serve_emulator
 from prefixtune.sandbox.faults import ApiFaults, AuditEntry, MetricsFaults
 from prefixtune.tuning.settings import TuningSettings
@@ -235,6 +236,38 @@ def _trial(i: int, config: KnobConfig, outcome: str = "ok", value: float | None 
                  started_at=0.0, finished_at=None if outcome == "running" else 5.0, value=value)  # fmt: skip
 
 
+def test_a_metrics_fault_is_judged_on_the_operators_clock_not_the_wall_clock() -> None:
+    # The operators run on the sandbox's clock, which lags the wall clock by the stalls a busy
+    # machine caused (here 40 s): the window the trial was scored on began after the fault on that
+    # clock; compared with the fault's wall time it would look like the window began before it.
+    inj = faults_bench.Injection("metrics_gap", t=1140.0, trial=1, at=1100.0)
+    measuring = _state([_trial(0, A), _trial(1, B, "running", None)], step="Measuring", active=1,
+                       measure_from=1105.0, metrics_held=True)  # fmt: skip
+    final = _state([_trial(0, A), _trial(1, B)])
+    states = [(1141.0, "op", measuring), (1150.0, "op", final)]
+    assert faults_bench.handled(inj, states, final)
+    early = measuring.model_copy(update={"measure_from": 1095.0})  # a window begun before the fault
+    assert not faults_bench.handled(inj, [(1141.0, "op", early), (1150.0, "op", final)], final)
+
+
+def test_a_fault_that_came_after_the_operator_left_its_window_is_a_miss_not_a_failure() -> None:
+    # Found under load (issue 25): the injector read "Measuring", but the operator, writing late on
+    # a busy machine, had already left the window (or begun the reconcile that scored it).
+    measuring = _state([_trial(0, A, "running", None)], step="Measuring", active=0, measure_from=100.0)
+    left = measuring.model_copy(update={"step": "WaitingReady"})
+    trial = _trial(0, A).model_copy(update={"finished_at": 104.0})
+    final = _state([trial])
+    pod = faults_bench.Injection("pod_delete", t=50.0, trial=0, at=103.0)
+    assert faults_bench.missed(pod, [(40.0, "op", measuring)], final) == ""  # a hit: judged as ever
+    assert "had left the window" in faults_bench.missed(
+        pod, [(40.0, "op", measuring), (49.0, "op", left)], final
+    )
+    late = faults_bench.Injection("engine_crash", t=50.0, trial=0, at=105.0)
+    assert "scored at 104.00, before the fault" in faults_bench.missed(late, [(40.0, "op", measuring)], final)
+    kill = faults_bench.Injection("operator_kill", t=50.0)
+    assert faults_bench.missed(kill, [(49.0, "op", left)], final) == ""  # not a window fault
+
+
 def test_invariants_hold_for_a_clean_history() -> None:
     s1 = _state([_trial(0, A)], target=B, step="RollingOut")
     s2 = _state([_trial(0, A), _trial(1, B, "running", None)], target=B, step="RollingOut")
@@ -314,6 +347,9 @@ def scenario_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict
     return {r["kind"]: r for r in asyncio.run(all_kinds())}
 
 
+# The scenarios wait on their sandboxes' clocks, which slow down on a busy machine (six sandboxes
+# and their operators share the cores): pytest's timeout only catches a hang, so it allows for that.
+@pytest.mark.timeout(HANG_GUARD_S)
 @pytest.mark.parametrize("kind", SANDBOX_KINDS)
 def test_each_fault_kind_is_survived_with_the_invariants(
     scenario_results: dict[str, dict[str, Any]], kind: str

@@ -99,12 +99,44 @@ def test_load_normalisation_is_bounded_and_skips_ttft() -> None:
 
 
 def test_paired_canary_vs_baseline() -> None:
-    p = paired(sig(goodput_tokens_per_s=300.0), sig(goodput_tokens_per_s=500.0), "goodput", SLO, 1, 1, 2)
+    # one canary pod against two baseline pods, each pod sent the same requests (250)
+    p = paired(
+        sig(requests=250.0, goodput_tokens_per_s=300.0),
+        sig(goodput_tokens_per_s=500.0),
+        "goodput",
+        SLO,
+        1,
+        1,
+        2,
+    )
     assert isinstance(p, Paired) and p.ratio == pytest.approx(300.0 / 250.0)
     t = paired(sig(ttft_p99_s=0.5), sig(ttft_p99_s=1.0), "ttft", SLO, 1)
     assert isinstance(t, Paired) and t.ratio == pytest.approx(2.0)
     few = paired(sig(requests=5.0), sig(), "goodput", SLO, 100)
     assert isinstance(few, InsufficientData) and few.reason.startswith("canary:")
+
+
+def test_paired_goodput_follows_the_requests_each_side_was_sent() -> None:
+    """Goodput is the SLO-meeting tokens of the requests a side got: a canary sent more of a random
+    split scores more for that alone. Equal goodput per request is a tie; the correction is bounded
+    (a side finishing under half its share is not corrected further); throughput stays per pod."""
+
+    def side(requests: float, goodput: float) -> Signals:
+        return sig(requests=requests, goodput_tokens_per_s=goodput)
+
+    lucky, unlucky = side(82.0, 82.0), side(56.0, 56.0)
+    tie = paired(lucky, unlucky, "goodput", SLO, 1)
+    assert isinstance(tie, Paired) and tie.ratio == pytest.approx(1.0)
+    # the same per request, one canary pod against two baseline pods' requests
+    pods = paired(side(60.0, 60.0), side(100.0, 100.0), "goodput", SLO, 1, 1, 2)
+    assert isinstance(pods, Paired) and pods.ratio == pytest.approx(1.0)
+    # a side finishing a third of the other's requests: corrected by at most 2, so it stays worse
+    starved = paired(side(20.0, 20.0), side(60.0, 60.0), "goodput", SLO, 1)
+    assert isinstance(starved, Paired) and starved.ratio == pytest.approx((1 / 3) * 2)
+    better = paired(side(56.0, 73.0), lucky, "goodput", SLO, 1)
+    assert isinstance(better, Paired) and better.ratio == pytest.approx(73.0 / 56.0)
+    throughput = paired(lucky, unlucky, "throughput", SLO, 1)
+    assert isinstance(throughput, Paired) and throughput.ratio == pytest.approx(1.0)  # output 1000 each
 
 
 def test_severe_breach() -> None:

@@ -442,7 +442,7 @@ def test_canary_trial_is_scored_against_the_stable_pods() -> None:
     r.tick(now + 90)
     obs = Observation(
         kind="window",
-        signals=window(goodput=600.0),  # one canary pod
+        signals=window(goodput=600.0, requests=250.0),  # one canary pod, its share of the requests
         baseline_signals=window(goodput=1000.0),  # two stable pods, same window (load moved)
         canary_pods=1,
         baseline_pods=2,
@@ -463,7 +463,7 @@ def test_canary_value_is_anchored_to_the_config_the_stable_pods_run() -> None:
         r.tick(at + 90)
         obs = Observation(
             kind="window",
-            signals=window(goodput=canary_goodput),
+            signals=window(goodput=canary_goodput, requests=250.0),  # a pod's share of the requests
             baseline_signals=window(goodput=1000.0),
             canary_pods=1,
             baseline_pods=2,

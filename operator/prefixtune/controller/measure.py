@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prefixtune.api.models import ServingDeploymentSpec
@@ -51,6 +51,10 @@ class Meter:
     """Per-operator memory of window starts (by resource uid); everything else comes from the state."""
 
     time_scale: float = 1.0
+    # The operator's clock (epoch seconds): the wall clock, or the sandbox's (``--clock-file``), which
+    # stands still while the sandbox is too busy to keep up; ``to_wall`` maps it back for Prometheus.
+    clock: Callable[[], float] = time.time
+    to_wall: Callable[[float], float] = lambda t: t
     timeout_s: float = 5.0  # one scrape of one pod, in all (a dripping server is cut off here)
     budget_s: float = 20.0  # one resource's Prometheus queries of one window, in all
     born: float = field(default_factory=time.time)  # windows that began before this are not ours
@@ -64,7 +68,7 @@ class Meter:
         self.watch_from.pop(uid, None)
 
     def _clock(self) -> float:
-        return time.time() * self.time_scale
+        return self.clock() * self.time_scale
 
     def _targets(self, spec: ServingDeploymentSpec, pods: Sequence[PodView]) -> dict[str, str]:
         adapter = get_adapter(spec.engine)
@@ -321,7 +325,7 @@ class Meter:
             if not names:
                 return None
             return source.measure(
-                Selector.pods(names, namespace=namespace, **labels), window, end=now
+                Selector.pods(names, namespace=namespace, **labels), window, end=self.to_wall(now)
             ).signals
 
         loop = asyncio.get_running_loop()

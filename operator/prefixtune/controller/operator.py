@@ -25,12 +25,15 @@ import re
 import signal
 import subprocess
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import kopf
 
+from prefixtune.clockfile import FileClock
 from prefixtune.controller.admin import AdminPolicy, engine_repositories, parse_list
 from prefixtune.controller.handlers import build_registry
 from prefixtune.controller.kube import Connection, KubeClient
@@ -58,6 +61,7 @@ class OperatorOptions:
     tick_s: float = DEFAULT_TICK_S
     kubeconfig: str | None = None
     time_scale: float = 1.0  # sandbox only: the twins' simulated seconds per wall second
+    clock_file: str | None = None  # sandbox only: its clock (``sandbox.clock``) instead of the wall clock
     ready_timeout_s: float | None = None
     priority: int = 0
     peering_lifetime_s: int | None = None  # seconds a silent peer counts as alive (kopf: 60)
@@ -99,6 +103,18 @@ def _preload() -> None:
     import skopt.space  # noqa: F401
 
 
+def operator_clock(opts: OperatorOptions) -> tuple[Callable[[], float], Meter]:
+    """The operator's clock and its Meter: the wall clock, or with ``--clock-file`` the sandbox's
+    (``sandbox.clock``), which stands still while the sandbox cannot keep up, so that its windows,
+    warm-ups and ready timeouts follow the sandbox's progress (a rollout the sandbox had no time to
+    run is not infeasible)."""
+    if opts.clock_file is None:
+        return time.time, Meter(time_scale=opts.time_scale)
+    file_clock = FileClock(opts.clock_file)
+    meter = Meter(time_scale=opts.time_scale, clock=file_clock, to_wall=file_clock.to_wall, born=file_clock())
+    return file_clock, meter
+
+
 def build_registry_with_login(opts: OperatorOptions, connection: Connection) -> kopf.OperatorRegistry:
     registry = build_registry(opts.tick_s)
 
@@ -126,9 +142,11 @@ async def run_operator(
 ) -> None:
     connection = Connection.load(opts.kubeconfig)
     install_log_redaction(connection.token)
+    clock, meter = operator_clock(opts)
     ctx = context or OperatorContext(
         client=KubeClient(connection),
-        meter=Meter(time_scale=opts.time_scale),
+        meter=meter,
+        clock=clock,
         metrics=SelfMetrics(per_resource=opts.metrics_per_resource),
         ready_timeout_s=opts.ready_timeout_s,
         admin=opts.admin,
@@ -217,6 +235,7 @@ def _parser() -> argparse.ArgumentParser:
         "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)"
     )
     p.add_argument("--time-scale", type=float, default=1.0, help=argparse.SUPPRESS)  # sandbox twins' speedup
+    p.add_argument("--clock-file", default=None, help=argparse.SUPPRESS)  # the sandbox's clock (clock.py)
     p.add_argument(
         "--ready-timeout", type=float, default=None, help="seconds a rollout may take to get ready"
     )
@@ -236,6 +255,11 @@ def options_from_args(argv: Sequence[str]) -> OperatorOptions:
         )
     if not args.time_scale > 0:
         raise SystemExit(f"prefixtune run: --time-scale must be > 0, got {args.time_scale}")
+    if args.clock_file is not None:
+        try:
+            FileClock(args.clock_file)
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"prefixtune run: --clock-file: {err}") from None
     if args.prometheus_url is not None and not re.match(
         r"^https?://[^\s/?#@]+[^\s?#@]*$", args.prometheus_url
     ):
@@ -264,6 +288,7 @@ def options_from_args(argv: Sequence[str]) -> OperatorOptions:
         tick_s=float(args.tick),
         kubeconfig=args.kubeconfig or os.environ.get("KUBECONFIG") or None,
         time_scale=float(args.time_scale),
+        clock_file=args.clock_file,
         ready_timeout_s=args.ready_timeout,
         priority=int(args.priority),
         peering_lifetime_s=args.peering_lifetime,
@@ -294,6 +319,7 @@ def operator_argv(
     tick_s: float = DEFAULT_TICK_S,
     time_scale: float = 1.0,
     ready_timeout_s: float | None = None,
+    clock_file: str | Path | None = None,
     metrics_port: int | None = None,
     namespaces: Sequence[str] = (),
     extra: Sequence[str] = (),
@@ -306,6 +332,8 @@ def operator_argv(
     argv += ["--tick", f"{tick_s:g}", "--time-scale", f"{time_scale:g}"]
     if ready_timeout_s is not None:
         argv += ["--ready-timeout", f"{ready_timeout_s:g}"]
+    if clock_file is not None:
+        argv += ["--clock-file", str(clock_file)]
     if metrics_port is not None:
         argv += ["--metrics-port", str(metrics_port)]
     return argv + list(extra)

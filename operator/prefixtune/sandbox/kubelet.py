@@ -15,7 +15,10 @@ Container lifecycle, in sandbox time (seconds divided by ``speedup``):
 
 * ``ContainerCreating`` -> running, not ready, for ``startup_delay_s`` (weights loading), then the
   twin boots and binds; the pod turns Ready when its readiness probe passes (the container's
-  ``readinessProbe.httpGet`` if any, else the engine's health path), probed every probe period.
+  ``readinessProbe.httpGet`` if any, else the engine's health path), probed every probe period, and
+  NotReady after ``failureThreshold`` (kube's default 3) failures in a row; a probe that timed out
+  while sandbox time stood still (``clock.py``: the machine was too busy) counts for nothing.
+* Delays and back-offs run on the sandbox clock, as the twins' simulated time does.
 * The container fails as the engine would: a wrong flag (the adapter's ArgsError, exit code 2, at
   once), an unknown model or GPU (exit 1), a start-up OOM (exit 1, after the start-up delay), a bad
   port (exit 1). A running twin that hits a runtime OOM answers 503 on /health (the pod goes NotReady)
@@ -40,9 +43,8 @@ import json
 import logging
 import random
 import socket
-import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -50,11 +52,14 @@ import aiohttp
 from prefixtune.engines import ArgsError, get_adapter
 from prefixtune.sandbox import controllers as ctl
 from prefixtune.sandbox import pods as podlib
+from prefixtune.sandbox.clock import SandboxClock
 from prefixtune.sandbox.faults import MetricsFaults, install_metrics_faults
 
 logger = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+PROBE_FAILURE_THRESHOLD = 3  # kube's default failureThreshold of a probe
+PROBE_TIMEOUT_S = 2.0  # wall seconds a probe may take
 WATCHED = (
     "/apis/apps/v1/deployments",
     "/apis/apps/v1/replicasets",
@@ -276,9 +281,10 @@ _OCTET_CLAIM_PORT = 65000  # on 127.S.255.1: no pod gets that address (pods get 
 class ControllerManager:
     """Runs the Deployment, ReplicaSet and Endpoints controllers until cancelled."""
 
-    def __init__(self, api: ApiClient, config: KubeletConfig) -> None:
+    def __init__(self, api: ApiClient, config: KubeletConfig, clock: SandboxClock | None = None) -> None:
         self.api = api
         self.config = config
+        self.clock = clock or SandboxClock()  # progressDeadlineSeconds runs on sandbox time
         self.wakeup = Wakeup()
         self.syncs = 0
 
@@ -296,7 +302,8 @@ class ControllerManager:
         replicasets = await self.api.list("/apis/apps/v1/replicasets")
         for deployment in deployments:
             try:
-                writes = ctl.reconcile_deployment(deployment, replicasets, time.time(), self.config.speedup)
+                now = self.clock.now()
+                writes = ctl.reconcile_deployment(deployment, replicasets, now, self.config.speedup)
             except ValueError as err:
                 logger.warning("deployment %s: %s", deployment.get("metadata", {}).get("name"), err)
                 continue
@@ -372,7 +379,7 @@ class _Exit:
     reason: str
     message: str
     started_at: str
-    finished_at: str = field(default_factory=podlib.now_iso)
+    finished_at: str = ""  # set on the sandbox clock when the exit is handled
 
 
 class PodWorker:
@@ -388,7 +395,7 @@ class PodWorker:
         self.ip = ""
         self.server: Any = None  # the running TwinServer, if any
         self.restarts = 0
-        self.start_time = podlib.now_iso()
+        self.start_time = kubelet.stamp()
         self._status: dict[str, Any] = {}
         self.injected_exit = ""  # a crash injected by Kubelet.crash: the container's exit message
 
@@ -413,6 +420,7 @@ class PodWorker:
             await self._report(podlib.ContainerState("creating"))
             while True:
                 exit_ = await self._run_container(last_exit)
+                exit_.finished_at = exit_.finished_at or self.kubelet.stamp()
                 last_exit = podlib.terminated(
                     exit_.code, exit_.reason, exit_.message, exit_.started_at, exit_.finished_at
                 )
@@ -432,7 +440,7 @@ class PodWorker:
                             "backoff", restart_count=self.restarts, message=message, last_exit=last_exit
                         )
                     )
-                    await asyncio.sleep(cfg.wall(backoff))
+                    await self.kubelet.clock.sleep(cfg.wall(backoff))
                     backoff = min(backoff * 2, cfg.backoff_max_s)
                 self.restarts += 1
         finally:
@@ -444,7 +452,7 @@ class PodWorker:
         from prefixtune.twin.serve import ServeOptions, TwinServer, oom_startup_prefix
 
         cfg = self.kubelet.config
-        started = podlib.now_iso()
+        started = self.kubelet.stamp()
         running = podlib.ContainerState(
             "running", started_at=started, restart_count=self.restarts, last_exit=last_exit
         )
@@ -465,7 +473,7 @@ class PodWorker:
             # merge of kv_cache_config, a page size a backend forces); its metrics report what it runs.
             parsed = replace(parsed, config=parsed.config.with_(**self.kubelet.knob_overrides))
         await self._report(running)
-        await asyncio.sleep(cfg.wall(cfg.startup_delay_s))
+        await self.kubelet.clock.sleep(cfg.wall(cfg.startup_delay_s))
         try:
             server = TwinServer(
                 plan.engine,
@@ -481,6 +489,7 @@ class PodWorker:
                     pod=self.name,
                     namespace=self.namespace,
                     engine_version=adapter.version_of(self.image) if self.image else None,
+                    clock=self.kubelet.clock.now,
                 ),
             )
         except StartupOOM as err:
@@ -509,13 +518,19 @@ class PodWorker:
     async def _probe_until_exit(self, server: Any, running: podlib.ContainerState, engine: str) -> None:
         """Probe readiness every period until the twin's process exits (after a runtime OOM)."""
         cfg = self.kubelet.config
-        path, period = _readiness(self.pod, get_adapter(engine).health_path, cfg.probe_period_s)
+        path, period, threshold = _readiness(self.pod, get_adapter(engine).health_path, cfg.probe_period_s)
         url = f"{server.url}{path}"
         ready = False
+        failures = 0
         exited = asyncio.ensure_future(server.exited.wait())
         try:
             while not exited.done():
-                ok = await self.kubelet.probe(url)
+                answer = await self.kubelet.probe(url)
+                if answer is not None:  # None: timed out while the sandbox itself stood still
+                    failures = 0 if answer else failures + 1
+                # As the kubelet: Ready on one success, NotReady after failureThreshold failures in a
+                # row (one probe that timed out while the machine was busy is not a dead engine).
+                ok = failures == 0 if not ready else failures < threshold
                 if ok != ready:
                     ready = ok
                     await self._report(
@@ -547,18 +562,21 @@ class PodWorker:
             host_ip="127.0.0.1",
             start_time=self.start_time,
             previous=self._status,
+            now=self.kubelet.stamp(),
         )
         self._status = status
         await self.kubelet.api.patch(f"{self.path}/status", {"status": status})
 
 
-def _readiness(pod: Mapping[str, Any], default_path: str, default_period: float) -> tuple[str, float]:
+def _readiness(pod: Mapping[str, Any], default_path: str, default_period: float) -> tuple[str, float, int]:
+    """The readiness probe's path, period and failureThreshold (kube's defaults: 10 s, 3)."""
     for container in pod.get("spec", {}).get("containers") or ():
         probe = container.get("readinessProbe") or {}
         http = probe.get("httpGet")
         if http:
-            return str(http.get("path", "/")), float(probe.get("periodSeconds", 10))
-    return default_path, default_period
+            threshold = max(1, int(probe.get("failureThreshold", PROBE_FAILURE_THRESHOLD)))
+            return str(http.get("path", "/")), float(probe.get("periodSeconds", 10)), threshold
+    return default_path, default_period, PROBE_FAILURE_THRESHOLD
 
 
 def _seconds_between(start: str, end: str) -> float:
@@ -574,9 +592,10 @@ def _seconds_between(start: str, end: str) -> float:
 class Kubelet:
     """Runs the pods of the sandbox node as live twins (see the module docstring)."""
 
-    def __init__(self, api: ApiClient, config: KubeletConfig) -> None:
+    def __init__(self, api: ApiClient, config: KubeletConfig, clock: SandboxClock | None = None) -> None:
         self.api = api
         self.config = config
+        self.clock = clock or SandboxClock()  # start-up delays, back-offs and the twins' time
         rng = random.Random(config.seed)
         self.addresses = AddressPool.claim(config.ip_octet)
         self._seed = rng.randrange(2**31)
@@ -607,6 +626,12 @@ class Kubelet:
             return True
         return False
 
+    def stamp(self) -> str:
+        """Now on the sandbox clock, as Kubernetes writes times: the pods' start and transition
+        times must compare with the operator's clock (``--clock-file``), not with the wall clock,
+        which runs ahead of sandbox time by the stalls dropped from it."""
+        return podlib.now_iso(self.clock.now())
+
     def seed_for(self, uid: str, restarts: int) -> int:
         digest = hashlib.sha256(f"{self._seed}/{uid}/{restarts}".encode()).digest()
         return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
@@ -615,13 +640,18 @@ class Kubelet:
         items = await self.api.list(f"/api/v1/namespaces/{namespace}/configmaps")
         return {str(cm["metadata"]["name"]): dict(cm.get("data") or {}) for cm in items}
 
-    async def probe(self, url: str) -> bool:
+    async def probe(self, url: str) -> bool | None:
+        """Whether the probe passed; None when it timed out while sandbox time stood still (the
+        machine was too busy for this process to run, the engine's answer says nothing)."""
         if self._probe_session is None:
-            self._probe_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+            self._probe_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S))
+        began = self.clock.now()
         try:
             async with self._probe_session.get(url) as resp:
                 return 200 <= resp.status < 400
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except TimeoutError:
+            return None if self.clock.now() - began < PROBE_TIMEOUT_S else False
+        except (aiohttp.ClientError, OSError):
             return False
 
     async def register_node(self) -> None:
@@ -639,7 +669,7 @@ class Kubelet:
                     "type": "Ready",
                     "status": "True",
                     "reason": "KubeletReady",
-                    "lastHeartbeatTime": podlib.now_iso(),
+                    "lastHeartbeatTime": self.stamp(),
                 }
             ],
             "addresses": [

@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 
 from prefixtune.sandbox import controllers as ctl
+from prefixtune.sandbox.clock import SandboxClock
 from prefixtune.sandbox.kubelet import ApiClient, ApiStatusError, Wakeup, stop_task
 from prefixtune.twin.loadgen import Record, completion_body
 from prefixtune.twin.openai_api import error_message
@@ -151,6 +152,7 @@ class ServiceLoad:
         seed: int,
         window_s: float = 600.0,
         max_in_flight: int = 256,
+        clock: SandboxClock | None = None,
     ) -> None:
         self.api = api
         self.session = session
@@ -161,6 +163,9 @@ class ServiceLoad:
         self.seed = _seed_for(seed, namespace, name)
         self.window_s = window_s
         self.max_in_flight = max_in_flight
+        # Arrivals are due on the sandbox's clock: when the loop stalls the schedule waits with it
+        # (no burst of late requests), as the twins' simulated time does.
+        self.clock = clock or SandboxClock()
         self.targets: list[str] = []
         self.stats = LoadStats()
         self.error = ""
@@ -185,7 +190,8 @@ class ServiceLoad:
         )
 
     async def run(self) -> None:
-        t0 = time.monotonic()
+        clock = self.clock
+        t0 = clock.now()
         try:
             index = 0
             while True:
@@ -199,10 +205,8 @@ class ServiceLoad:
                 for req in sorted(requests, key=lambda r: (r.arrival_s, r.req_id)):
                     if req.arrival_s >= self.window_s:
                         continue  # turns past the window: the next window has its own sessions
-                    due = (offset + req.arrival_s) / self.speedup
-                    delay = due - (time.monotonic() - t0)
-                    if delay > 0:
-                        await asyncio.sleep(delay)
+                    due = t0 + (offset + req.arrival_s) / self.speedup
+                    await clock.sleep_until(due)
                     self._send(req)
                 index += 1
         finally:
@@ -272,8 +276,17 @@ def _default_rate(workload: str) -> float:
 class LoadManager:
     """Starts, updates and stops one ``ServiceLoad`` per Service with a declared workload."""
 
-    def __init__(self, api: ApiClient, *, speedup: float, seed: int = 0, resync_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        api: ApiClient,
+        *,
+        speedup: float,
+        seed: int = 0,
+        resync_s: float = 1.0,
+        clock: SandboxClock | None = None,
+    ) -> None:
         self.api = api
+        self.clock = clock or SandboxClock()
         self.speedup = speedup
         self.seed = seed
         self.resync_s = resync_s
@@ -328,7 +341,14 @@ class LoadManager:
                 current = None
             if current is None:
                 load = ServiceLoad(
-                    self.api, self._session, key[0], key[1], declared, speedup=self.speedup, seed=self.seed
+                    self.api,
+                    self._session,
+                    key[0],
+                    key[1],
+                    declared,
+                    speedup=self.speedup,
+                    seed=self.seed,
+                    clock=self.clock,
                 )
                 await load.refresh_targets()
                 task = asyncio.get_running_loop().create_task(load.run(), name=f"load {key[0]}/{key[1]}")

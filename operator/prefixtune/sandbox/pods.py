@@ -67,8 +67,14 @@ class LaunchPlan:
     port: int = 0  # the port the engine's args bind (the adapter's default when the args set none)
 
 
-def now_iso() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now_iso(at: float | None = None) -> str:
+    """``at`` (epoch seconds; the sandbox's clock in the kubelet) or now, as Kubernetes writes times."""
+    when = (
+        datetime.datetime.now(tz=datetime.UTC)
+        if at is None
+        else datetime.datetime.fromtimestamp(at, datetime.UTC)
+    )
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def container_argv(container: Mapping[str, Any]) -> tuple[str, ...]:

@@ -8,6 +8,8 @@
         sb.emulator     # the RealisticEmulator (assert on stored objects in tests)
         sb.kubelet.pod_url("default", "my-pod-abcde")   # a running pod's engine URL
         sb.prometheus_url   # a real Prometheus scraping the pods, or None (direct scraping)
+        sb.clock            # sandbox time (``clock.py``): stands still while the loop is stalled
+        sb.clock_file       # that clock for the operator: ``prefixtune run --clock-file``
 
 Everything runs in the current event loop as tasks; leaving the block stops them all (twins first,
 then Prometheus, then the API server). ``prefixtune sandbox up`` (``cli.py``) runs the same in the
@@ -27,6 +29,8 @@ from typing import Any, Literal
 
 import aiohttp
 
+from prefixtune.clockfile import ClockFile
+from prefixtune.sandbox.clock import SandboxClock, run_pacer
 from prefixtune.sandbox.emulator import RealisticEmulator, serve_emulator, write_kubeconfig
 from prefixtune.sandbox.faults import ApiFaults, MetricsFaults
 from prefixtune.sandbox.kubelet import (
@@ -62,6 +66,18 @@ class Sandbox:
     load: LoadManager | None
     prometheus: PrometheusRunner | None
     prometheus_note: str
+    clock: SandboxClock
+    clock_file: Path
+
+    def pace(self) -> dict[str, float]:
+        """How well the sandbox kept up: sandbox seconds per wall second since the start, the wall
+        seconds dropped from sandbox time while its loop was stalled, and the worst stall."""
+        c = self.clock
+        return {
+            "pace": round(c.pace(), 3),
+            "lost_s": round(c.lost_s, 2),
+            "worst_stall_s": round(c.worst_stall_s, 2),
+        }
 
     @property
     def prometheus_url(self) -> str | None:
@@ -180,11 +196,12 @@ async def sandbox(
     run_prometheus, note = resolve_prometheus(prometheus)
     cfg = replace(config or KubeletConfig(), speedup=float(speedup), seed=seed)
     with contextlib.ExitStack() as files:
-        if kubeconfig is None:
-            tmp = files.enter_context(tempfile.TemporaryDirectory(prefix="prefixtune-sandbox-"))
-            kubeconfig_path = Path(tmp) / "kubeconfig"
-        else:
-            kubeconfig_path = Path(kubeconfig)
+        tmp = files.enter_context(tempfile.TemporaryDirectory(prefix="prefixtune-sandbox-"))
+        kubeconfig_path = Path(tmp) / "kubeconfig" if kubeconfig is None else Path(kubeconfig)
+        clock = SandboxClock()
+        clock_file = ClockFile(Path(tmp) / "clock")
+        files.callback(clock_file.close)
+        clock_file.write(clock.tick())
         emulator = SandboxEmulator(seed=seed, faults=api_faults)
         async with serve_emulator(port=port, host=host, emulator=emulator) as (emulator, url):
             write_kubeconfig(kubeconfig_path, url, namespace)
@@ -195,12 +212,12 @@ async def sandbox(
             try:
                 for crd in crds or ():
                     await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-                controllers = ControllerManager(api, cfg)
-                kubelet = Kubelet(api, cfg)
+                controllers = ControllerManager(api, cfg, clock)
+                kubelet = Kubelet(api, cfg, clock)
                 files.callback(kubelet.close)  # its address octet is claimed until the sandbox ends
                 kubelet.metrics_faults = metrics_faults
                 kubelet.knob_overrides = dict(knob_overrides or {})
-                loads = LoadManager(api, speedup=cfg.speedup, seed=seed) if load else None
+                loads = LoadManager(api, speedup=cfg.speedup, seed=seed, clock=clock) if load else None
                 wakeups = [controllers.wakeup, kubelet.wakeup]
                 if run_prometheus:
                     runner = PrometheusRunner(
@@ -216,6 +233,7 @@ async def sandbox(
                         asyncio.create_task(_prometheus_sync(api, runner, prom_wakeup, cfg.resync_s))
                     )
                 loop = asyncio.get_running_loop()
+                tasks.insert(0, loop.create_task(run_pacer(clock, clock_file), name="sandbox clock"))
                 tasks.append(loop.create_task(run_watches(api, wakeups), name="sandbox watches"))
                 tasks.append(loop.create_task(controllers.run(), name="sandbox controllers"))
                 tasks.append(loop.create_task(kubelet.run(), name="sandbox kubelet"))
@@ -236,6 +254,8 @@ async def sandbox(
                     load=loads,
                     prometheus=runner,
                     prometheus_note=note,
+                    clock=clock,
+                    clock_file=clock_file.path,
                 )
             finally:
                 # One at a time, newest first: the load (no requests into dying twins), then the
@@ -252,7 +272,9 @@ def usage_text(sb: Sandbox) -> str:
     lines = [
         f"prefixtune sandbox: API server at {sb.url}",
         f"  kubeconfig: {kc}",
-        f"  speedup: {sb.config.speedup:g}x (sandbox seconds per wall second)",
+        f"  speedup: {sb.config.speedup:g}x (simulated seconds per sandbox second; sandbox time stands",
+        "    still while the machine is too busy to keep up: see clock.py)",
+        f"  clock: {sb.clock_file} (the operator's --clock-file)",
         f"  {sb.prometheus_note}",
     ]
     if sb.prometheus_url:
@@ -265,6 +287,8 @@ def usage_text(sb: Sandbox) -> str:
         f"  kubectl --kubeconfig {kc} apply --validate=false -f examples/vllm-rag.yaml",
         f"  kubectl --kubeconfig {kc} get deployments,pods,endpoints -o wide",
         f"  KUBECONFIG={kc} <the operator>   # kopf's default login reads the kubeconfig",
+        f"  prefixtune run -A --standalone --kubeconfig {kc} --time-scale {sb.config.speedup:g} \\",
+        f"      --clock-file {sb.clock_file}   # windows and timeouts on the sandbox's clock",
         "",
         "kubectl needs --validate=false (no OpenAPI); scale, diff and server-side apply are not",
         "emulated. Ctrl-C stops everything.",

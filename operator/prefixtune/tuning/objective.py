@@ -51,6 +51,8 @@ class Goal:
 
     name: str
     negative: bool = False  # scores are negative seconds (-0.5 beats -0.8)
+    # Paired canary/baseline scores of this rate compare per request each side served (see paired).
+    per_request: bool = False
 
     @property
     def per_pod(self) -> bool:
@@ -95,7 +97,7 @@ class Goal:
 
 
 GOALS: dict[str, Goal] = {
-    "goodput": Goal("goodput"),
+    "goodput": Goal("goodput", per_request=True),
     "throughput": Goal("throughput"),
     "ttft": Goal("ttft", negative=True),
 }
@@ -240,6 +242,15 @@ def paired(
 
     Throughput-like scores are divided by the pod count of each side (traffic is split by pod);
     the TTFT score is per request already. Each side must have at least ``min_requests``.
+
+    Goodput compares per request served: a Service splits requests between the pods at random
+    (kube-proxy), so one side is sent more than its pods' share by chance (82 against 56 requests in
+    one 20 s window of two equal pods), and goodput, the SLO-meeting tokens of the requests a side
+    got, follows the split rather than the config. The per-pod ratio is divided by the sides'
+    requests-per-pod ratio, the same first-order correction as ``load_normalized`` and within the same
+    bounds (a side that finished under half its share is not corrected further: a saturated config's
+    requests queue, and their TTFT fails the SLO, so its goodput shows it). Throughput keeps the
+    per-pod ratio: at saturation the requests a pod finishes are its config's.
     """
     if canary_pods < 1 or baseline_pods < 1:
         raise ValueError("canary_pods and baseline_pods must be >= 1")
@@ -252,6 +263,9 @@ def paired(
     g = goal(objective)
     if g.per_pod:
         ratio = g.ratio(c.value / canary_pods, b.value / baseline_pods)
+        if g.per_request and math.isfinite(ratio) and c.requests > 0 and b.requests > 0:
+            split = (c.requests / canary_pods) / (b.requests / baseline_pods)
+            ratio /= min(max(split, LOAD_FACTOR_BOUNDS[0]), LOAD_FACTOR_BOUNDS[1])
     else:
         ratio = g.ratio(c.value, b.value)
     return Paired(ratio=float(ratio), canary=c, baseline=b)

@@ -63,7 +63,7 @@ import sys
 import time
 from array import array
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,7 +180,7 @@ class _ServeObserver(NullObserver):
 class ServeOptions:
     """How a twin is served: where it binds, how fast simulated time runs, its seed, how long a dead
     engine takes to exit, the DCGM exporter's port and path and its pod labels, and the engine
-    release whose metrics it serves (None: the adapter's)."""
+    release whose metrics it serves (None: the adapter's), and the clock wall seconds come from."""
 
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port
@@ -192,6 +192,8 @@ class ServeOptions:
     pod: str = ""
     namespace: str = ""
     engine_version: str | None = None
+    # Wall seconds (the sandbox's clock stands still while its event loop is stalled)
+    clock: Callable[[], float] = time.monotonic
 
 
 class TwinServer:
@@ -207,6 +209,9 @@ class TwinServer:
         if not speedup > 0:
             raise ValueError(f"--speedup must be > 0; got {speedup}")
         self.options = o
+        # Wall seconds; the sandbox passes its clock, which stands still while its loop is stalled
+        # (``sandbox.clock``), so that simulated time follows what the machine keeps up with.
+        self.clock = o.clock
         self.adapter = get_adapter(engine)
         self.engine_name = self.adapter.name
         self.twin = twin_model(self.engine_name)
@@ -258,7 +263,7 @@ class TwinServer:
 
     # --- time ------------------------------------------------------------------------------------
     def sim_now(self) -> float:
-        return (time.monotonic() - self._t0) * self.speedup
+        return (self.clock() - self._t0) * self.speedup
 
     def catch_up(self) -> None:
         """Advance the engine to the current simulated time, and answer what is due by then.
@@ -351,7 +356,7 @@ class TwinServer:
         app.router.add_get(self.adapter.metrics_path, self._metrics)
         if self.twin.iteration_stats_path is not None:
             app.router.add_get(self.twin.iteration_stats_path, self._iteration_stats)
-        self._t0 = time.monotonic()
+        self._t0 = self.clock()
         self.url = await self._bind(app, self.port)
         if self.dcgm_port is not None:
             dapp = web.Application()
