@@ -220,7 +220,8 @@ class TwinEnv:
         self.sim_seconds = 0.0
 
     def run(self, config: KnobConfig, warmup_s: float, measure_s: float, seed: int) -> TrialRun:
-        from prefixtune.twin.run import simulate
+        from prefixtune.twin.run import SimOptions, simulate
+        from prefixtune.twin.summary import GoodputSlo
         from prefixtune.twin.workloads import generate, parse_workload
 
         sc = self.scenario
@@ -228,10 +229,9 @@ class TwinEnv:
         horizon = warmup_s + measure_s
         requests = generate(workload, rate=sc.rate, duration_s=horizon, seed=seed % (2**31))
         cmd = self.adapter.render(sc.model, config)
-        summary = simulate(
-            sc.engine, cmd.argv, sc.gpu, requests, seed=seed % (2**31), slo_ttft_s=sc.slo.ttft_p99_s,
-            slo_itl_s=sc.slo.itl_p99_s, warmup_s=warmup_s, horizon_s=horizon, files=cmd.files,
-        )  # fmt: skip
+        slo = GoodputSlo(ttft_s=sc.slo.ttft_p99_s, itl_s=sc.slo.itl_p99_s)
+        run = SimOptions(seed=seed % (2**31), slo=slo, warmup_s=warmup_s, horizon_s=horizon, files=cmd.files)
+        summary = simulate(sc.engine, cmd.argv, sc.gpu, requests, run)
         self.sim_seconds += horizon
         if summary.status != "ok":
             return TrialRun(summary.status)  # type: ignore[arg-type]

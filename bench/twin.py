@@ -28,7 +28,7 @@ from typing import Any
 
 from prefixtune.twin.cache import native_pool_status
 from prefixtune.twin.request import Request
-from prefixtune.twin.run import simulate
+from prefixtune.twin.run import SimOptions, simulate
 
 M8 = "meta-llama/Llama-3.1-8B-Instruct"
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -134,7 +134,7 @@ def run_case(case: Case, duration: float, seed: int) -> dict[str, Any]:
     reqs = case.make(duration, seed)
     gen_s = time.perf_counter() - t0
     c0, w0 = time.process_time(), time.perf_counter()
-    s = simulate(case.engine, list(case.argv), case.gpu, reqs, model=case.model, seed=seed)
+    s = simulate(case.engine, list(case.argv), case.gpu, reqs, SimOptions(model=case.model, seed=seed))
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     share = cpu_share(cpu, wall)
     return {

@@ -36,7 +36,8 @@ from prefixtune.sandbox.up import Sandbox, SandboxOptions, sandbox
 from prefixtune.sandbox.waiting import tuning_progress, wait_until
 from prefixtune.tuning.phases import WINDOW_STEPS, Phase, Step
 from prefixtune.tuning.state import PolicyState
-from prefixtune.twin.run import simulate
+from prefixtune.twin.run import SimOptions, simulate
+from prefixtune.twin.summary import GoodputSlo
 from prefixtune.twin.workloads import generate
 
 SPEEDUP = 10.0
@@ -187,10 +188,8 @@ def ground_truth(
     adapter = get_adapter(engine)
     rendered = adapter.render(MODEL, config)
     requests = generate(workload, rate=rate, duration_s=600, seed=11)
-    summary = simulate(
-        engine, rendered.argv, "H100-80GB", requests, slo_ttft_s=slo_ttft_s, slo_itl_s=0.1, warmup_s=60,
-        files=rendered.files,
-    )  # fmt: skip
+    options = SimOptions(slo=GoodputSlo(ttft_s=slo_ttft_s, itl_s=0.1), warmup_s=60, files=rendered.files)
+    summary = simulate(engine, rendered.argv, "H100-80GB", requests, options)
     assert summary.status == "ok", summary.error
     if objective == "ttft":
         return -float(summary.ttft_p99_s)

@@ -1,14 +1,22 @@
-"""A fourth engine, in the tests only: one adapter (its knobs with their bindings, flags, metrics) and
-one registry line. It passes the same round trips as the real three without any other source file
-knowing it: render -> parse -> render, the knob loops, the registry's lookups and command detection."""
+"""A fourth engine, in the tests only: one adapter (its knobs with their bindings, flags, metrics), one
+twin model (memory plan, scheduler defaults and policy names, costs, cache, metric table, serving
+quirks) and one registry line each. It passes the same round trips as the real three without any
+other source file knowing it: render -> parse -> render, the knob loops, the registry's lookups and
+command detection; and the twin runs it: ``simulate`` boots it from its own command line (the pool
+from its memory split, the roofline from its overheads, the queue order from its policy alias), its
+exporter serves its own series, its cache replays, and its errors take its shape. So what proves the
+twin has one home per engine: nothing in ``prefixtune.twin`` names this engine, yet it runs, and it
+is unknown again once its twin model is unregistered."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from typing import ClassVar
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import Counter, Gauge
 
 from prefixtune.engines import registry
 from prefixtune.engines._argv import (
@@ -46,6 +54,17 @@ from prefixtune.engines.base import (
     ParsedCommand,
     RenderedCommand,
 )
+from prefixtune.twin import models
+from prefixtune.twin.cache import KVCache, Match, VllmCache
+from prefixtune.twin.catalog import GpuSpec
+from prefixtune.twin.exporter import EngineExporter, EngineMetrics
+from prefixtune.twin.memory import MemoryStart, StartupOOM
+from prefixtune.twin.models import SchedulerDefaults, TwinModel
+from prefixtune.twin.openai_api import error_body
+from prefixtune.twin.replay import replay_cache
+from prefixtune.twin.request import Request
+from prefixtune.twin.run import SimOptions, simulate
+from prefixtune.twin.workloads import generate
 
 STUB = "stubserve"
 _METRICS = MetricNames(
@@ -79,7 +98,7 @@ class StubAdapter(AdapterBase):
             Flag("mem", ("--mem",), role=Role.OWNED, convert=to_float()),
             Flag("page", ("--page",), role=Role.OWNED, convert=to_int()),
             Flag("cache", ("--cache",), Kind.NEGATABLE, Role.OWNED, negations=("--no-cache",)),
-            Flag("order", ("--order",), role=Role.OWNED, convert=to_choice(("fifo", "short"))),
+            Flag("order", ("--order",), role=Role.OWNED, convert=to_choice(("fifo", "longest-output"))),
             Flag("batch", ("--batch",), convert=to_int(1)),
         ]
     )
@@ -97,7 +116,7 @@ class StubAdapter(AdapterBase):
             Binding(dest="cache", render=switch("--cache", "--no-cache")),
         ),
         KnobSpec(
-            name=SCHEDULE_POLICY, default="fifo", choices=("fifo", "short"), flag="--order",
+            name=SCHEDULE_POLICY, default="fifo", choices=("fifo", "longest-output"), flag="--order",
             binding=Binding(dest="order", render=flag_value("--order")),
         ),
     )  # fmt: skip
@@ -119,12 +138,58 @@ class StubAdapter(AdapterBase):
         return read_labels(first_labels(samples, _METRICS.config_info) or {}, self.knob_labels())
 
 
+class StubMetrics(EngineMetrics):
+    """The stub's metric table: a running gauge and token counters under its own names."""
+
+    def __init__(self, exporter: EngineExporter) -> None:
+        super().__init__(exporter)
+        Gauge(_METRICS.requests_running, "running", registry=self.registry).set_function(
+            exporter.gauge_value("running")
+        )
+        self.queries = Counter(_METRICS.hit_denominator, "queried tokens", registry=self.registry)
+        self.hits = Counter(_METRICS.hit_numerator, "cached tokens", registry=self.registry)
+
+    def on_admitted(self, req: Request, match: Match, now: float, first: bool) -> None:
+        if first:
+            self.queries.inc(req.prompt_len)
+            self.hits.inc(match.hit_tokens)
+
+
+class StubTwin(TwinModel):
+    """``stub-serve`` as the twin models it: a fixed memory split, vLLM's block pool, fcfs / lof."""
+
+    name = STUB
+    step_overhead_s = 2e-3
+    seq_overhead_s = 1e-5
+    policy_aliases: ClassVar[Mapping[str, str]] = {"fifo": "fcfs", "longest-output": "lof"}
+    owned_by = "stub"
+    oom_startup_prefix = "StubOOM"
+    error_envelope = True
+    metrics = StubMetrics
+
+    def scheduler_defaults(self, gpu: GpuSpec) -> SchedulerDefaults:
+        return SchedulerDefaults(max_running=64, max_batched_tokens=4096, chunked_prefill=True)
+
+    def memory_split(self, start: MemoryStart) -> tuple[float, float]:
+        left = start.free_at_start - start.weights - start.profile - start.graphs
+        if left <= 0:
+            raise StartupOOM(f"stub: no memory for KV on {start.gpu_name}")
+        return start.fraction * left, start.profile + (1.0 - start.fraction) * left
+
+    def make_cache(
+        self, num_blocks: int, block_size: int, prefix_caching: bool, options: Mapping[str, object]
+    ) -> KVCache:
+        return VllmCache(num_blocks, block_size, prefix_caching)
+
+
 @pytest.fixture(autouse=True)
 def stub_engine() -> Iterator[StubAdapter]:
     adapter = StubAdapter()
     registry.register(adapter)  # the one registry line
+    models.register(StubTwin())  # and the twin's
     yield adapter
     registry.unregister(STUB)
+    models.unregister(STUB)
 
 
 def _values(spec: KnobSpec) -> st.SearchStrategy[object]:
@@ -169,11 +234,13 @@ def test_a_fourth_engine_round_trips_render_parse_render(
 
 def test_a_fourth_engine_renders_each_knob_through_its_binding() -> None:
     adapter = registry.get_adapter(STUB)
-    config = KnobConfig(memory_fraction=0.5, block_size=16, prefix_caching=False, schedule_policy="short")
+    config = KnobConfig(
+        memory_fraction=0.5, block_size=16, prefix_caching=False, schedule_policy="longest-output"
+    )
     rendered = adapter.render("m", config)
     assert rendered.argv == (
         "stub-serve", "m", "--host", "0.0.0.0", "--port", "9000", "--tp", "1",
-        "--mem", "0.5", "--page", "16", "--no-cache", "--order", "short",
+        "--mem", "0.5", "--page", "16", "--no-cache", "--order", "longest-output",
     )  # fmt: skip
 
 
@@ -198,3 +265,69 @@ def test_without_its_registry_line_the_fourth_engine_is_unknown() -> None:
     registry.unregister(STUB)
     with pytest.raises(ValueError, match="unknown engine 'stubserve'; known engines: vllm, sglang, trtllm"):
         registry.get_adapter(STUB)
+
+
+M8 = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def _stub_run(config: KnobConfig, seed: int = 1) -> dict[str, object]:
+    adapter = registry.get_adapter(STUB)
+    cmd = adapter.render(M8, config, ("--batch", "32"))
+    requests = generate("chatbot", rate=4.0, duration_s=60.0, seed=seed)
+    summary = simulate(STUB, cmd.argv, "H100-80GB", requests, SimOptions(seed=seed, warmup_s=10.0))
+    return summary.without_wall()
+
+
+def test_the_twin_runs_a_fourth_engine_from_its_own_model() -> None:
+    base = KnobConfig(memory_fraction=0.8, block_size=16, prefix_caching=True, schedule_policy="fifo")
+    run = _stub_run(base)
+    assert run["status"] == "ok" and run["finished"] > 100
+    setup = run["setup"]
+    assert isinstance(setup, dict) and setup["engine"] == STUB
+    assert setup["cost_source"] == "roofline"  # no fitted data for it: the model's overheads
+    assert 0.0 < run["hit_rate"] < 1.0  # the chatbot's shared prefixes hit its (vLLM) block pool
+    assert run["max_running"] <= 32  # --batch: the engine-neutral max_running option
+    # its memory split: a larger fraction, a larger pool; the cache off, no hits
+    bigger = _stub_run(base.with_(memory_fraction=0.95))
+    assert bigger["kv_pool_tokens"] > run["kv_pool_tokens"]
+    assert _stub_run(base.with_(prefix_caching=False))["hit_rate"] == 0.0
+    # its own policy name maps onto the twin's longest-output-first order: another schedule
+    assert _stub_run(base.with_(schedule_policy="longest-output")) != run
+
+
+def test_a_fourth_engine_exports_its_own_series_replays_and_errs_in_its_shape() -> None:
+    from prefixtune.twin.engine import TwinEngine
+    from prefixtune.twin.run import parse_command
+
+    parsed = parse_command(STUB, [], model=M8)
+    exporter = EngineExporter(STUB, M8, parsed=parsed, start_time=0.0)
+    engine = TwinEngine(parsed, "H100-80GB", 0, exporter)
+    exporter.bind(engine.gauges)
+    for req in generate("chatbot", rate=4.0, duration_s=20.0, seed=2):
+        engine.submit(req)
+    engine.advance(10.0)
+    text = exporter.render().decode()
+    assert f"{_METRICS.requests_running} " in text and f"{_METRICS.hit_denominator} " in text
+    assert "vllm:" not in text and "sglang:" not in text and "trtllm_" not in text
+    replay = replay_cache(STUB, generate("rag", seed=5, duration_s=30.0), 100_000, 16)
+    assert replay["engine"] == STUB and replay["requests"] > 0
+    assert error_body(STUB, "bad", 400) == {
+        "error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}
+    }
+
+
+def test_without_its_twin_model_the_twin_does_not_know_the_fourth_engine() -> None:
+    models.unregister(STUB)
+    base = KnobConfig(memory_fraction=0.8, block_size=16, prefix_caching=True, schedule_policy="fifo")
+    with pytest.raises(ValueError, match="unknown engine 'stubserve'; known engines: vllm, sglang, trtllm"):
+        _stub_run(base)
+
+
+def test_the_twin_commands_take_the_fourth_engine() -> None:
+    import argparse
+
+    from prefixtune.twin.cliargs import add_target_args
+
+    parser = argparse.ArgumentParser()
+    add_target_args(parser, model_required=False, tp_default=None)
+    assert parser.parse_args(["--engine", STUB, "--gpu", "H100"]).engine == STUB

@@ -23,7 +23,7 @@ from prefixtune.metrics.twin_signals import signals_from_summary
 from prefixtune.twin.engine import TwinEngine
 from prefixtune.twin.exporter import EngineExporter
 from prefixtune.twin.observer import NullObserver
-from prefixtune.twin.run import parse_command, simulate
+from prefixtune.twin.run import SimOptions, parse_command, simulate
 from prefixtune.twin.summary import Summary
 from prefixtune.twin.workloads import ArrivalSpec, Dist, PrefixPool, WorkloadSpec, generate
 
@@ -44,7 +44,7 @@ def measure(
 ) -> tuple[Summary, Signals]:
     reqs = generate(workload, rate=rate, duration_s=horizon_s, seed=seed)
     summary = simulate(
-        "vllm", list(argv), GPU, reqs, model=M8, seed=seed, warmup_s=warmup_s, horizon_s=horizon_s
+        "vllm", list(argv), GPU, reqs, SimOptions(model=M8, seed=seed, warmup_s=warmup_s, horizon_s=horizon_s)
     )
     assert summary.status == "ok", summary.error
     eng = TwinEngine(parse_command("vllm", list(argv), model=M8), GPU, seed, NullObserver())

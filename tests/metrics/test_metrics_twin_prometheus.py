@@ -334,7 +334,7 @@ class ThreadedTwin:
         asyncio.run(self._main())
 
     async def _main(self) -> None:
-        from prefixtune.twin.serve import make_server
+        from prefixtune.twin.serve import ServeOptions, make_server
 
         clock = SandboxClock()
         pacer = asyncio.create_task(run_pacer(clock))
@@ -345,12 +345,9 @@ class ThreadedTwin:
                 MODEL,
                 "H100",
                 [],
-                speedup=SPEEDUP,
-                seed=self.seed,
-                dcgm_port=0,
-                pod=pod,
-                namespace="ns",
-                clock=clock.now,
+                ServeOptions(
+                    speedup=SPEEDUP, seed=self.seed, dcgm_port=0, pod=pod, namespace="ns", clock=clock.now
+                ),
             )
             server.engine.observer = FanOut([self.recorder, server.engine.observer])
             render = server._metrics

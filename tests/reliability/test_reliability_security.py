@@ -323,8 +323,7 @@ def _parser_default(parser: argparse.ArgumentParser, dest: str) -> object:
 def test_twin_and_sandbox_servers_default_to_loopback() -> None:
     defaults = {
         "twin serve --host": _parser_default(twin_serve._parser(), "host"),
-        "TwinServer(host)": _default(twin_serve.TwinServer.__init__, "host"),
-        "twin serving(host)": _default(twin_serve.serving, "host"),
+        "twin ServeOptions(host)": twin_serve.ServeOptions().host,
         "sandbox up --host": _parser_default(sandbox_cli._parser(), "host"),
         "SandboxOptions(host)": _default(up.SandboxOptions, "host"),
         "serve_emulator(host)": _default(emulator.serve_emulator, "host"),

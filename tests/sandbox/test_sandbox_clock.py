@@ -22,7 +22,7 @@ from prefixtune.sandbox.clock import SandboxClock
 from prefixtune.sandbox.kubelet import PROBE_FAILURE_THRESHOLD, Kubelet, KubeletConfig, _readiness
 from prefixtune.sandbox.load import Declared, ServiceLoad
 from prefixtune.sandbox.waiting import wait_until
-from prefixtune.twin.serve import make_server
+from prefixtune.twin.serve import ServeOptions, make_server
 
 
 class Mono:
@@ -163,7 +163,9 @@ async def test_the_load_sends_no_burst_after_a_stall() -> None:
 
 async def test_the_twin_simulates_on_the_sandbox_clock() -> None:
     clock, mono = frozen()
-    server = make_server("vllm", "meta-llama/Llama-3.1-8B-Instruct", "H100", speedup=10.0, clock=clock.now)
+    server = make_server(
+        "vllm", "meta-llama/Llama-3.1-8B-Instruct", "H100", (), ServeOptions(speedup=10.0, clock=clock.now)
+    )
     await server.start()
     try:
         await asyncio.sleep(0.1)  # wall time passes; the sandbox's does not

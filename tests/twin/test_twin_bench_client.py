@@ -13,7 +13,7 @@ import aiohttp
 from bench import client
 from prefixtune.engines import get_adapter
 from prefixtune.metrics.exposition import parse
-from prefixtune.twin.serve import serving
+from prefixtune.twin.serve import ServeOptions, serving
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -21,7 +21,10 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 async def test_twin_window_matches_the_responses_usage() -> None:
     adapter = get_adapter("sglang")
     system = {"role": "system", "content": "Shared instructions. " * 80}
-    async with serving("sglang", MODEL, "H100-80GB", speedup=200.0) as url, aiohttp.ClientSession() as http:
+    async with (
+        serving("sglang", MODEL, "H100-80GB", (), ServeOptions(speedup=200.0)) as url,
+        aiohttp.ClientSession() as http,
+    ):
 
         async def scrape() -> object:
             async with http.get(url + adapter.metrics_path) as resp:

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prefixtune.twin.chat import Message, answer, parse_messages, render_chat, text_tokens
 from prefixtune.twin.openai_api import error_message
-from prefixtune.twin.serve import CHAT_ANSWER_TOKENS, make_server, serving
+from prefixtune.twin.serve import CHAT_ANSWER_TOKENS, ServeOptions, make_server, serving
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 GPU = "H100-80GB"
@@ -73,7 +73,7 @@ def test_text_parts_join_with_newlines() -> None:
 
 @pytest.mark.parametrize("engine", ENGINES)
 async def test_chat_usage_and_multi_turn_cache_hits(engine: str) -> None:
-    async with serving(engine, MODEL, GPU, speedup=SPEEDUP) as url:
+    async with serving(engine, MODEL, GPU, (), ServeOptions(speedup=SPEEDUP)) as url:
         oa = client(url)
         history: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}]
         first = await oa.chat.completions.create(model=MODEL, messages=history, max_tokens=40)
@@ -103,7 +103,7 @@ async def test_chat_usage_and_multi_turn_cache_hits(engine: str) -> None:
 @pytest.mark.parametrize("engine", ENGINES)
 async def test_streaming_chat_with_usage(engine: str) -> None:
     messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Stream"}]
-    async with serving(engine, MODEL, GPU, speedup=SPEEDUP) as url:
+    async with serving(engine, MODEL, GPU, (), ServeOptions(speedup=SPEEDUP)) as url:
         oa = client(url)
         whole = await oa.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=30)
         stream = await oa.chat.completions.create(
@@ -132,7 +132,7 @@ async def test_stream_sends_a_chunk_per_engine_step() -> None:
     """With the clock driven by hand in steps shorter than an engine step, every chunk after the role
     carries exactly one token, and none arrives before the simulated time the engine produced it at
     (an advance completes the step under way, so the engine runs up to a step ahead of the clock)."""
-    server = make_server("vllm", MODEL, GPU, speedup=1.0)
+    server = make_server("vllm", MODEL, GPU, (), ServeOptions(speedup=1.0))
     url = await server.start()
     assert server._ticker is not None
     server._ticker.cancel()
@@ -184,7 +184,10 @@ async def test_stream_sends_a_chunk_per_engine_step() -> None:
 
 @pytest.mark.parametrize("engine", ENGINES)
 async def test_errors_have_each_engines_shape(engine: str) -> None:
-    async with serving(engine, MODEL, GPU, speedup=SPEEDUP) as url, aiohttp.ClientSession() as http:
+    async with (
+        serving(engine, MODEL, GPU, (), ServeOptions(speedup=SPEEDUP)) as url,
+        aiohttp.ClientSession() as http,
+    ):
         bad = {"model": "other", "messages": [{"role": "user", "content": "x"}]}
         async with http.post(f"{url}/v1/chat/completions", json=bad) as resp:
             status, data = resp.status, await resp.json()

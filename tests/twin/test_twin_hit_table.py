@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefixtune.twin.run import simulate
+from prefixtune.twin.run import SimOptions, simulate
 from prefixtune.twin.workloads import generate
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -40,7 +40,7 @@ RUNS = {  # duration_s, warmup_s: enough requests for a stable figure, short eno
 def test_field_notes_hit_rate(workload: str, engine: str) -> None:
     duration, warmup = RUNS[workload]
     reqs = generate(workload, rate=4.0, duration_s=duration, seed=7)
-    summary = simulate(engine, [], GPU, reqs, model=MODEL, seed=7, warmup_s=warmup).to_dict()
+    summary = simulate(engine, [], GPU, reqs, SimOptions(model=MODEL, seed=7, warmup_s=warmup)).to_dict()
     assert summary["status"] == "ok"
     assert summary["preemptions"] == 0  # ample memory: nothing is evicted for lack of room
     lo, hi = TABLE[workload]

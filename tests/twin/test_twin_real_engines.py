@@ -10,7 +10,7 @@ from prefixtune.engines import get_adapter
 from prefixtune.metrics.recipe import for_engine
 from prefixtune.twin.engine import TwinEngine
 from prefixtune.twin.exporter import EngineExporter
-from prefixtune.twin.run import parse_command, simulate
+from prefixtune.twin.run import SimOptions, parse_command, simulate
 from prefixtune.twin.serve import TwinServer
 from prefixtune.twin.workloads import generate
 
@@ -63,7 +63,9 @@ def test_sglang_twin_histogram_uses_the_rendered_ttft_buckets() -> None:
 
 def test_hrrn_runs_and_is_fcfs_without_the_radix_cache() -> None:
     reqs = generate("chatbot", rate=20.0, duration_s=10.0, seed=3)
-    on = simulate("sglang", ["--schedule-policy", "hrrn"], "H100", reqs, model=MODEL, horizon_s=15)
+    on = simulate(
+        "sglang", ["--schedule-policy", "hrrn"], "H100", reqs, SimOptions(model=MODEL, horizon_s=15)
+    )
     assert on.finished > 0
     eng = TwinEngine(
         parse_command("sglang", ["--schedule-policy", "hrrn", "--disable-radix-cache"], model=MODEL),

@@ -20,7 +20,7 @@ from prefixtune.engines import get_adapter
 from prefixtune.twin.loadgen import completion_body, run_load, summarize_records
 from prefixtune.twin.openai_api import error_message
 from prefixtune.twin.request import Request
-from prefixtune.twin.serve import make_server, serve_main, serving
+from prefixtune.twin.serve import ServeOptions, make_server, serve_main, serving
 from prefixtune.twin.workloads import generate
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -164,7 +164,10 @@ async def post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -
 async def test_metrics_have_the_engines_names_types_labels_and_grow(engine: str) -> None:
     adapter = get_adapter(engine)
     reqs = generate("rag", rate=4, duration_s=10, seed=3)[:12]
-    async with serving(engine, MODEL, GPU, speedup=SPEEDUP) as url, aiohttp.ClientSession() as http:
+    async with (
+        serving(engine, MODEL, GPU, (), ServeOptions(speedup=SPEEDUP)) as url,
+        aiohttp.ClientSession() as http,
+    ):
         records = await run_load(reqs[:6], [url], speedup=SPEEDUP, session=http)
         assert all(r.ok for r in records), [r.error for r in records]
         async with http.get(f"{url}{adapter.metrics_path}") as resp:
@@ -229,7 +232,9 @@ async def test_metrics_have_the_engines_names_types_labels_and_grow(engine: str)
 
 
 async def test_dcgm_exporter_reports_busy_gpu() -> None:
-    server = make_server("vllm", MODEL, GPU, speedup=SPEEDUP, dcgm_port=0, pod="p-0", namespace="ns")
+    server = make_server(
+        "vllm", MODEL, GPU, (), ServeOptions(speedup=SPEEDUP, dcgm_port=0, pod="p-0", namespace="ns")
+    )
     await server.start()
     try:
         reqs = generate("qa", rate=60, duration_s=2, seed=1)
@@ -261,7 +266,10 @@ async def test_dcgm_exporter_reports_busy_gpu() -> None:
 
 async def test_completions_with_token_arrays() -> None:
     shared = list(range(1000, 1000 + 2048))
-    async with serving("vllm", MODEL, GPU, speedup=SPEEDUP) as url, aiohttp.ClientSession() as http:
+    async with (
+        serving("vllm", MODEL, GPU, (), ServeOptions(speedup=SPEEDUP)) as url,
+        aiohttp.ClientSession() as http,
+    ):
         async with http.get(f"{url}/health") as resp:
             assert resp.status == 200
         async with http.get(f"{url}/v1/models") as resp:
@@ -293,7 +301,10 @@ async def test_completions_with_token_arrays() -> None:
 
 
 async def test_streaming_completion() -> None:
-    async with serving("sglang", MODEL, GPU, speedup=SPEEDUP) as url, aiohttp.ClientSession() as http:
+    async with (
+        serving("sglang", MODEL, GPU, (), ServeOptions(speedup=SPEEDUP)) as url,
+        aiohttp.ClientSession() as http,
+    ):
         body = {
             "model": MODEL,
             "prompt": list(range(300)),
@@ -327,7 +338,10 @@ async def test_streaming_completion() -> None:
     ],
 )
 async def test_bad_completion_requests(body: dict[str, Any], status: int, text: str) -> None:
-    async with serving("vllm", MODEL, GPU, speedup=SPEEDUP) as url, aiohttp.ClientSession() as http:
+    async with (
+        serving("vllm", MODEL, GPU, (), ServeOptions(speedup=SPEEDUP)) as url,
+        aiohttp.ClientSession() as http,
+    ):
         got, data = await post(http, url, body)
     assert got == status
     # vLLM's error body is OpenAI's {"error": {message, type, param, code}} (openai_api.error_body).
@@ -342,7 +356,10 @@ async def test_output_identity_extension_makes_the_next_turn_hit() -> None:
     assert turn2.seq.common_prefix(turn1.seq) == turn1.seq.length
 
     async def cached_on_second(identity: bool) -> int:
-        async with serving("sglang", MODEL, GPU, speedup=SPEEDUP) as url, aiohttp.ClientSession() as http:
+        async with (
+            serving("sglang", MODEL, GPU, (), ServeOptions(speedup=SPEEDUP)) as url,
+            aiohttp.ClientSession() as http,
+        ):
             for r in (turn1, turn2):
                 status, data = await post(http, url, completion_body(r, MODEL, output_identity=identity))
                 assert status == 200
@@ -362,8 +379,8 @@ async def test_output_identity_extension_makes_the_next_turn_hit() -> None:
 async def test_loadgen_spreads_requests_over_targets() -> None:
     reqs = generate("agent", rate=10, duration_s=10, seed=2)  # agent steps come seconds apart
     async with (
-        serving("vllm", MODEL, GPU, speedup=SPEEDUP) as a,
-        serving("vllm", MODEL, GPU, speedup=SPEEDUP, seed=1) as b,
+        serving("vllm", MODEL, GPU, (), ServeOptions(speedup=SPEEDUP)) as a,
+        serving("vllm", MODEL, GPU, (), ServeOptions(speedup=SPEEDUP, seed=1)) as b,
         aiohttp.ClientSession() as http,
     ):
         robin = await run_load(reqs, [a, b], speedup=SPEEDUP, balance="round-robin", session=http)
@@ -390,7 +407,7 @@ async def test_loadgen_spreads_requests_over_targets() -> None:
 
 async def test_loadgen_is_bounded_in_time() -> None:
     reqs = generate("qa", rate=10, duration_s=100, seed=1)
-    async with serving("vllm", MODEL, GPU, speedup=20) as url:
+    async with serving("vllm", MODEL, GPU, (), ServeOptions(speedup=20)) as url:
         records = await run_load(reqs, [url], speedup=20, max_duration_s=0.2)
     assert 0 < len(records) < len(reqs)
     assert max(r.scheduled_s for r in records) < 0.2
@@ -405,7 +422,11 @@ def _burst(n: int, length: int) -> list[list[int]]:
 
 async def test_runtime_oom_fails_health_and_exits_nonzero() -> None:
     server = make_server(
-        "vllm", MODEL, GPU, ["--gpu-memory-utilization", "0.99"], speedup=SPEEDUP, exit_delay_s=0.2
+        "vllm",
+        MODEL,
+        GPU,
+        ["--gpu-memory-utilization", "0.99"],
+        ServeOptions(speedup=SPEEDUP, exit_delay_s=0.2),
     )
     await server.start()
     try:
@@ -492,7 +513,7 @@ def test_request_body_carries_prompt_and_output_identity() -> None:
 
 async def test_stop_aborts_in_flight_requests_instead_of_waiting_for_them() -> None:
     # Real time (speedup 1): a 4,000-token answer would take minutes; stop() must not wait for it.
-    server = make_server("vllm", MODEL, GPU, speedup=1.0)
+    server = make_server("vllm", MODEL, GPU, (), ServeOptions(speedup=1.0))
     await server.start()
     async with aiohttp.ClientSession() as http:
         task = asyncio.create_task(post(http, server.url, {"prompt": _burst(1, 100)[0], "max_tokens": 4000}))

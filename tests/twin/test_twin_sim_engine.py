@@ -15,7 +15,8 @@ from prefixtune.twin.memory import StartupOOM
 from prefixtune.twin.observer import NullObserver
 from prefixtune.twin.prompt import Segment, TokenSeq, chain_key
 from prefixtune.twin.request import Request
-from prefixtune.twin.run import parse_command, simulate
+from prefixtune.twin.run import SimOptions, parse_command, simulate
+from prefixtune.twin.summary import GoodputSlo
 
 M8 = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -52,8 +53,10 @@ def make_requests(
 
 def test_decode_bound_caching_cuts_ttft_not_throughput() -> None:
     reqs = make_requests(400, 3.0, groups=4, shared=1500, unique=100, output=800)
-    on = simulate("vllm", [], "H100", reqs, model=M8, warmup_s=30, horizon_s=90)
-    off = simulate("vllm", ["--no-enable-prefix-caching"], "H100", reqs, model=M8, warmup_s=30, horizon_s=90)
+    on = simulate("vllm", [], "H100", reqs, SimOptions(model=M8, warmup_s=30, horizon_s=90))
+    off = simulate(
+        "vllm", ["--no-enable-prefix-caching"], "H100", reqs, SimOptions(model=M8, warmup_s=30, horizon_s=90)
+    )
     assert on.status == off.status == "ok"
     assert on.hit_rate > 0.8 and off.hit_rate == 0.0
     assert on.ttft_p50_s <= 0.6 * off.ttft_p50_s  # >= 40% lower
@@ -62,8 +65,10 @@ def test_decode_bound_caching_cuts_ttft_not_throughput() -> None:
 
 def test_prefill_bound_caching_raises_requests_per_second() -> None:
     reqs = make_requests(600, 40.0, groups=4, shared=4000, unique=200, output=16)
-    on = simulate("vllm", [], "H100", reqs, model=M8, warmup_s=3, horizon_s=13)
-    off = simulate("vllm", ["--no-enable-prefix-caching"], "H100", reqs, model=M8, warmup_s=3, horizon_s=13)
+    on = simulate("vllm", [], "H100", reqs, SimOptions(model=M8, warmup_s=3, horizon_s=13))
+    off = simulate(
+        "vllm", ["--no-enable-prefix-caching"], "H100", reqs, SimOptions(model=M8, warmup_s=3, horizon_s=13)
+    )
     assert on.requests_per_s >= 1.5 * off.requests_per_s
     assert on.prefill_tokens_saved_fraction > 0.8 and off.prefill_tokens_saved_fraction == 0.0
 
@@ -79,9 +84,7 @@ def test_memory_fraction_trade_off_then_runtime_oom() -> None:
             ["--gpu-memory-utilization", str(u), "--max-num-batched-tokens", "4096"],
             "H100",
             reqs,
-            model=M8,
-            warmup_s=10,
-            horizon_s=25,
+            SimOptions(model=M8, warmup_s=10, horizon_s=25),
         )
         for u in fractions
     }
@@ -98,7 +101,9 @@ def test_memory_fraction_trade_off_then_runtime_oom() -> None:
 
 
 def test_oom_startup_summary() -> None:
-    s = simulate("vllm", [], "H100", make_requests(5, 1.0), model="meta-llama/Llama-3.3-70B-Instruct")
+    s = simulate(
+        "vllm", [], "H100", make_requests(5, 1.0), SimOptions(model="meta-llama/Llama-3.3-70B-Instruct")
+    )
     assert s.status == "oom_startup" and "do not fit" in s.error
     assert s.requests == 0 and s.output_tokens_per_s == 0.0
     with pytest.raises(StartupOOM):
@@ -108,7 +113,7 @@ def test_oom_startup_summary() -> None:
 def test_preemption_when_the_pool_is_tiny() -> None:
     reqs = make_requests(64, None, unique=500, output=500)
     argv = ["--gpu-memory-utilization", "0.25", "--max-model-len", "4096"]
-    s = simulate("vllm", argv, "H100", reqs, model=M8)
+    s = simulate("vllm", argv, "H100", reqs, SimOptions(model=M8))
     assert s.status == "ok" and s.kv_pool_tokens < 30_000
     assert s.preemptions > 0
     assert s.finished == 64  # every preempted request is recomputed and completes
@@ -148,7 +153,7 @@ def test_guaranteed_no_evict_never_preempts_but_max_utilization_does() -> None:
 )
 def test_engines_and_policies_serve_a_shared_prefix_workload(engine: str, argv: list[str]) -> None:
     reqs = make_requests(150, 30.0, groups=3, shared=1000, unique=50, output=50)
-    s = simulate(engine, argv, "H100", reqs, model=M8, seed=3)
+    s = simulate(engine, argv, "H100", reqs, SimOptions(model=M8, seed=3))
     assert s.status == "ok" and s.finished == 150 and s.rejected == 0
     assert s.hit_rate > 0.5
     assert 0 < s.ttft_p50_s <= s.ttft_p99_s
@@ -159,16 +164,20 @@ def test_lpm_serves_cached_prefixes_first() -> None:
     # a burst from 20 prefix groups (under lpm's 128-request limit): once a group's prefix is cached,
     # lpm runs the rest of that group first, so less prefill waits in front of the average request
     reqs = make_requests(120, None, groups=20, shared=3000, unique=20, output=20, seed=1)
-    fcfs = simulate("sglang", ["--max-running-requests", "8"], "H100", reqs, model=M8)
+    fcfs = simulate("sglang", ["--max-running-requests", "8"], "H100", reqs, SimOptions(model=M8))
     lpm = simulate(
-        "sglang", ["--max-running-requests", "8", "--schedule-policy", "lpm"], "H100", reqs, model=M8
+        "sglang",
+        ["--max-running-requests", "8", "--schedule-policy", "lpm"],
+        "H100",
+        reqs,
+        SimOptions(model=M8),
     )
     assert lpm.ttft_p50_s < 0.9 * fcfs.ttft_p50_s
 
 
 def test_sglang_reads_its_fraction_and_tp2_runs() -> None:
     reqs = make_requests(40, 10.0, output=50)
-    s = simulate("sglang", ["--tp-size", "2"], "H100", reqs, model="llama-3.3-70b-fp8")
+    s = simulate("sglang", ["--tp-size", "2"], "H100", reqs, SimOptions(model="llama-3.3-70b-fp8"))
     assert s.status == "ok" and s.setup["tp"] == 2 and s.finished == 40
 
 
@@ -179,8 +188,20 @@ def test_same_seed_same_summary() -> None:
     from prefixtune.twin.workloads import generate
 
     reqs = generate("chatbot", rate=10, duration_s=12, seed=5)
-    a = simulate("sglang", ["--schedule-policy", "random"], "H100", reqs, model=M8, seed=5, slo_ttft_s=0.5)
-    b = simulate("sglang", ["--schedule-policy", "random"], "H100", reqs, model=M8, seed=5, slo_ttft_s=0.5)
+    a = simulate(
+        "sglang",
+        ["--schedule-policy", "random"],
+        "H100",
+        reqs,
+        SimOptions(model=M8, seed=5, slo=GoodputSlo(ttft_s=0.5)),
+    )
+    b = simulate(
+        "sglang",
+        ["--schedule-policy", "random"],
+        "H100",
+        reqs,
+        SimOptions(model=M8, seed=5, slo=GoodputSlo(ttft_s=0.5)),
+    )
     assert a.without_wall() == b.without_wall()
     data = a.to_dict()
     json.dumps(data)  # plain Python only

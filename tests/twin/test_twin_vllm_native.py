@@ -216,14 +216,16 @@ _SIM_CASES = [
 def test_simulations_are_identical_with_either_pool(
     workload: str, rate: float, argv: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefixtune.twin.run import simulate
+    from prefixtune.twin.run import SimOptions, simulate
     from prefixtune.twin.workloads import generate
 
     out = {}
     for native in ("1", "0"):
         monkeypatch.setenv(NATIVE_ENV, native)
         reqs = generate(workload, rate=rate, duration_s=40.0, seed=3)
-        s = simulate("vllm", list(argv), "H100", reqs, model="meta-llama/Llama-3.1-8B-Instruct", seed=3)
+        s = simulate(
+            "vllm", list(argv), "H100", reqs, SimOptions(model="meta-llama/Llama-3.1-8B-Instruct", seed=3)
+        )
         d = dict(vars(s))
         d.pop("wall_seconds")
         out[native] = d

@@ -1,18 +1,61 @@
-"""Signals from a twin run's ``Summary``: what the engine's metrics would have shown over the window.
+"""Signals from a twin run's summary: what the engine's metrics would have shown over the window.
 
-A Summary has no waiting-queue gauge, so ``waiting_mean`` is None unless the caller measured it
+The metrics side only says what it reads (``RunFigures``); the twin provides it (its ``Summary``
+is one, and ``Summary.signals()`` calls this), so metrics does not import the twin.
+
+A summary has no waiting-queue gauge, so ``waiting_mean`` is None unless the caller measured it
 (e.g. by sampling ``TwinEngine.gauges()``); without it the diagnosis cannot name a queueing bound.
 Pure; plain Python floats only.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from prefixtune.metrics.signals import Signals
-from prefixtune.twin.summary import Summary
+
+
+class RunFigures(Protocol):
+    """The figures of a simulated run's measurement window that signals are made from."""
+
+    @property
+    def sim_seconds(self) -> float: ...
+    @property
+    def finished(self) -> int: ...
+    @property
+    def hit_rate(self) -> float: ...
+    @property
+    def prefill_tokens_saved_fraction(self) -> float: ...
+    @property
+    def mean_running(self) -> float: ...
+    @property
+    def max_running(self) -> int: ...
+    @property
+    def kv_usage_mean(self) -> float: ...
+    @property
+    def preemptions(self) -> int: ...
+    @property
+    def gpu_busy_fraction(self) -> float: ...
+    @property
+    def ttft_p50_s(self) -> float: ...
+    @property
+    def ttft_p99_s(self) -> float: ...
+    @property
+    def itl_p50_s(self) -> float: ...
+    @property
+    def itl_p99_s(self) -> float: ...
+    @property
+    def output_tokens_per_s(self) -> float: ...
+    @property
+    def input_tokens_per_s(self) -> float: ...
+    @property
+    def requests_per_s(self) -> float: ...
+    @property
+    def goodput_tokens_per_s(self) -> float: ...
 
 
 def signals_from_summary(
-    summary: Summary, window_s: float | None = None, *, waiting_mean: float | None = None
+    summary: RunFigures, window_s: float | None = None, *, waiting_mean: float | None = None
 ) -> Signals:
     """``window_s`` defaults to the summary's simulated window; latencies are None when nothing finished."""
     window = float(summary.sim_seconds if window_s is None else window_s)

@@ -123,7 +123,8 @@ def run_point(
 ) -> dict[str, Any]:
     """One twin run of ``config`` (a KnobConfig dict); the summary as plain values."""
     from prefixtune.engines import get_adapter
-    from prefixtune.twin.run import simulate
+    from prefixtune.twin.run import SimOptions, simulate
+    from prefixtune.twin.summary import GoodputSlo
 
     adapter = get_adapter(engine)
     knobs = KnobConfig.from_dict(config)
@@ -133,11 +134,12 @@ def run_point(
         list(rendered.argv),
         gpu,
         _REQUESTS if requests is None else requests,
-        seed=int(options.get("seed", 0)),
-        slo_ttft_s=options.get("slo_ttft_s"),
-        slo_itl_s=options.get("slo_itl_s"),
-        warmup_s=float(options.get("warmup_s", 0.0)),
-        files=rendered.files,
+        SimOptions(
+            seed=int(options.get("seed", 0)),
+            slo=GoodputSlo(ttft_s=options.get("slo_ttft_s"), itl_s=options.get("slo_itl_s")),
+            warmup_s=float(options.get("warmup_s", 0.0)),
+            files=rendered.files,
+        ),
     )
     data = summary.to_dict()
     data.pop("setup", None)

@@ -235,7 +235,7 @@ class PodWorker:
 
     async def _run_container(self, last_exit: dict[str, Any] | None) -> _Exit:
         from prefixtune.twin.memory import StartupOOM
-        from prefixtune.twin.serve import OOM_STARTUP_PREFIX, TwinServer
+        from prefixtune.twin.serve import ServeOptions, TwinServer, oom_startup_prefix
 
         cfg = self.kubelet.config
         started = self.kubelet.stamp()
@@ -265,19 +265,21 @@ class PodWorker:
                 plan.engine,
                 parsed,
                 plan.gpu,
-                host=self.ip,
-                port=int(parsed.port),
-                speedup=cfg.speedup,
-                seed=self.kubelet.seed_for(self.uid, self.restarts),
-                exit_delay_s=cfg.wall(cfg.exit_delay_s),  # TwinServer waits wall seconds
-                dcgm_port=cfg.dcgm_port,
-                pod=self.name,
-                namespace=self.namespace,
-                engine_version=adapter.version_of(self.image) if self.image else None,
-                clock=self.kubelet.clock.now,
+                ServeOptions(
+                    host=self.ip,
+                    port=int(parsed.port),
+                    speedup=cfg.speedup,
+                    seed=self.kubelet.seed_for(self.uid, self.restarts),
+                    exit_delay_s=cfg.wall(cfg.exit_delay_s),  # TwinServer waits wall seconds
+                    dcgm_port=cfg.dcgm_port,
+                    pod=self.name,
+                    namespace=self.namespace,
+                    engine_version=adapter.version_of(self.image) if self.image else None,
+                    clock=self.kubelet.clock.now,
+                ),
             )
         except StartupOOM as err:
-            return _Exit(1, "Error", f"{OOM_STARTUP_PREFIX[plan.engine]}: {err}", started)
+            return _Exit(1, "Error", f"{oom_startup_prefix(plan.engine)}: {err}", started)
         except (ValueError, KeyError) as err:
             return _Exit(1, "Error", f"{type(err).__name__}: {err}", started)
         if self.kubelet.metrics_faults is not None:

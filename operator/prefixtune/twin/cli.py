@@ -89,7 +89,8 @@ def run_main(argv: Sequence[str]) -> int:
         args_list, engine_args = args_list[:cut], args_list[cut + 1 :]
     parser = _parser()
     ns = parser.parse_args(args_list)
-    from prefixtune.twin.run import simulate
+    from prefixtune.twin.run import SimOptions, simulate
+    from prefixtune.twin.summary import GoodputSlo
     from prefixtune.twin.workloads import WorkloadError, from_trace, generate
 
     try:
@@ -120,15 +121,16 @@ def run_main(argv: Sequence[str]) -> int:
             engine_args,
             ns.gpu,
             requests,
-            seed=ns.seed,
-            slo_ttft_s=ns.slo_ttft,
-            slo_itl_s=ns.slo_itl,
-            warmup_s=ns.warmup,
-            horizon_s=ns.horizon,
-            model=ns.model,
-            tp=ns.tp,
-            files=files,
-            setup={"workload": workload},
+            SimOptions(
+                seed=ns.seed,
+                slo=GoodputSlo(ttft_s=ns.slo_ttft, itl_s=ns.slo_itl),
+                warmup_s=ns.warmup,
+                horizon_s=ns.horizon,
+                model=ns.model,
+                tp=ns.tp,
+                files=files,
+                setup={"workload": workload},
+            ),
         )
     except (ArgsError, WorkloadError, ValueError, OSError) as exc:
         print(f"prefixtune twin run: {exc}", file=sys.stderr)

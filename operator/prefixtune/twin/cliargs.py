@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from prefixtune.engines.base import EngineName
+from prefixtune.twin.models import known
 
 
 def add_target_args(p: argparse.ArgumentParser, *, model_required: bool, tp_default: int | None) -> None:
     """--engine, --model, --gpu, --tp."""
-    p.add_argument("--engine", required=True, choices=[e.value for e in EngineName])
+    p.add_argument("--engine", required=True, choices=[str(name) for name in known()])
     if model_required:
         p.add_argument("--model", required=True, help="model (HF name or short name)")
     else:

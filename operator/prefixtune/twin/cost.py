@@ -36,8 +36,8 @@ from functools import cache
 from importlib import resources
 from typing import Any, ClassVar, NamedTuple, Protocol
 
-from prefixtune.engines.base import EngineName
 from prefixtune.twin.catalog import GpuSpec, ModelSpec, kv_dtype_bytes
+from prefixtune.twin.models.base import twin_model
 
 # The fitted step costs (bench/calibration/fit.py writes it; ``make calibrate``).
 STEP_COSTS_FILE = "step_costs.json"
@@ -56,14 +56,10 @@ ETA_KV = 0.6  # paged-KV read efficiency
 ETA_F = 0.5  # achieved fraction of dense peak
 T_AR = 20e-6  # per all-reduce (two per layer with TP > 1)
 
-# Per-engine overheads: (t_oh seconds per step, t_seq seconds per running sequence per step).
-# t_seq = 5 us fits the TensorRT-LLM anchors of B2 within +-20% (tests/twin/test_twin_calibration.py);
-# the engine differences (vLLM a little more per-step work in Python, TRT-LLM the least) are ours.
-ENGINE_OVERHEADS: dict[EngineName, tuple[float, float]] = {
-    EngineName.VLLM: (1.5e-3, 6e-6),
-    EngineName.SGLANG: (1.4e-3, 5e-6),
-    EngineName.TRTLLM: (1.3e-3, 5e-6),
-}
+# Per-engine overheads (t_oh seconds per step, t_seq seconds per running sequence per step) are each
+# engine's twin model's ``step_overhead_s`` / ``seq_overhead_s`` (``twin/models/``). t_seq = 5 us fits
+# the TensorRT-LLM anchors of B2 within +-20% (tests/twin/test_twin_calibration.py); the engine
+# differences (vLLM a little more per-step work in Python, TRT-LLM the least) are ours.
 
 
 @dataclass(frozen=True)
@@ -84,7 +80,7 @@ class RooflineCost:
     @classmethod
     def for_engine(
         cls,
-        engine: EngineName | str,
+        engine: str,
         model: ModelSpec,
         gpu: GpuSpec,
         tp: int,
@@ -92,7 +88,8 @@ class RooflineCost:
         block_size: int,
         provenance: str = ROOFLINE_PROVENANCE,
     ) -> RooflineCost:
-        t_oh, t_seq = ENGINE_OVERHEADS[EngineName(engine)]
+        twin = twin_model(engine)
+        t_oh, t_seq = twin.step_overhead_s, twin.seq_overhead_s
         # Small blocks cost kernel efficiency (calibration B4: an assumption, 0.9 below 16 tokens).
         eta_kv = ETA_KV * (0.9 if block_size < 16 else 1.0)
         return cls(model, gpu, tp, float(model.kv_bytes_per_token(kv_dtype)), t_oh, t_seq, eta_kv, provenance)
@@ -323,9 +320,9 @@ def _case_index() -> dict[tuple[str, str, str, str, int], dict[str, Any]]:
     return {(c["engine"], c["model"], c["gpu"], c["kv"], int(c["tp"])): c for c in step_cost_data()["cases"]}
 
 
-def fitted_case(engine: EngineName | str, model: str, gpu: str, kv: str, tp: int) -> dict[str, Any] | None:
+def fitted_case(engine: str, model: str, gpu: str, kv: str, tp: int) -> dict[str, Any] | None:
     """The data file's case for (engine, twin model name, twin GPU name, "bf16" | "fp8", TP), or None."""
-    return _case_index().get((str(EngineName(engine).value), model, gpu, kv, int(tp)))
+    return _case_index().get((str(twin_model(engine).name), model, gpu, kv, int(tp)))
 
 
 def reload_step_costs() -> None:
@@ -336,7 +333,7 @@ def reload_step_costs() -> None:
 
 def fitted_cost(
     case: dict[str, Any],
-    engine: EngineName,
+    engine: str,
     kv_bytes_per_token: float,
     tp: int,
     pcie_bandwidth: float,
@@ -347,7 +344,7 @@ def fitted_cost(
     data = step_cost_data()
     ms = 1e-3
     tk, sk = case["token_knots"], case["seq_knots"]
-    host = data["host_overhead"][engine.value]
+    host = data["host_overhead"][str(engine)]
     # Small blocks cost kernel efficiency (calibration B4, an assumption): below 16 tokens, unless the
     # engine's own default is that small (SGLang's page 1: what its kernels were measured with).
     penalty = 1.0 / 0.9 if block_size < min(16, default_block) else 1.0
@@ -373,7 +370,7 @@ def fitted_cost(
 
 
 def step_cost(
-    engine: EngineName | str,
+    engine: str,
     model: ModelSpec,
     gpu: GpuSpec,
     tp: int,
@@ -382,13 +379,12 @@ def step_cost(
     default_block: int = 16,
 ) -> StepCost:
     """The fitted cost model where the calibration data has this case, else the roofline."""
-    eng = EngineName(engine)
+    eng = str(twin_model(engine).name)
     kv = _kv_key(kv_dtype, model)
     case = fitted_case(eng, model.name, gpu.name, kv, tp)
     if case is None:
         why = (
-            f"{ROOFLINE_PROVENANCE}: no AIConfigurator data for {eng.value} {model.name} {gpu.name} "
-            f"kv {kv} tp {tp}"
+            f"{ROOFLINE_PROVENANCE}: no AIConfigurator data for {eng} {model.name} {gpu.name} kv {kv} tp {tp}"
         )
         return RooflineCost.for_engine(eng, model, gpu, tp, kv_dtype, block_size, provenance=why)
     kappa = float(model.kv_bytes_per_token(kv_dtype))

@@ -53,19 +53,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import attrgetter
 
-from prefixtune.engines.base import SCHEDULE_POLICY, EngineName, ParsedCommand
+from prefixtune.engines.base import SCHEDULE_POLICY, ParsedCommand
 from prefixtune.engines.registry import get_adapter
 from prefixtune.twin.cache.base import CacheStats, KVCache
 from prefixtune.twin.catalog import GpuSpec, ModelSpec, check_tp, get_gpu, get_model
 from prefixtune.twin.cost import StepCost, step_cost
 from prefixtune.twin.memory import PRESSURE_START, MemoryPlan, StartupOOM, plan_memory
+from prefixtune.twin.models.base import TWIN_POLICIES, TwinModel, twin_model
 from prefixtune.twin.observer import EngineObserver, Gauges, NullObserver
 from prefixtune.twin.request import Request
 
 __all__ = ["EngineLimits", "StartupOOM", "TwinEngine", "engine_limits", "gc_paused"]
 
 LPM_MAX_WAITING = 128  # SGLang WAITING_QUEUE_PREFIX_MATCH_MAX
-SGLANG_NEW_TOKEN_RATIO = 0.3  # share of running requests' remaining output SGLang keeps free
 LOOKAHEAD_TOKENS = 128  # decode blocks allocated ahead while a quarter of the pool is free
 _INF = math.inf
 _by_order = attrgetter("order")
@@ -73,11 +73,10 @@ _by_order = attrgetter("order")
 # A cache factory: (engine, num_blocks, block_size, prefix_caching, **engine options) -> KVCache.
 CacheFactory = Callable[..., KVCache]
 
-# The policies the twin models: each engine's schedule_policy choices (its adapter's).
-_POLICIES: dict[EngineName, tuple[str, ...]] = {
-    engine: tuple(str(p) for p in get_adapter(engine).knobs()[SCHEDULE_POLICY].choices)
-    for engine in EngineName
-}
+
+def _policies(engine: str) -> tuple[str, ...]:
+    """The policies the twin models for ``engine``: its schedule_policy choices (its adapter's)."""
+    return tuple(str(p) for p in get_adapter(engine).knobs()[SCHEDULE_POLICY].choices)
 
 
 @dataclass(frozen=True)
@@ -96,32 +95,25 @@ class EngineLimits:
 def engine_limits(parsed: ParsedCommand, gpu: GpuSpec, model: ModelSpec) -> EngineLimits:
     """Scheduler limits from the parsed options, with the engines' hardware-dependent defaults."""
     opts = parsed.options
-    eng = EngineName(parsed.engine)
-    big = gpu.memory_bytes >= 70 * 1024**3 and not gpu.name.startswith("A100")
-    if eng is EngineName.VLLM:  # engines.md 1.1b (API-server defaults)
-        running_default, budget_default, chunked_default = (1024, 8192, True) if big else (256, 2048, True)
-    elif eng is EngineName.SGLANG:  # 1.2: chunked-prefill-size by GPU memory; max-running by pool later
-        gib = gpu.memory_bytes / 1024**3
-        budget_default = 16384 if gib >= 160 else 8192 if gib >= 35 else 4096
-        running_default, chunked_default = 0, True
-    else:  # 1.3: trtllm-serve
-        running_default, budget_default, chunked_default = 2048, 8192, False
-    chunked = chunked_default if opts.chunked_prefill is None else opts.chunked_prefill
-    budget = budget_default if opts.max_batched_tokens is None else opts.max_batched_tokens
+    twin = twin_model(parsed.engine)
+    defaults = twin.scheduler_defaults(gpu)
+    chunked = defaults.chunked_prefill if opts.chunked_prefill is None else opts.chunked_prefill
+    budget = defaults.max_batched_tokens if opts.max_batched_tokens is None else opts.max_batched_tokens
     if budget < 0:  # SGLang --chunked-prefill-size -1: chunking off
         chunked, budget = False, 16384  # --max-prefill-tokens default
-    if eng is EngineName.SGLANG and not chunked and opts.max_batched_tokens is None:
-        budget = 16384  # without chunking, a prefill batch is capped by --max-prefill-tokens
-    policy = str(parsed.config.schedule_policy).lower().replace("_", "-")
-    if eng is EngineName.TRTLLM:
-        policy = policy.replace("-", "_")
-    if policy not in _POLICIES[eng]:
+    budget = twin.unchunked_budget(budget, bool(chunked), opts.max_batched_tokens is not None)
+    policy = twin.normalize_policy(str(parsed.config.schedule_policy))
+    allowed = _policies(twin.name)
+    if policy not in allowed:
         raise ValueError(
-            f"schedule_policy {parsed.config.schedule_policy!r} is not modelled for {eng.value}; "
-            f"allowed: {', '.join(_POLICIES[eng])}"
+            f"schedule_policy {parsed.config.schedule_policy!r} is not modelled for {twin.name}; "
+            f"allowed: {', '.join(allowed)}"
         )
+    policy = twin.twin_policy(policy)
+    if policy not in TWIN_POLICIES:
+        raise ValueError(f"{twin.name}: schedule_policy {policy!r} maps to no queue order the twin has")
     max_len = opts.max_model_len
-    running = running_default if opts.max_running is None else opts.max_running
+    running = defaults.max_running if opts.max_running is None else opts.max_running
     return EngineLimits(
         max_running=_positive_int(running, "max_running", allow_zero=True),
         max_batched_tokens=_positive_int(budget, "max_batched_tokens"),
@@ -240,7 +232,8 @@ class TwinEngine:
         cache_factory: CacheFactory | None = None,
     ) -> None:
         self.parsed = parsed
-        self.engine = EngineName(parsed.engine)
+        self.engine = parsed.engine
+        self.twin: TwinModel = twin_model(parsed.engine)
         self.model = get_model(parsed.model)
         self.gpu = get_gpu(gpu)
         self.tp = check_tp(int(parsed.tensor_parallel))
@@ -262,9 +255,8 @@ class TwinEngine:
         )
         pool_tokens = self.memory.pool_tokens
         max_running = self.limits.max_running
-        if self.engine is EngineName.SGLANG and max_running == 0:  # resolve_max_num_reqs
-            ctx = self.limits.max_model_len or self.model.max_model_len
-            max_running = min(max(int(pool_tokens / ctx * 512), 2048), 4096, max(1, pool_tokens // 2))
+        ctx = self.limits.max_model_len or self.model.max_model_len
+        max_running = self.twin.resolve_max_running(max_running, pool_tokens, ctx)
         if max_running < 1:
             raise ValueError(f"option max_running must be >= 1; got {max_running}")
         self.max_running = min(max_running, self.limits.max_batched_tokens)
@@ -286,8 +278,9 @@ class TwinEngine:
         self.policy = self.limits.policy
         if not self.prefix_caching and self.policy in {"lpm", "dfs-weight", "hrrn"}:
             self.policy = "fcfs"
-        self._mixed = self.engine is not EngineName.SGLANG
-        self._no_evict = self.engine is EngineName.TRTLLM and self.policy == "guaranteed_no_evict"
+        self._mixed = self.twin.mixed_batches
+        self._no_evict = self.policy == self.twin.no_evict_policy
+        self._new_token_ratio = self.twin.new_token_ratio
         self._rng = random.Random(self.seed)
         self._order = 0
         # Not-yet-arrived requests, sorted by (arrival, submission order): requests come sorted, so
@@ -314,9 +307,9 @@ class TwinEngine:
         self._usage_at = 0.0
 
     def _make_cache(self, factory: CacheFactory | None) -> KVCache:
-        from prefixtune.twin.cache import ENGINE_OPTIONS, make_cache
+        from prefixtune.twin.cache import make_cache
 
-        accepted = ENGINE_OPTIONS[self.engine]
+        accepted = self.twin.cache_options
         opts: dict[str, object] = {}
         for key in ("partial_reuse", "eviction_policy"):
             if key in accepted and self.parsed.options.get(key) is not None:
@@ -326,7 +319,9 @@ class TwinEngine:
             opts["host_cache_bytes"] = self.limits.host_cache_bytes
             opts["kv_bytes_per_token"] = self.model.kv_bytes_per_token(self.limits.kv_cache_dtype)
         build = factory if factory is not None else make_cache
-        return build(self.engine.value, self.memory.num_blocks, self.block_size, self.prefix_caching, **opts)
+        return build(
+            str(self.twin.name), self.memory.num_blocks, self.block_size, self.prefix_caching, **opts
+        )
 
     @classmethod
     def from_argv(
@@ -535,7 +530,7 @@ class TwinEngine:
         self.observer.preempted(s.req, now)
 
     def _victim(self) -> _Seq:
-        if self.engine is EngineName.SGLANG:
+        if self.twin.retracts_decode:
             decoding = [s for s in self._running if s.state == "decode"]
             if decoding:
                 g = self._g
@@ -799,10 +794,11 @@ class TwinEngine:
         chunked = self.limits.chunked_prefill
         admitted: list[_Seq] = []
         reserve = 0
-        if self.engine is EngineName.SGLANG:
+        ratio = self._new_token_ratio
+        if ratio:  # SGLang keeps room for the running requests' future tokens
             remaining = self._dec_finish_sum - self._n_dec * self._g
             remaining += sum(s.out - s.generated for s in self._prefill)
-            reserve = math.ceil(remaining * SGLANG_NEW_TOKEN_RATIO / bs)
+            reserve = math.ceil(remaining * ratio / bs)
         no_evict = self._no_evict
         cache = self.cache
         now = self.now

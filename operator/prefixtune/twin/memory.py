@@ -1,7 +1,9 @@
 """GPU memory: how big each engine's KV pool is, and when the engine runs out of memory.
 
 Each engine reads its memory fraction differently (``reference/engines.md`` 4.1-4.3, calibration B5).
-All figures are per GPU (with tensor parallelism, weights, KV heads and activations are split).
+All figures are per GPU (with tensor parallelism, weights, KV heads and activations are split). The
+split below is each engine's ``TwinModel.memory_split`` (``twin/models/``); this module holds what is
+common.
 
 * vLLM: ``pool = u*M - weights - non-torch - activation peak - cudagraph estimate``. The activation
   peak is what the start-up profile run measured: a dummy forward of ``max_num_batched_tokens``.
@@ -33,8 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from prefixtune.engines.base import EngineName
 from prefixtune.twin.catalog import GIB, GpuSpec, ModelSpec
+from prefixtune.twin.models.base import twin_model
 
 CUDA_CONTEXT_BYTES = 0.5 * GIB  # CUDA context + cuBLAS workspaces: taken before any fraction applies
 NCCL_BYTES = 0.4 * GIB  # extra buffers per GPU with TP > 1
@@ -48,6 +50,21 @@ class StartupOOM(RuntimeError):
     """The engine would fail to start (it crashes at boot with an out-of-memory or capacity error)."""
 
     status = "oom_startup"
+
+
+@dataclass(frozen=True)
+class MemoryStart:
+    """What an engine's memory split starts from, per GPU (bytes): the engine's twin model turns it
+    into a KV pool and an activation budget (``TwinModel.memory_split``)."""
+
+    fraction: float  # the memory fraction knob
+    gpu_bytes: float
+    weights: float
+    free_at_start: float  # after the CUDA context (and NCCL buffers with TP > 1)
+    profile: float  # the profiled activation peak at the token budget
+    graphs: float  # the CUDA-graph estimate
+    max_batched_tokens: int
+    gpu_name: str
 
 
 def cudagraph_bytes(model: ModelSpec) -> float:
@@ -124,7 +141,7 @@ class MemoryPlan:
 
 
 def plan_memory(
-    engine: EngineName | str,
+    engine: str,
     model: ModelSpec,
     gpu: GpuSpec,
     tp: int,
@@ -135,7 +152,7 @@ def plan_memory(
     max_model_len: int | None,
 ) -> MemoryPlan:
     """The KV pool and activation budget per GPU; raises ``StartupOOM`` when the engine would not boot."""
-    eng = EngineName(engine)
+    model_t = twin_model(engine)
     u = float(memory_fraction)
     if not 0.0 < u <= 1.0:
         raise ValueError(f"memory_fraction must be in (0, 1]; got {u}")
@@ -157,53 +174,22 @@ def plan_memory(
             f"model weights ({w / gib:.1f} GiB per GPU at TP={tp}) do not fit in {gpu.name} "
             f"memory ({m / gib:.1f} GiB)"
         )
-    if eng is EngineName.VLLM:
-        requested = u * m
-        if requested > free_at_start:
-            raise StartupOOM(
-                f"vLLM: free memory on device ({free_at_start / gib:.2f} GiB) is less than desired GPU "
-                f"memory utilization ({u}, {requested / gib:.2f} GiB)"
-            )
-        pool = requested - w - NON_TORCH_BYTES - profile - graphs
-        budget = profile + (free_at_start - requested)
-    elif eng is EngineName.SGLANG:
-        pool = u * free_at_start - w
-        outside = (1.0 - u) * free_at_start - graphs - NON_TORCH_BYTES
-        if pool > 0 and outside < profile:
-            raise StartupOOM(
-                f"SGLang: memory outside --mem-fraction-static ({(1 - u) * free_at_start / gib:.2f} GiB) "
-                f"cannot hold CUDA graphs and a {max_batched_tokens}-token prefill; lower the fraction"
-            )
-        budget = outside
-    else:
-        peak = w + NON_TORCH_BYTES + profile + graphs
-        left = free_at_start - peak
-        if left <= 0:
-            raise StartupOOM(
-                f"TensorRT-LLM: weights and activations ({peak / gib:.1f} GiB) leave no memory for KV "
-                f"on {gpu.name} ({free_at_start / gib:.1f} GiB free)"
-            )
-        pool = u * left
-        budget = profile + (1.0 - u) * left
+    pool, budget = model_t.memory_split(
+        MemoryStart(u, m, w, free_at_start, profile, graphs, max_batched_tokens, gpu.name)
+    )
 
     block_bytes = kappa * block_size
     num_blocks = int(pool // block_bytes) if pool > 0 else 0
     if num_blocks < 1:
         raise StartupOOM(
-            f"{eng.value}: no memory left for the KV cache (pool {max(pool, 0) / gib:.2f} GiB) after "
+            f"{model_t.name}: no memory left for the KV cache (pool {max(pool, 0) / gib:.2f} GiB) after "
             f"{w / gib:.1f} GiB of weights per GPU; raise the memory fraction or use more GPUs"
         )
     pool_tokens = num_blocks * block_size
     max_len = int(max_model_len) if max_model_len else model.max_model_len
-    if eng is EngineName.VLLM and pool_tokens < max_len:
-        raise StartupOOM(
-            f"vLLM: to serve at least one request with max seq len ({max_len}), "
-            f"{max_len * kappa / gib:.2f} GiB KV cache is needed, larger than the available KV cache "
-            f"memory ({pool_tokens * kappa / gib:.2f} GiB); increase gpu memory utilization or decrease "
-            f"max_model_len"
-        )
+    model_t.check_pool(pool_tokens, max_len, kappa)
     return MemoryPlan(
-        engine=eng.value,
+        engine=model_t.name,
         gpu_bytes=m,
         weights_bytes=w,
         kv_bytes_per_token=kappa,

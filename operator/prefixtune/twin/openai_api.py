@@ -26,12 +26,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from prefixtune.engines.base import EngineName
+from prefixtune.twin.models.base import twin_model
 
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
 
 
-def error_body(engine: EngineName, message: str, status: int, param: str | None = None) -> dict[str, Any]:
+def error_body(engine: str, message: str, status: int, param: str | None = None) -> dict[str, Any]:
     """The JSON body of an HTTP error as ``engine`` sends it."""
     inner: dict[str, Any] = {
         "message": message,
@@ -39,12 +39,12 @@ def error_body(engine: EngineName, message: str, status: int, param: str | None 
         "param": param,
         "code": status,
     }
-    if engine is EngineName.VLLM:
+    if twin_model(engine).error_envelope:
         return {"error": inner}
     return {"object": "error", **inner}
 
 
-def stream_error_event(engine: EngineName, message: str, status: int) -> dict[str, Any]:
+def stream_error_event(engine: str, message: str, status: int) -> dict[str, Any]:
     """The event an engine sends when a request fails after its stream started."""
     body = error_body(engine, message, status)
     return body if "error" in body else {"error": body}

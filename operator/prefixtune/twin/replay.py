@@ -17,9 +17,10 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 
-from prefixtune.engines.base import BLOCK_SIZE, EngineName
+from prefixtune.engines.base import BLOCK_SIZE
 from prefixtune.engines.registry import get_adapter
 from prefixtune.twin.cache import make_cache
+from prefixtune.twin.models.base import known, twin_model
 from prefixtune.twin.prompt import TokenSeq
 from prefixtune.twin.request import Request
 
@@ -43,7 +44,7 @@ def _prompts(items: Iterable[Request | TokenSeq]) -> list[tuple[TokenSeq, int]]:
 
 
 def replay_cache(
-    engine: str | EngineName,
+    engine: str,
     requests_or_seqs: Iterable[Request | TokenSeq],
     pool_tokens: int,
     block_size: int,
@@ -91,7 +92,7 @@ def replay_cache(
     wall = time.perf_counter() - t0
     st = cache.stats
     return {
-        "engine": str(EngineName(str(engine).lower()).value),
+        "engine": str(twin_model(engine).name),
         "block_size": int(block_size),
         "pool_tokens": int(pool_tokens),
         "num_blocks": int(num_blocks),
@@ -129,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Cache-only replay: an engine's prefix-cache hit rate for a trace or workload at a "
         "pool size (requests one at a time, no timing).",
     )
-    ap.add_argument("--engine", required=True, choices=[e.value for e in EngineName])
+    ap.add_argument("--engine", required=True, choices=list(known()))
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", metavar="FILE", help="Mooncake JSONL trace")
     src.add_argument("--workload", metavar="NAME", help="workload preset name or workload file")
@@ -174,18 +175,25 @@ def _load(args: argparse.Namespace) -> list[Request]:
     return reqs[: args.requests] if args.requests else reqs
 
 
+def _taking(option: str) -> str:
+    """The engines whose cache model takes ``option`` (for the CLI's messages)."""
+    return ", ".join(str(name) for name in known() if option in twin_model(name).cache_options)
+
+
 def cache_main(argv: Sequence[str]) -> int:
     ap = _parser()
     args = ap.parse_args(list(argv))
-    engine = EngineName(args.engine)
+    engine = args.engine
+    accepted = twin_model(engine).cache_options
     opts: dict[str, object] = {}
     if args.eviction_policy is not None:
-        if engine is not EngineName.SGLANG:
-            ap.error("--eviction-policy applies to --engine sglang only")
+        if "eviction_policy" not in accepted:
+            ap.error(f"--eviction-policy applies to --engine {_taking('eviction_policy')} only")
         opts["eviction_policy"] = args.eviction_policy
     if args.no_partial_reuse or args.host_cache_tokens is not None:
-        if engine is not EngineName.TRTLLM:
-            ap.error("--no-partial-reuse and --host-cache-tokens apply to --engine trtllm only")
+        if "partial_reuse" not in accepted or "host_cache_tokens" not in accepted:
+            which = _taking("partial_reuse")
+            ap.error(f"--no-partial-reuse and --host-cache-tokens apply to --engine {which} only")
         if args.no_partial_reuse:
             opts["partial_reuse"] = False
         if args.host_cache_tokens is not None:

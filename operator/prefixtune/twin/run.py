@@ -1,7 +1,7 @@
 """Batch simulation: boot a twin engine, replay requests, return a ``Summary``.
 
-``simulate(engine, argv_or_parsed, gpu, requests, seed=..., ...)`` is the pure core of ``twin run``
-and of the benchmarks (deterministic for a seed: only ``wall_seconds`` varies).
+``simulate(engine, argv_or_parsed, gpu, requests, SimOptions(seed=..., ...))`` is the pure core of
+``twin run`` and of the benchmarks (deterministic for a seed: only ``wall_seconds`` varies).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -16,7 +17,15 @@ from prefixtune.engines.base import ArgsError, ParsedCommand
 from prefixtune.twin.engine import CacheFactory, TwinEngine, gc_paused
 from prefixtune.twin.memory import StartupOOM
 from prefixtune.twin.request import Request
-from prefixtune.twin.summary import Summary, SummaryCollector, failed_summary, summarize
+from prefixtune.twin.summary import (
+    EngineTotals,
+    GoodputSlo,
+    RunWindow,
+    Summary,
+    SummaryCollector,
+    failed_summary,
+    summarize,
+)
 
 
 def parse_command(
@@ -59,7 +68,7 @@ def setup_of(
     parsed: ParsedCommand, gpu: str, seed: int, extra: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     setup: dict[str, Any] = {
-        "engine": str(parsed.engine.value),
+        "engine": str(parsed.engine),
         "model": parsed.model,
         "gpu": gpu,
         "tp": int(parsed.tensor_parallel),
@@ -78,6 +87,26 @@ def _plain(v: object) -> object:
     return str(v)
 
 
+@dataclass(frozen=True)
+class SimOptions:
+    """How one ``simulate`` run is set up, beyond the engine, its command, the GPU and the requests.
+
+    ``model``, ``tp`` and ``files`` say how to read the command (``parse_command``); ``slo`` is what
+    goodput counts against; ``warmup_s`` and ``horizon_s`` bound the measured window;
+    ``cache_factory`` replaces the engine's cache model; ``setup`` is added to the summary's setup.
+    """
+
+    seed: int = 0
+    slo: GoodputSlo = field(default_factory=GoodputSlo)
+    warmup_s: float = 0.0
+    horizon_s: float | None = None
+    model: str | None = None
+    tp: int | None = None
+    files: Mapping[str, str] | None = None
+    cache_factory: CacheFactory | None = None
+    setup: Mapping[str, Any] | None = None
+
+
 # The cyclic collector stays off for the whole run (see gc_paused) and comes back once simulate has
 # returned, when the engine is gone: its objects die by reference counting instead of being scanned.
 @gc_paused()
@@ -86,17 +115,7 @@ def simulate(
     argv: Sequence[str] | ParsedCommand,
     gpu: str,
     requests: Sequence[Request],
-    *,
-    seed: int = 0,
-    slo_ttft_s: float | None = None,
-    slo_itl_s: float | None = None,
-    warmup_s: float = 0.0,
-    horizon_s: float | None = None,
-    model: str | None = None,
-    tp: int | None = None,
-    files: Mapping[str, str] | None = None,
-    cache_factory: CacheFactory | None = None,
-    setup: Mapping[str, Any] | None = None,
+    options: SimOptions | None = None,
 ) -> Summary:
     """Run ``requests`` through a twin of ``engine`` booted from ``argv`` on ``gpu``.
 
@@ -104,8 +123,10 @@ def simulate(
     (requests still running then are not counted as finished). Metrics cover ``[warmup_s, end]``.
     """
     t0 = time.perf_counter()
-    parsed = parse_command(engine, argv, model=model, tp=tp, files=files)
-    info = setup_of(parsed, gpu, seed, setup)
+    o = options if options is not None else SimOptions()
+    seed, warmup_s, horizon_s = o.seed, o.warmup_s, o.horizon_s
+    parsed = parse_command(engine, argv, model=o.model, tp=o.tp, files=o.files)
+    info = setup_of(parsed, gpu, seed, o.setup)
     info["warmup_s"] = float(warmup_s)
     info["horizon_s"] = None if horizon_s is None else float(horizon_s)
     if warmup_s < 0:
@@ -114,7 +135,7 @@ def simulate(
         raise ValueError(f"horizon_s ({horizon_s}) must be after warmup_s ({warmup_s})")
     collector = SummaryCollector(warmup_s)
     try:
-        eng = TwinEngine(parsed, gpu, seed, collector, cache_factory=cache_factory)
+        eng = TwinEngine(parsed, gpu, seed, collector, cache_factory=o.cache_factory)
     except StartupOOM as exc:
         return failed_summary("oom_startup", str(exc), info, time.perf_counter() - t0)
     info["memory"] = eng.memory.to_dict()
@@ -139,14 +160,17 @@ def simulate(
     c1 = _snapshot(eng)
     d = {k: c1[k] - c0[k] for k in c0}
     arrived = sum(1 for r in requests if start <= r.arrival_s <= end)
-    return summarize(
-        collector,
+    window = RunWindow(
         status=eng.status,
-        arrived=arrived,
-        rejected=int(eng.counters.rejected),
         start_s=start,
         end_s=end,
-        wall_seconds=time.perf_counter() - t0,
+        arrived=arrived,
+        rejected=int(eng.counters.rejected),
+        max_running=int(eng.counters.max_running),
+        kv_pool_tokens=int(eng.memory.pool_tokens),
+        error=eng.oom_reason,
+    )
+    totals = EngineTotals(
         hit_tokens=int(d["hit_tokens"]),
         query_tokens=int(d["query_tokens"]),
         saved_prefill_tokens=int(d["saved_prefill_tokens"]),
@@ -154,14 +178,9 @@ def simulate(
         busy_s=float(d["busy_s"]),
         running_integral=float(d["running_integral"]),
         kv_usage_integral=float(d["kv_usage_integral"]),
-        max_running=int(eng.counters.max_running),
         preemptions=int(d["preemptions"]),
-        kv_pool_tokens=int(eng.memory.pool_tokens),
-        slo_ttft_s=slo_ttft_s,
-        slo_itl_s=slo_itl_s,
-        setup=info,
-        error=eng.oom_reason,
     )
+    return summarize(collector, window, totals, o.slo, info, time.perf_counter() - t0)
 
 
 def _snapshot(eng: TwinEngine) -> dict[str, float]:

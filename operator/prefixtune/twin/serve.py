@@ -46,7 +46,8 @@ Endpoints (as the engines serve them):
 
 A start-up OOM prints the engine's kind of message and exits 1 before binding any port.
 
-In-process (tests, the sandbox): ``async with serving(engine, model, gpu, engine_args, ...) as url``.
+In-process (tests, the sandbox): ``async with serving(engine, model, gpu, engine_args, ServeOptions(...))
+as url``, or ``make_server(...)`` / ``TwinServer(engine, parsed, gpu, ServeOptions(...))``.
 """
 
 from __future__ import annotations
@@ -69,13 +70,14 @@ from typing import Any
 from aiohttp import web
 
 from prefixtune.engines import get_adapter
-from prefixtune.engines.base import ArgsError, EngineName, ParsedCommand
+from prefixtune.engines.base import ArgsError, ParsedCommand
 from prefixtune.twin.cache.base import Match
 from prefixtune.twin.chat import VOCAB, ChatError, answer, parse_messages, render_chat, text_tokens
 from prefixtune.twin.cliargs import add_target_args
 from prefixtune.twin.engine import TwinEngine
 from prefixtune.twin.exporter import CONTENT_TYPE, DcgmExporter, EngineExporter
 from prefixtune.twin.memory import StartupOOM
+from prefixtune.twin.models.base import twin_model
 from prefixtune.twin.observer import FanOut, NullObserver
 from prefixtune.twin.openai_api import (
     chat_chunk,
@@ -95,12 +97,10 @@ DEFAULT_MAX_TOKENS = 16  # vLLM's default for /v1/completions
 CHAT_ANSWER_TOKENS = 128
 TICK_S = 0.005  # wall seconds between background advances
 
-OWNED_BY = {EngineName.VLLM: "vllm", EngineName.SGLANG: "sglang", EngineName.TRTLLM: "tensorrt_llm"}
-OOM_STARTUP_PREFIX = {
-    EngineName.VLLM: "ValueError",
-    EngineName.SGLANG: "RuntimeError",
-    EngineName.TRTLLM: "RuntimeError",
-}
+
+def oom_startup_prefix(engine: str) -> str:
+    """What ``engine`` prints before a start-up out-of-memory message (the exception it raises)."""
+    return twin_model(engine).oom_startup_prefix
 
 
 class RequestError(ValueError):
@@ -176,45 +176,54 @@ class _ServeObserver(NullObserver):
         self.server.on_oom(reason)
 
 
+@dataclass(frozen=True)
+class ServeOptions:
+    """How a twin is served: where it binds, how fast simulated time runs, its seed, how long a dead
+    engine takes to exit, the DCGM exporter's port and path and its pod labels, and the engine
+    release whose metrics it serves (None: the adapter's), and the clock wall seconds come from."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: a free port
+    speedup: float = 1.0  # simulated seconds per wall second
+    seed: int = 0
+    exit_delay_s: float = 1.0  # wall seconds between a runtime OOM and the exit
+    dcgm_port: int | None = None
+    dcgm_path: str = "/metrics"
+    pod: str = ""
+    namespace: str = ""
+    engine_version: str | None = None
+    # Wall seconds (the sandbox's clock stands still while its event loop is stalled)
+    clock: Callable[[], float] = time.monotonic
+
+
 class TwinServer:
     """A twin engine served over HTTP (see the module doc). ``start()`` boots the engine (raising
     ``StartupOOM``/``ArgsError``) and binds; ``url`` is the base URL; ``stop()`` shuts down.
     ``exited`` is set when the engine died (runtime OOM) and its exit delay passed."""
 
     def __init__(
-        self,
-        engine: str | EngineName,
-        parsed: ParsedCommand,
-        gpu: str,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        speedup: float = 1.0,
-        seed: int = 0,
-        exit_delay_s: float = 1.0,
-        dcgm_port: int | None = None,
-        dcgm_path: str = "/metrics",
-        pod: str = "",
-        namespace: str = "",
-        engine_version: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        self, engine: str, parsed: ParsedCommand, gpu: str, options: ServeOptions | None = None
     ) -> None:
+        o = options if options is not None else ServeOptions()
+        speedup, pod, namespace, engine_version = o.speedup, o.pod, o.namespace, o.engine_version
         if not speedup > 0:
             raise ValueError(f"--speedup must be > 0; got {speedup}")
+        self.options = o
         # Wall seconds; the sandbox passes its clock, which stands still while its loop is stalled
         # (``sandbox.clock``), so that simulated time follows what the machine keeps up with.
-        self.clock = clock
-        self.engine_name = EngineName(engine)
-        self.adapter = get_adapter(self.engine_name)
+        self.clock = o.clock
+        self.adapter = get_adapter(engine)
+        self.engine_name = self.adapter.name
+        self.twin = twin_model(self.engine_name)
         self.parsed = parsed
         self.gpu = gpu
-        self.host = host
-        self.port = port
+        self.host = o.host
+        self.port = o.port
         self.speedup = float(speedup)
-        self.seed = seed
-        self.exit_delay_s = exit_delay_s
-        self.dcgm_port = dcgm_port
-        self.dcgm_path = dcgm_path
+        self.seed = seed = o.seed
+        self.exit_delay_s = o.exit_delay_s
+        self.dcgm_port = o.dcgm_port
+        self.dcgm_path = o.dcgm_path
         self.pending: dict[int, _Pending] = {}
         self.streams: set[int] = set()  # req_ids of the pending requests that stream
         # First tokens and finishes the engine has simulated, answered when wall time reaches them:
@@ -345,8 +354,8 @@ class TwinServer:
         if self.adapter.ready_path != self.adapter.health_path:
             app.router.add_get(self.adapter.ready_path, self._health)
         app.router.add_get(self.adapter.metrics_path, self._metrics)
-        if self.engine_name is EngineName.TRTLLM:
-            app.router.add_get("/metrics", self._trt_iteration_stats)
+        if self.twin.iteration_stats_path is not None:
+            app.router.add_get(self.twin.iteration_stats_path, self._iteration_stats)
         self._t0 = self.clock()
         self.url = await self._bind(app, self.port)
         if self.dcgm_port is not None:
@@ -402,21 +411,9 @@ class TwinServer:
         self.catch_up()
         return web.Response(body=self.dcgm.render(), headers={"Content-Type": CONTENT_TYPE})
 
-    async def _trt_iteration_stats(self, request: web.Request) -> web.Response:
+    async def _iteration_stats(self, request: web.Request) -> web.Response:
         self.catch_up()
-        g = self.engine.gauges()
-        stats = {
-            "iter": int(g.now * 1000),
-            "numActiveRequests": g.running,
-            "numQueuedRequests": g.waiting,
-            "kvCacheStats": {
-                "maxNumBlocks": g.pool_blocks,
-                "freeNumBlocks": g.free_blocks,
-                "usedNumBlocks": g.pool_blocks - g.free_blocks,
-                "tokensPerBlock": g.block_size,
-            },
-        }
-        return web.json_response([stats])
+        return web.json_response(self.twin.iteration_stats(self.engine.gauges()))
 
     async def _models(self, request: web.Request) -> web.Response:
         created = int(time.time())
@@ -425,7 +422,7 @@ class TwinServer:
                 "id": name,
                 "object": "model",
                 "created": created,
-                "owned_by": OWNED_BY[self.engine_name],
+                "owned_by": self.twin.owned_by,
                 "root": self.parsed.model,
                 "parent": None,
                 "max_model_len": int(self.engine.memory.max_request_tokens),
@@ -802,31 +799,13 @@ async def serving(
     model: str | None,
     gpu: str,
     engine_args: Sequence[str] = (),
+    options: ServeOptions | None = None,
     *,
     tp: int | None = None,
     files: dict[str, str] | None = None,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    speedup: float = 1.0,
-    seed: int = 0,
-    exit_delay_s: float = 1.0,
-    dcgm_port: int | None = None,
 ) -> AsyncIterator[str]:
-    """Serve a twin in this event loop; yields the base URL (``port=0``: a free port)."""
-    server = make_server(
-        engine,
-        model,
-        gpu,
-        engine_args,
-        tp=tp,
-        files=files,
-        host=host,
-        port=port,
-        speedup=speedup,
-        seed=seed,
-        exit_delay_s=exit_delay_s,
-        dcgm_port=dcgm_port,
-    )
+    """Serve a twin in this event loop; yields the base URL (``options.port`` 0: a free port)."""
+    server = make_server(engine, model, gpu, engine_args, options, tp=tp, files=files)
     url = await server.start()
     try:
         yield url
@@ -839,14 +818,14 @@ def make_server(
     model: str | None,
     gpu: str,
     engine_args: Sequence[str] = (),
+    options: ServeOptions | None = None,
     *,
     tp: int | None = None,
     files: dict[str, str] | None = None,
-    **kwargs: Any,
 ) -> TwinServer:
     """Parse the engine command and boot the twin (raises ArgsError, StartupOOM, ValueError)."""
     parsed = parse_command(engine, list(engine_args), model=model, tp=tp, files=files)
-    return TwinServer(engine, parsed, gpu, **kwargs)
+    return TwinServer(engine, parsed, gpu, options)
 
 
 # --- CLI -----------------------------------------------------------------------------------------
@@ -911,12 +890,9 @@ def serve_main(argv: Sequence[str]) -> int:
 
 
 async def _serve(opts: argparse.Namespace, parsed: ParsedCommand, port: int) -> int:
-    engine = EngineName(opts.engine)
+    engine = get_adapter(opts.engine).name
     try:
-        server = TwinServer(
-            engine,
-            parsed,
-            opts.gpu,
+        options = ServeOptions(
             host=opts.host,
             port=port,
             speedup=opts.speedup,
@@ -928,8 +904,9 @@ async def _serve(opts: argparse.Namespace, parsed: ParsedCommand, port: int) -> 
             namespace=opts.namespace,
             engine_version=opts.engine_version,
         )
+        server = TwinServer(engine, parsed, opts.gpu, options)
     except StartupOOM as err:
-        print(f"{OOM_STARTUP_PREFIX[engine]}: out of memory at start-up: {err}", file=sys.stderr)
+        print(f"{oom_startup_prefix(engine)}: out of memory at start-up: {err}", file=sys.stderr)
         return 1
     except (ValueError, KeyError) as err:
         print(f"twin serve: {err}", file=sys.stderr)
@@ -940,7 +917,7 @@ async def _serve(opts: argparse.Namespace, parsed: ParsedCommand, port: int) -> 
         print(f"twin serve: cannot bind {opts.host}:{port}: {err.strerror or err}", file=sys.stderr)
         return 1
     print(
-        f"twin serve: {engine.value} {parsed.model} on {opts.gpu} at {url} (speedup {opts.speedup}x, "
+        f"twin serve: {engine} {parsed.model} on {opts.gpu} at {url} (speedup {opts.speedup}x, "
         f"KV pool {server.engine.memory.pool_tokens} tokens)",
         file=sys.stderr,
         flush=True,

@@ -15,11 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefixtune.twin.cache.base import Match
 from prefixtune.twin.observer import NullObserver
 from prefixtune.twin.request import Request
+
+if TYPE_CHECKING:
+    from prefixtune.metrics.signals import Signals
 
 
 @dataclass(slots=True)
@@ -147,6 +150,12 @@ class Summary:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def signals(self, window_s: float | None = None, *, waiting_mean: float | None = None) -> Signals:
+        """What the engine's metrics would have shown over the window (``metrics.twin_signals``)."""
+        from prefixtune.metrics.twin_signals import signals_from_summary  # the metrics package is heavy
+
+        return signals_from_summary(self, window_s, waiting_mean=waiting_mean)
+
     def without_wall(self) -> dict[str, Any]:
         """Everything but ``wall_seconds``: equal for equal seeds."""
         d = self.to_dict()
@@ -184,32 +193,55 @@ def failed_summary(status: str, error: str, setup: Mapping[str, Any], wall_secon
     )
 
 
+@dataclass(frozen=True)
+class GoodputSlo:
+    """The per-request SLO goodput counts against (None: that bound not checked)."""
+
+    ttft_s: float | None = None
+    itl_s: float | None = None  # compared with the request's TPOT
+
+
+@dataclass(frozen=True)
+class RunWindow:
+    """How a run went over its measurement window ``[start_s, end_s]`` (simulated seconds)."""
+
+    status: str  # ok | oom_runtime
+    start_s: float
+    end_s: float
+    arrived: int  # requests that arrived in the window
+    rejected: int
+    max_running: int
+    kv_pool_tokens: int
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class EngineTotals:
+    """The engine's counter deltas over the window (cache hits in the engine's own unit)."""
+
+    hit_tokens: int
+    query_tokens: int
+    saved_prefill_tokens: int
+    prompt_tokens: int
+    busy_s: float
+    running_integral: float
+    kv_usage_integral: float
+    preemptions: int
+
+
 def summarize(
     collector: SummaryCollector,
-    *,
-    status: str,
-    arrived: int,
-    rejected: int,
-    start_s: float,
-    end_s: float,
-    wall_seconds: float,
-    hit_tokens: int,
-    query_tokens: int,
-    saved_prefill_tokens: int,
-    prompt_tokens: int,
-    busy_s: float,
-    running_integral: float,
-    kv_usage_integral: float,
-    max_running: int,
-    preemptions: int,
-    kv_pool_tokens: int,
-    slo_ttft_s: float | None,
-    slo_itl_s: float | None,
+    window: RunWindow,
+    totals: EngineTotals,
+    slo: GoodputSlo,
     setup: Mapping[str, Any],
-    error: str = "",
+    wall_seconds: float,
 ) -> Summary:
     """Combine the collector with the engine's counter deltas over the window ``[start_s, end_s]``."""
-    window = max(end_s - start_s, 1e-12)
+    w, t = window, totals
+    start_s, end_s = w.start_s, w.end_s
+    slo_ttft_s, slo_itl_s = slo.ttft_s, slo.itl_s
+    span = max(end_s - start_s, 1e-12)
     in_window = [d for d in collector.done if d.end_s >= start_s]
     ttft_p50, ttft_p99 = percentiles(collector.ttfts, (0.50, 0.99))
     itl_p50, itl_p99 = weighted_percentiles(collector.gaps, (0.50, 0.99))
@@ -219,29 +251,30 @@ def summarize(
         ok_itl = slo_itl_s is None or d.tpot_s <= slo_itl_s
         if ok_ttft and ok_itl:
             good += d.output_len
+    saved = float(t.saved_prefill_tokens / t.prompt_tokens) if t.prompt_tokens else 0.0
     return Summary(
-        status=status,
-        requests=int(arrived),
+        status=w.status,
+        requests=int(w.arrived),
         finished=len(in_window),
-        rejected=int(rejected),
+        rejected=int(w.rejected),
         sim_seconds=float(end_s - start_s),
         wall_seconds=float(wall_seconds),
-        hit_rate=float(hit_tokens / query_tokens) if query_tokens else 0.0,
-        prefill_tokens_saved_fraction=float(saved_prefill_tokens / prompt_tokens) if prompt_tokens else 0.0,
+        hit_rate=float(t.hit_tokens / t.query_tokens) if t.query_tokens else 0.0,
+        prefill_tokens_saved_fraction=saved,
         ttft_p50_s=ttft_p50,
         ttft_p99_s=ttft_p99,
         itl_p50_s=itl_p50,
         itl_p99_s=itl_p99,
-        output_tokens_per_s=float(collector.window_tokens / window),
-        input_tokens_per_s=float(sum(d.prompt_len for d in in_window) / window),
-        requests_per_s=float(len(in_window) / window),
-        goodput_tokens_per_s=float(good / window),
-        mean_running=float(running_integral / window),
-        max_running=int(max_running),
-        kv_usage_mean=float(kv_usage_integral / window),
-        kv_pool_tokens=int(kv_pool_tokens),
-        preemptions=int(preemptions),
-        gpu_busy_fraction=float(min(1.0, busy_s / window)),
-        error=error,
+        output_tokens_per_s=float(collector.window_tokens / span),
+        input_tokens_per_s=float(sum(d.prompt_len for d in in_window) / span),
+        requests_per_s=float(len(in_window) / span),
+        goodput_tokens_per_s=float(good / span),
+        mean_running=float(t.running_integral / span),
+        max_running=int(w.max_running),
+        kv_usage_mean=float(t.kv_usage_integral / span),
+        kv_pool_tokens=int(w.kv_pool_tokens),
+        preemptions=int(t.preemptions),
+        gpu_busy_fraction=float(min(1.0, t.busy_s / span)),
+        error=w.error,
         setup=dict(setup),
     )

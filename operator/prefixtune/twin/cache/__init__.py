@@ -1,6 +1,7 @@
 """The twin's KV cache models, one per engine, behind the ``KVCache`` protocol (``base.py``).
 
-``make_cache(engine, num_blocks, block_size, prefix_caching, **engine_options)`` builds one. Options
+``make_cache(engine, num_blocks, block_size, prefix_caching, **engine_options)`` builds one through
+the engine's twin model (``twin/models/``: its ``cache_options`` and ``make_cache``). Options
 use the engine-neutral names of the adapters' ``ParsedCommand`` options; ``None`` means "engine
 default". Per engine:
 
@@ -14,17 +15,15 @@ default". Per engine:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from prefixtune.engines.base import EngineName
 from prefixtune.twin.cache.base import CacheStats, KVCache, Match
 from prefixtune.twin.cache.sglang import EVICTION_POLICIES, SglangCache
 from prefixtune.twin.cache.trtllm import TrtllmCache
 from prefixtune.twin.cache.vllm import VllmCache
 from prefixtune.twin.cache.vllm_native import NativeVllmCache, native_pool_status, use_native_pool
+from prefixtune.twin.models.base import find_twin_model, known
 
 __all__ = [
-    "ENGINE_OPTIONS",
+    "EVICTION_POLICIES",
     "CacheStats",
     "KVCache",
     "Match",
@@ -32,38 +31,21 @@ __all__ = [
     "SglangCache",
     "TrtllmCache",
     "VllmCache",
+    "bool_option",
+    "int_option",
     "make_cache",
     "native_pool_status",
+    "use_native_pool",
 ]
 
-ENGINE_OPTIONS: Mapping[EngineName, tuple[str, ...]] = {
-    EngineName.VLLM: (),
-    EngineName.SGLANG: ("eviction_policy",),
-    EngineName.TRTLLM: (
-        "partial_reuse",
-        "copy_on_partial_reuse",
-        "host_cache_bytes",
-        "kv_bytes_per_token",
-        "host_cache_tokens",
-    ),
-}
 
-
-def _engine(engine: str | EngineName) -> EngineName:
-    try:
-        return EngineName(str(engine).lower())
-    except ValueError:
-        allowed = ", ".join(e.value for e in EngineName)
-        raise ValueError(f"engine must be one of {allowed}, got {engine!r}") from None
-
-
-def _bool(name: str, value: object) -> bool:
+def bool_option(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"cache option {name} must be true or false, got {value!r}")
     return value
 
 
-def _int(name: str, value: object, minimum: int) -> int:
+def int_option(name: str, value: object, minimum: int) -> int:
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
@@ -75,7 +57,7 @@ def _int(name: str, value: object, minimum: int) -> int:
 
 
 def make_cache(
-    engine: str | EngineName,
+    engine: str,
     num_blocks: int,
     block_size: int,
     prefix_caching: bool = True,
@@ -83,46 +65,15 @@ def make_cache(
 ) -> KVCache:
     """The KV cache model of ``engine`` with ``num_blocks`` blocks (vLLM blocks, SGLang pages,
     TensorRT-LLM blocks) of ``block_size`` tokens."""
-    name = _engine(engine)
-    num_blocks = _int("num_blocks", num_blocks, 1)
-    block_size = _int("block_size", block_size, 1)
-    prefix_caching = _bool("prefix_caching", prefix_caching)
+    model = find_twin_model(engine)
+    if model is None:
+        raise ValueError(f"engine must be one of {', '.join(known())}, got {engine!r}")
+    num_blocks = int_option("num_blocks", num_blocks, 1)
+    block_size = int_option("block_size", block_size, 1)
+    prefix_caching = bool_option("prefix_caching", prefix_caching)
     opts = {k: v for k, v in engine_options.items() if v is not None}
-    unknown = sorted(set(opts) - set(ENGINE_OPTIONS[name]))
+    unknown = sorted(set(opts) - set(model.cache_options))
     if unknown:
-        allowed = ", ".join(ENGINE_OPTIONS[name]) or "none"
-        raise ValueError(f"unknown {name.value} cache option(s) {', '.join(unknown)} (allowed: {allowed})")
-    if name is EngineName.VLLM:
-        if use_native_pool():
-            return NativeVllmCache(num_blocks, block_size, prefix_caching)
-        return VllmCache(num_blocks, block_size, prefix_caching)
-    if name is EngineName.SGLANG:
-        policy = str(opts.get("eviction_policy", "lru"))
-        if policy not in EVICTION_POLICIES:
-            raise ValueError(
-                f"cache option eviction_policy must be one of {', '.join(EVICTION_POLICIES)}, got {policy!r}"
-            )
-        return SglangCache(num_blocks, block_size, prefix_caching, eviction_policy=policy)
-    host_tokens = _host_tokens(opts)
-    return TrtllmCache(
-        num_blocks,
-        block_size,
-        prefix_caching,
-        partial_reuse=_bool("partial_reuse", opts.get("partial_reuse", True)),
-        copy_on_partial_reuse=_bool("copy_on_partial_reuse", opts.get("copy_on_partial_reuse", True)),
-        host_blocks=host_tokens // block_size,
-    )
-
-
-def _host_tokens(opts: Mapping[str, object]) -> int:
-    if "host_cache_tokens" in opts:
-        if "host_cache_bytes" in opts:
-            raise ValueError("give either cache option host_cache_tokens or host_cache_bytes, not both")
-        return _int("host_cache_tokens", opts["host_cache_tokens"], 0)
-    host_bytes = _int("host_cache_bytes", opts.get("host_cache_bytes", 0), 0)
-    if host_bytes == 0:
-        return 0
-    if "kv_bytes_per_token" not in opts:
-        raise ValueError("cache option host_cache_bytes needs kv_bytes_per_token (bytes of KV per token)")
-    per_token = _int("kv_bytes_per_token", opts["kv_bytes_per_token"], 1)
-    return host_bytes // per_token
+        allowed = ", ".join(model.cache_options) or "none"
+        raise ValueError(f"unknown {model.name} cache option(s) {', '.join(unknown)} (allowed: {allowed})")
+    return model.make_cache(num_blocks, block_size, prefix_caching, opts)
