@@ -407,6 +407,18 @@ async def _phase(good: Loop, began: float, seconds: float) -> None:
         await asyncio.sleep(0.5)
 
 
+async def _ingested(client: Any, sel: Any, end: float, timeout_s: float) -> None:
+    """Until Prometheus holds a sample at or after ``end`` for every job scraping ``sel``."""
+    query = f"max by (job) (timestamp(up{sel.render()}))"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = await asyncio.to_thread(client.custom_query, query)
+        if rows and all(float(r["value"][1]) >= end for r in rows):
+            return
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"Prometheus did not ingest samples up to {end:.3f} within {timeout_s:g}s")
+
+
 async def _ready(h: Harness, names: list[str], timeout_s: float) -> None:
     """Until every resource is measuring (its baseline Deployment serves)."""
     deadline = time.monotonic() + timeout_s
@@ -554,6 +566,10 @@ async def scraped_twice(window_s: int = 8, timeout_s: float = 90.0) -> dict[str,
         client = BoundedPrometheus(h.sb.prometheus_url)
         sel = Selector.pods(pods, namespace="default")
         end = time.time()
+        # Every job's samples up to ``end`` ingested before the first query: on a busy machine
+        # Prometheus lags, and queries made one after another then covered different spans (43 then
+        # 61 requests for the same job).
+        await _ingested(client, sel, end, timeout_s)
 
         def requests(selector: Selector) -> float | None:
             return PrometheusSource(client, "vllm").measure(selector, window_s, end=end).signals.requests
