@@ -267,14 +267,15 @@ async def test_sglang_canary_and_trtllm_rolling_converge_and_beat_their_baseline
     sglang = {
         "engine": "sglang", "model": MODEL, "replicas": 2,
         "config": {"prefixCaching": False},
-        "tuning": _tuning("170ms", {"prefixCaching": [True, False], "schedulePolicy": ["fcfs", "lpm"]}, 3),
+        "tuning": _tuning("150ms", {"prefixCaching": [True, False], "schedulePolicy": ["fcfs", "lpm"]}, 3),
     }  # fmt: skip
     # The paired comparison needs enough requests on each side: the canary pod gets half the traffic.
-    # Caching off sits at the TTFT SLO (p50 0.16 s against 0.17 s), so a side's goodput is the share of
-    # requests that made it times their output tokens: with ~30 requests a side (10 s windows) the
-    # canary/baseline ratio varied by about +-25 % and fell below 1 for caching on at times (a true
-    # ratio of 1.31: 110.7 against 84.2), converging on the baseline; ~60 a side halve that spread.
-    sglang["tuning"]["trial"] = {"warmup": "2s", "measure": "20s", "minRequests": 50}
+    # The TTFT SLO is where the configs differ clearly (the twin's goodput: caching on 110.7, off
+    # 10.7). At 170 ms caching off sat at the SLO (TTFT p50 0.16 s; goodput 84.2 against 110.7), so a
+    # side's goodput was the share of its ~30-60 requests that happened to make it: the canary/baseline
+    # ratio of two identical configs ranged 0.54-1.36 and the resource converged on caching off in
+    # about one run of four, on a quiet machine as on a busy one.
+    sglang["tuning"]["trial"] = {"warmup": "2s", "measure": "10s", "minRequests": 20}
     trtllm = {
         "engine": "trtllm", "model": MODEL, "replicas": 1,
         "config": {"prefixCaching": False},
@@ -294,7 +295,7 @@ async def test_sglang_canary_and_trtllm_rolling_converge_and_beat_their_baseline
         lambda: _converged(cluster, "agent"), 120, "TensorRT-LLM to converge", follow="agent"
     )
     assert await cluster.deployment("chat-canary") is None  # deleted after the trials
-    for state, engine, workload, slo in ((chat, "sglang", "rag", 0.17), (agent, "trtllm", "agent", 0.1)):
+    for state, engine, workload, slo in ((chat, "sglang", "rag", 0.15), (agent, "trtllm", "agent", 0.1)):
         _check_history(state, 3)
         _assert_beats_baseline(engine, workload, state, slo, 0.6 if engine == "sglang" else 0.3)
     assert chat.settings.strategy == "canary" and agent.settings.strategy == "rolling"
