@@ -21,6 +21,9 @@ Counting rules follow the engines:
 - TensorRT-LLM counts reused/missed blocks per context phase (iteration stats) and prompt, cached
   and generated tokens per finished request.
 
+Each engine's series are a table (``SERIES`` in ``twin/models/<engine>.py``): ``Series`` rows that
+``TableMetrics`` turns into prometheus_client objects, moved by the events each row names.
+
 A GPU-utilization gauge is not an engine metric: ``DcgmExporter`` is a separate observer that
 serves ``DCGM_FI_DEV_GPU_UTIL`` as NVIDIA's DCGM exporter would.
 """
