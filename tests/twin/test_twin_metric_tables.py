@@ -44,7 +44,7 @@ class Seen(MetricState):
 
 
 def _count(e: Tokens) -> int:
-    return e.count
+    return e.n
 
 
 class Demo(TableMetrics):

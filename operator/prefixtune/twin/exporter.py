@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
+from typing import Any, ClassVar, Generic, NamedTuple, TypeAlias, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -184,8 +184,7 @@ MODEL_NAME = "\x00model"  # a label value the builder replaces with the exporter
 Buckets: TypeAlias = "Sequence[float] | Callable[[EngineExporter], Sequence[float]]"
 
 
-@dataclass(frozen=True, slots=True)
-class Admitted:
+class Admitted(NamedTuple):
     """Event: a request was admitted (``first``: not a re-admission after a preemption)."""
 
     m: TableMetrics
@@ -195,8 +194,7 @@ class Admitted:
     first: bool
 
 
-@dataclass(frozen=True, slots=True)
-class FirstToken:
+class FirstToken(NamedTuple):
     """Event: a request's prefill ended with its first token."""
 
     m: TableMetrics
@@ -205,18 +203,16 @@ class FirstToken:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class Tokens:
-    """Event: ``count`` decode tokens, ``gap_s`` apart."""
+class Tokens(NamedTuple):
+    """Event: ``n`` decode tokens, ``gap_s`` apart."""
 
     m: TableMetrics
     gap_s: float
-    count: int
+    n: int  # (``count`` is a tuple method)
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class Finished:
+class Finished(NamedTuple):
     """Event: a request finished (``cached``: its prefix-cache hit tokens at first admission)."""
 
     m: TableMetrics
@@ -228,8 +224,7 @@ class Finished:
     decode_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class Preempted:
+class Preempted(NamedTuple):
     """Event: a request was preempted (SGLang: retracted)."""
 
     m: TableMetrics
@@ -237,8 +232,7 @@ class Preempted:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(NamedTuple):
     """Event: a run of ``steps`` engine steps ending at ``now``."""
 
     m: TableMetrics
@@ -249,8 +243,7 @@ class Step:
     decode: int
 
 
-@dataclass(frozen=True, slots=True)
-class Scrape:
+class Scrape(NamedTuple):
     """Scrape time: the engine's snapshot and the cache model's totals."""
 
     m: TableMetrics
@@ -437,28 +430,28 @@ class TableMetrics(EngineMetrics):
 
 
 def _mover(name: str, child: object, move: Move[Any]) -> Callable[[Any], None]:
+    """The update one move makes to one child (closures specialized per case: this is on the twin's
+    event path)."""
     amount, times, when = move.amount, move.times, move.when
     if isinstance(child, Counter):
         if times is not None:
             raise ValueError(f"{name}: a counter moves once per event")
-
-        def inc(e: Any) -> None:
-            if when is None or when(e):
-                child.inc(amount(e))
-
-        return inc
+        inc = child.inc
+        if when is None:
+            return lambda e: inc(amount(e))
+        return lambda e: inc(amount(e)) if when(e) else None
     if not isinstance(child, Histogram):
         raise ValueError(f"{name}: a gauge is read at scrape time, not moved by events")
     hist = child
-
-    def observe(e: Any) -> None:
-        if when is None or when(e):
-            if times is None:
-                hist.observe(amount(e))
-            else:
-                observe_many(hist, amount(e), times(e))
-
-    return observe
+    if times is None:
+        observe = hist.observe
+        if when is None:
+            return lambda e: observe(amount(e))
+        return lambda e: observe(amount(e)) if when(e) else None
+    n = times
+    if when is None:
+        return lambda e: observe_many(hist, amount(e), n(e))
+    return lambda e: observe_many(hist, amount(e), n(e)) if when(e) else None
 
 
 def config_label(field: str, default: float | bool) -> Callable[[Scrape], str]:

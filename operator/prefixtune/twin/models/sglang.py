@@ -157,7 +157,7 @@ SERIES: tuple[Series, ...] = (
     ),
     histogram(
         "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TOK,
-        SGLANG_ITL, Move(Tokens, lambda e: e.gap_s, times=lambda e: e.count),
+        SGLANG_ITL, Move(Tokens, lambda e: e.gap_s, times=lambda e: e.n),
     ),
     histogram(
         "sglang:request_time_per_output_token_seconds",

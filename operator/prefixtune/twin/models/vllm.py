@@ -98,7 +98,7 @@ SERIES: tuple[Series, ...] = (
     ),
     counter(
         "vllm:generation_tokens", "Number of generation tokens processed.", LABELS,
-        Move(FirstToken, lambda e: 1), Move(Tokens, lambda e: e.count),
+        Move(FirstToken, lambda e: 1), Move(Tokens, lambda e: e.n),
     ),
     counter(
         "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", LABELS,
@@ -144,7 +144,7 @@ SERIES: tuple[Series, ...] = (
     ),
     histogram(
         "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", LABELS,
-        VLLM_ITL, Move(Tokens, lambda e: e.gap_s, times=lambda e: e.count),
+        VLLM_ITL, Move(Tokens, lambda e: e.gap_s, times=lambda e: e.n),
     ),
     histogram(
         "vllm:request_time_per_output_token_seconds",
