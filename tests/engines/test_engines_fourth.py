@@ -16,7 +16,6 @@ from typing import ClassVar
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import Counter, Gauge
 
 from prefixtune.engines import registry
 from prefixtune.engines._argv import (
@@ -55,14 +54,13 @@ from prefixtune.engines.base import (
     RenderedCommand,
 )
 from prefixtune.twin import models
-from prefixtune.twin.cache import KVCache, Match, VllmCache
+from prefixtune.twin.cache import KVCache, VllmCache
 from prefixtune.twin.catalog import GpuSpec
-from prefixtune.twin.exporter import EngineExporter, EngineMetrics
+from prefixtune.twin.exporter import Admitted, EngineExporter, Move, TableMetrics, counter, gauge
 from prefixtune.twin.memory import MemoryStart, StartupOOM
 from prefixtune.twin.models import SchedulerDefaults, TwinModel
 from prefixtune.twin.openai_api import error_body
 from prefixtune.twin.replay import replay_cache
-from prefixtune.twin.request import Request
 from prefixtune.twin.run import SimOptions, simulate
 from prefixtune.twin.workloads import generate
 
@@ -138,21 +136,28 @@ class StubAdapter(AdapterBase):
         return read_labels(first_labels(samples, _METRICS.config_info) or {}, self.knob_labels())
 
 
-class StubMetrics(EngineMetrics):
+def _first(e: Admitted) -> bool:
+    return e.first
+
+
+class StubMetrics(TableMetrics):
     """The stub's metric table: a running gauge and token counters under its own names."""
 
-    def __init__(self, exporter: EngineExporter) -> None:
-        super().__init__(exporter)
-        Gauge(_METRICS.requests_running, "running", registry=self.registry).set_function(
-            exporter.gauge_value("running")
-        )
-        self.queries = Counter(_METRICS.hit_denominator, "queried tokens", registry=self.registry)
-        self.hits = Counter(_METRICS.hit_numerator, "cached tokens", registry=self.registry)
-
-    def on_admitted(self, req: Request, match: Match, now: float, first: bool) -> None:
-        if first:
-            self.queries.inc(req.prompt_len)
-            self.hits.inc(match.hit_tokens)
+    table = (
+        gauge(_METRICS.requests_running, "running", {}, "running"),
+        counter(
+            _METRICS.hit_denominator,
+            "queried tokens",
+            {},
+            Move(Admitted, lambda e: e.req.prompt_len, when=_first),
+        ),
+        counter(
+            _METRICS.hit_numerator,
+            "cached tokens",
+            {},
+            Move(Admitted, lambda e: e.match.hit_tokens, when=_first),
+        ),
+    )
 
 
 class StubTwin(TwinModel):

@@ -21,16 +21,23 @@ Counting rules follow the engines:
 - TensorRT-LLM counts reused/missed blocks per context phase (iteration stats) and prompt, cached
   and generated tokens per finished request.
 
+Each engine's series are a table (``SERIES`` in ``twin/models/<engine>.py``): ``Series`` rows that
+``TableMetrics`` turns into prometheus_client objects, moved by the events each row names.
+
 A GPU-utilization gauge is not an engine metric: ``DcgmExporter`` is a separate observer that
 serves ``DCGM_FI_DEV_GPU_UTIL`` as NVIDIA's DCGM exporter would.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, ClassVar, Generic, NamedTuple, TypeAlias, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -125,8 +132,8 @@ class Window:
 
 
 class EngineMetrics:
-    """One engine's series (its metric table): each engine's twin model (``twin/models/``) has a
-    subclass that creates them and maps the twin's events onto them."""
+    """One engine's series: what the exporter calls with the twin's events. The built-in engines
+    declare theirs as a table (``TableMetrics`` below); a subclass may also build them by hand."""
 
     def __init__(self, exporter: EngineExporter) -> None:
         self.x = exporter
@@ -161,6 +168,317 @@ def ttft_buckets(value: object) -> tuple[float, ...]:
     if isinstance(value, tuple) and value and all(isinstance(b, int | float) for b in value):
         return tuple(float(b) for b in value)
     return tuple(float(b) for b in SGLANG_TTFT)
+
+
+# --- metric tables: each engine's series as data, one builder -------------------------------------
+class Kind(enum.Enum):
+    """The prometheus_client type of a series."""
+
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    HISTOGRAM = "histogram"
+
+
+MODEL_NAME = "\x00model"  # a label value the builder replaces with the exporter's model name
+# A histogram's bounds, or a function of the exporter for bounds that depend on the command.
+Buckets: TypeAlias = "Sequence[float] | Callable[[EngineExporter], Sequence[float]]"
+
+
+class Admitted(NamedTuple):
+    """Event: a request was admitted (``first``: not a re-admission after a preemption)."""
+
+    m: TableMetrics
+    req: Request
+    match: Match
+    now: float
+    first: bool
+
+
+class FirstToken(NamedTuple):
+    """Event: a request's prefill ended with its first token."""
+
+    m: TableMetrics
+    req: Request
+    ttft_s: float
+    now: float
+
+
+class Tokens(NamedTuple):
+    """Event: ``n`` decode tokens, ``gap_s`` apart."""
+
+    m: TableMetrics
+    gap_s: float
+    n: int  # (``count`` is a tuple method)
+    now: float
+
+
+class Finished(NamedTuple):
+    """Event: a request finished (``cached``: its prefix-cache hit tokens at first admission)."""
+
+    m: TableMetrics
+    req: Request
+    cached: int
+    e2e_s: float
+    queue_s: float
+    prefill_s: float
+    decode_s: float
+
+
+class Preempted(NamedTuple):
+    """Event: a request was preempted (SGLang: retracted)."""
+
+    m: TableMetrics
+    req: Request
+    now: float
+
+
+class Step(NamedTuple):
+    """Event: a run of ``steps`` engine steps ending at ``now``."""
+
+    m: TableMetrics
+    now: float
+    duration_s: float
+    steps: int
+    prefill: int
+    decode: int
+
+
+class Scrape(NamedTuple):
+    """Scrape time: the engine's snapshot and the cache model's totals."""
+
+    m: TableMetrics
+    gauges: Gauges
+    stats: CacheStats | None
+
+
+E = TypeVar("E")  # one of the event types above
+
+
+@dataclass(frozen=True)
+class Move(Generic[E]):
+    """How event ``on`` moves a series: a counter ``inc``s by ``amount``, a histogram observes it
+    (``times`` observations at once when given); only when ``when`` holds (if given)."""
+
+    on: type[E]
+    amount: Callable[[E], float]
+    times: Callable[[E], int] | None = None
+    when: Callable[[E], bool] | None = None
+
+
+@dataclass(frozen=True)
+class Child:
+    """One label value of a series' ``by`` label: a gauge's scrape-time ``source`` or the moves."""
+
+    value: str
+    source: str | Callable[[TableMetrics], float] | None = None
+    moves: tuple[Move[Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Series:
+    """One row of an engine's metric table.
+
+    ``labels`` are the series' fixed labels (``MODEL_NAME`` for the model name). A gauge reads
+    ``source`` at scrape time (a ``Gauges`` field name or a function of the metrics); counters and
+    histograms follow ``moves``. With ``by``, the series has one child per ``children`` entry under
+    that extra label (each with its own source or moves), else one child. ``buckets``: a
+    histogram's bounds, or a function of the exporter for bounds that depend on the command.
+    ``mirror``: a counter raised at scrape time to a total the cache model keeps (None: leave it).
+    ``info``: a gauge whose only child is the config, re-labelled (label name, value) and set to 1
+    at each scrape.
+    """
+
+    name: str
+    kind: Kind
+    doc: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    source: str | Callable[[TableMetrics], float] | None = None
+    moves: tuple[Move[Any], ...] = ()
+    by: str = ""
+    children: tuple[Child, ...] = ()
+    buckets: Buckets = ()
+    mirror: Callable[[Scrape], float | None] | None = None
+    info: tuple[tuple[str, Callable[[Scrape], str]], ...] = ()
+
+
+def gauge(
+    name: str,
+    doc: str,
+    labels: Mapping[str, str],
+    source: str | Callable[[TableMetrics], float] | None = None,
+    *,
+    by: str = "",
+    children: tuple[Child, ...] = (),
+) -> Series:
+    """A gauge row: read from ``source`` at scrape time (or per child of ``by``)."""
+    return Series(name, Kind.GAUGE, doc, labels, source, by=by, children=children)
+
+
+def counter(
+    name: str,
+    doc: str,
+    labels: Mapping[str, str],
+    *moves: Move[Any],
+    by: str = "",
+    children: tuple[Child, ...] = (),
+    mirror: Callable[[Scrape], float | None] | None = None,
+) -> Series:
+    """A counter row: moved by ``moves`` (or per child of ``by``), or mirroring a total."""
+    return Series(name, Kind.COUNTER, doc, labels, moves=moves, by=by, children=children, mirror=mirror)
+
+
+def histogram(name: str, doc: str, labels: Mapping[str, str], buckets: Buckets, *moves: Move[Any]) -> Series:
+    """A histogram row: observes what ``moves`` say."""
+    return Series(name, Kind.HISTOGRAM, doc, labels, moves=moves, buckets=buckets)
+
+
+def info(
+    name: str, doc: str, labels: Mapping[str, str], *config: tuple[str, Callable[[Scrape], str]]
+) -> Series:
+    """A config-info gauge row: one child labelled (name, value) from ``config``, set to 1."""
+    return Series(name, Kind.GAUGE, doc, labels, info=config)
+
+
+class MetricState:
+    """An engine's per-exporter metric state (the hook for what a table row cannot say): sees each
+    event after the table's moves. The default keeps nothing."""
+
+    def update(self, event: object) -> None:
+        return None
+
+
+class TableMetrics(EngineMetrics):
+    """The generic builder: an engine's ``table`` (its ``Series`` rows, in exposition order) turned
+    into prometheus_client objects, with each event dispatched to the moves that name it. ``state``
+    is the engine's own per-exporter state (derived gauges, per-request sums): built from the
+    metrics, it sees every event after the series moved (``update``)."""
+
+    table: ClassVar[tuple[Series, ...]]
+    state_type: ClassVar[type[MetricState]] = MetricState
+
+    def __init__(self, exporter: EngineExporter) -> None:
+        super().__init__(exporter)
+        self.state: Any = self.state_type()
+        self._moves: dict[type, list[Callable[[Any], None]]] = {}
+        self._scrape: list[Callable[[Scrape], None]] = []
+        for row in self.table:
+            self._build(row)
+
+    def _build(self, row: Series) -> None:
+        x = self.x
+        fixed = {k: x.model if v == MODEL_NAME else v for k, v in row.labels.items()}
+        names = [*fixed, *(name for name, _ in row.info), *([row.by] if row.by else [])]
+        if row.kind is Kind.GAUGE:
+            metric: Gauge | Counter | Histogram = Gauge(row.name, row.doc, names, registry=self.registry)
+        elif row.kind is Kind.COUNTER:
+            metric = Counter(row.name, row.doc, names, registry=self.registry)
+        else:
+            buckets = row.buckets(x) if callable(row.buckets) else row.buckets
+            if not buckets:
+                raise ValueError(f"{row.name}: a histogram needs buckets")
+            metric = Histogram(row.name, row.doc, names, buckets=buckets, registry=self.registry)
+        if row.info:
+            if not isinstance(metric, Gauge):
+                raise ValueError(f"{row.name}: only a gauge carries config info")
+            self._scrape.append(partial(_relabel, metric, fixed, row.info))
+            return
+        for c in row.children if row.by else (Child("", row.source, row.moves),):
+            child = metric.labels(**fixed, **({row.by: c.value} if row.by else {})) if names else metric
+            if c.source is not None:
+                if not isinstance(child, Gauge):
+                    raise ValueError(f"{row.name}: only a gauge has a scrape-time source")
+                source = c.source
+                child.set_function(
+                    x.gauge_value(source) if isinstance(source, str) else partial(source, self)
+                )
+            for move in c.moves:
+                self._moves.setdefault(move.on, []).append(_mover(row.name, child, move))
+            if row.mirror is not None:
+                if not isinstance(child, Counter):
+                    raise ValueError(f"{row.name}: only a counter mirrors a total")
+                self._scrape.append(partial(_raise_to, child, row.mirror))
+
+    def _fire(self, event: Any) -> None:
+        for move in self._moves.get(type(event), ()):
+            move(event)
+        self.state.update(event)
+
+    def refresh(self, gauges: Gauges, stats: CacheStats | None) -> None:
+        scrape = Scrape(self, gauges, stats)
+        for step in self._scrape:
+            step(scrape)
+
+    def on_admitted(self, req: Request, match: Match, now: float, first: bool) -> None:
+        self._fire(Admitted(self, req, match, now, first))
+
+    def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
+        self._fire(FirstToken(self, req, ttft_s, now))
+
+    def on_tokens(self, gap_s: float, count: int, now: float) -> None:
+        self._fire(Tokens(self, gap_s, count, now))
+
+    def on_finished(
+        self, req: Request, cached: int, e2e_s: float, queue_s: float, prefill_s: float, decode_s: float
+    ) -> None:
+        self._fire(Finished(self, req, cached, e2e_s, queue_s, prefill_s, decode_s))
+
+    def on_preempted(self, req: Request, now: float) -> None:
+        self._fire(Preempted(self, req, now))
+
+    def on_step(self, now: float, duration_s: float, steps: int, prefill: int, decode: int) -> None:
+        self._fire(Step(self, now, duration_s, steps, prefill, decode))
+
+
+def _mover(name: str, child: object, move: Move[Any]) -> Callable[[Any], None]:
+    """The update one move makes to one child (closures specialized per case: this is on the twin's
+    event path)."""
+    amount, times, when = move.amount, move.times, move.when
+    if isinstance(child, Counter):
+        if times is not None:
+            raise ValueError(f"{name}: a counter moves once per event")
+        inc = child.inc
+        if when is None:
+            return lambda e: inc(amount(e))
+        return lambda e: inc(amount(e)) if when(e) else None
+    if not isinstance(child, Histogram):
+        raise ValueError(f"{name}: a gauge is read at scrape time, not moved by events")
+    hist = child
+    if times is None:
+        observe = hist.observe
+        if when is None:
+            return lambda e: observe(amount(e))
+        return lambda e: observe(amount(e)) if when(e) else None
+    n = times
+    if when is None:
+        return lambda e: observe_many(hist, amount(e), n(e))
+    return lambda e: observe_many(hist, amount(e), n(e)) if when(e) else None
+
+
+def config_label(field: str, default: float | bool) -> Callable[[Scrape], str]:
+    """An info label from the command's effective config (``default`` without one): its ``field``
+    as the type of ``default``, as a string."""
+
+    def value(s: Scrape) -> str:
+        cfg = s.m.x.parsed.config if s.m.x.parsed is not None else None
+        return str(type(default)(getattr(cfg, field)) if cfg else default)
+
+    return value
+
+
+def _raise_to(counter: Counter, total: Callable[[Scrape], float | None], scrape: Scrape) -> None:
+    value = total(scrape)
+    if value is not None:
+        inc_to(counter, value)
+
+
+def _relabel(
+    gauge: Gauge,
+    fixed: Mapping[str, str],
+    info: tuple[tuple[str, Callable[[Scrape], str]], ...],
+    scrape: Scrape,
+) -> None:
+    gauge.clear()
+    gauge.labels(**fixed, **{name: value(scrape) for name, value in info}).set(1)
 
 
 def _families_of(engine: str, version: str | None) -> frozenset[str] | None:

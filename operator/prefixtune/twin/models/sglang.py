@@ -7,143 +7,180 @@ reservation (``schedule_policy.py``, ``scheduler.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Callable, Mapping
 
 from prefixtune.engines.base import EngineName
 from prefixtune.twin.cache import EVICTION_POLICIES, SglangCache
-from prefixtune.twin.cache.base import CacheStats, KVCache, Match
+from prefixtune.twin.cache.base import KVCache
 from prefixtune.twin.catalog import GIB, GpuSpec
 from prefixtune.twin.exporter import (
+    MODEL_NAME,
     SGLANG_E2E,
     SGLANG_ITL,
     SGLANG_TTFT,
-    EngineExporter,
-    EngineMetrics,
+    Admitted,
+    Child,
+    Finished,
+    FirstToken,
+    MetricState,
+    Move,
+    Preempted,
+    Scrape,
+    Series,
+    Step,
+    TableMetrics,
+    Tokens,
     Window,
-    inc_to,
-    observe_many,
+    counter,
+    gauge,
+    histogram,
     tpot,
     ttft_buckets,
 )
 from prefixtune.twin.memory import NON_TORCH_BYTES, MemoryStart, StartupOOM
 from prefixtune.twin.models.base import SchedulerDefaults, TwinModel, register
-from prefixtune.twin.observer import Gauges
-from prefixtune.twin.request import Request
 
 UNCHUNKED_PREFILL_TOKENS = 16384  # --max-prefill-tokens default: caps a prefill batch without chunking
 
 
-class SglangMetrics(EngineMetrics):
-    """SGLang's series as ``srt/metrics/collector.py`` exports them (reference/engines.md 2.2)."""
+SCHED = {
+    "model_name": MODEL_NAME,
+    "engine_type": "unified",
+    "tp_rank": "0",
+    "pp_rank": "0",
+    "moe_ep_rank": "0",
+}
+TOK = {"model_name": MODEL_NAME, "engine_type": "unified"}
+STREAMING = {**TOK, "is_streaming": "false"}
 
-    def __init__(self, exporter: EngineExporter) -> None:
-        super().__init__(exporter)
-        sched = {
-            "model_name": exporter.model,
-            "engine_type": "unified",
-            "tp_rank": "0",
-            "pp_rank": "0",
-            "moe_ep_rank": "0",
-        }
-        tok = {"model_name": exporter.model, "engine_type": "unified"}
-        r = self.registry
-        g = exporter.gauge_value
 
-        def gauge(name: str, doc: str, fn: Callable[[], float]) -> None:
-            Gauge(name, doc, list(sched), registry=r).labels(**sched).set_function(fn)
+def _computed(e: Admitted) -> int:
+    # A re-admission after a retraction also re-prefills the tokens generated so far; the
+    # observer does not say how many, so only the prompt's part is counted as computed.
+    return max(0, e.req.prompt_len - e.match.hit_tokens)
 
-        gauge("sglang:num_running_reqs", "The number of running requests.", g("running"))
-        gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", g("waiting"))
-        gauge("sglang:token_usage", "The token usage.", lambda: round(exporter.snapshot.kv_usage, 2))
-        gauge("sglang:num_used_tokens", "The number of used tokens.", g("used_tokens"))
-        gauge(
-            "sglang:max_total_num_tokens",
-            "Maximum total number of tokens in the KV cache pool.",
-            g("pool_tokens"),
-        )
-        gauge("sglang:page_size", "The page size of the KV cache.", g("block_size"))
-        gauge("sglang:num_pages", "The number of pages in the KV cache pool.", g("pool_blocks"))
-        gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", lambda: self.batch_hit_rate)
-        gauge("sglang:gen_throughput", "The generation throughput (token/s).", self._gen_throughput)
-        gauge(
-            "sglang:num_retracted_reqs",
-            "The number of retracted requests.",
-            lambda: float(self.last_retracted),
-        )
-        gauge("sglang:num_paused_reqs", "The number of paused requests.", lambda: 0.0)
 
-        def counter(name: str, doc: str, labels: Mapping[str, str], extra: Sequence[str] = ()) -> Counter:
-            return Counter(name, doc, [*labels, *extra], registry=r)
+def _host(e: Finished) -> int:
+    return e.m.x.host_cached.get(e.req.req_id, 0)
 
-        eff = counter(
-            "sglang:prefill_effective_tokens_total",
-            "Prefill tokens by mode: input (computed), device_hit, host_hit, storage_hit. "
-            "Hit rate = sum(rate(*_hit)) / sum(rate(all modes)).",
-            sched,
-            ["mode"],
-        )
-        self.eff = {
-            m: eff.labels(**sched, mode=m) for m in ("input", "device_hit", "host_hit", "storage_hit")
-        }
-        realtime = counter("sglang:realtime_tokens_total", "Tokens processed, by mode.", sched, ["mode"])
-        self.rt = {
-            m: realtime.labels(**sched, mode=m) for m in ("prefill_compute", "prefill_cache", "decode")
-        }
-        self.retracted = counter(
-            "sglang:num_retracted_requests_total", "Total number of retracted requests.", sched
-        ).labels(**sched)
-        streaming = {**tok, "is_streaming": "false"}
-        self.prompt_tokens = counter(
-            "sglang:prompt_tokens_total", "Number of prefill tokens processed.", streaming
-        ).labels(**streaming)
-        self.generation_tokens = counter(
-            "sglang:generation_tokens_total", "Number of generation tokens processed.", streaming
-        ).labels(**streaming)
-        cached = counter(
-            "sglang:cached_tokens_total", "Number of cached prompt tokens.", tok, ["cache_source"]
-        )
-        self.cached = {s: cached.labels(**tok, cache_source=s) for s in ("device", "host", "storage")}
-        self.requests = counter("sglang:num_requests_total", "Number of requests processed.", tok).labels(
-            **tok
-        )
-        counter("sglang:num_aborted_requests_total", "Number of requests aborted.", tok).labels(**tok)
-        self.evicted = counter(
-            "sglang:evicted_tokens_total", "Number of tokens evicted from the radix cache.", sched
-        ).labels(**sched)
 
-        def hist(name: str, doc: str, labels: Mapping[str, str], buckets: Sequence[float]) -> Histogram:
-            return Histogram(name, doc, list(labels), buckets=buckets, registry=r).labels(**labels)
+def _hit(e: Finished) -> bool:
+    return e.cached > 0
 
-        self.ttft = hist(
-            "sglang:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            streaming,
-            # --bucket-time-to-first-token (the operator renders bounds that resolve the SLO)
-            ttft_buckets(exporter.option("ttft_buckets", SGLANG_TTFT)),
-        )
-        self.itl = hist(
-            "sglang:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            tok,
-            SGLANG_ITL,
-        )
-        self.tpot = hist(
-            "sglang:request_time_per_output_token_seconds",
-            "Histogram of time per output token per request in seconds.",
-            streaming,
-            SGLANG_ITL,
-        )
-        self.e2e = hist(
-            "sglang:e2e_request_latency_seconds",
-            "Histogram of End-to-end request latency in seconds",
-            streaming,
-            SGLANG_E2E,
-        )
-        self.queue = hist(
-            "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", tok, SGLANG_E2E
-        )
+
+def _evicted(s: Scrape) -> float | None:
+    return None if s.stats is None else s.stats.evicted_blocks * s.gauges.block_size
+
+
+def _admitted(amount: Callable[[Admitted], float]) -> tuple[Move[Admitted]]:
+    return (Move(Admitted, amount),)
+
+
+def _finished(amount: Callable[[Finished], float]) -> Move[Finished]:
+    return Move(Finished, amount)
+
+
+# Prefill tokens are counted per prefill (re-prefills after a retraction count again), cached tokens
+# and the token totals per finished request.
+SERIES: tuple[Series, ...] = (
+    gauge("sglang:num_running_reqs", "The number of running requests.", SCHED, "running"),
+    gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", SCHED, "waiting"),
+    gauge("sglang:token_usage", "The token usage.", SCHED, lambda m: round(m.x.snapshot.kv_usage, 2)),
+    gauge("sglang:num_used_tokens", "The number of used tokens.", SCHED, "used_tokens"),
+    gauge(
+        "sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", SCHED,
+        "pool_tokens",
+    ),
+    gauge("sglang:page_size", "The page size of the KV cache.", SCHED, "block_size"),
+    gauge("sglang:num_pages", "The number of pages in the KV cache pool.", SCHED, "pool_blocks"),
+    gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", SCHED, lambda m: m.state.batch_hit_rate),
+    gauge(
+        "sglang:gen_throughput", "The generation throughput (token/s).", SCHED,
+        lambda m: m.state.gen_throughput(m.x.snapshot.now),
+    ),
+    gauge(
+        "sglang:num_retracted_reqs", "The number of retracted requests.", SCHED,
+        lambda m: float(m.state.last_retracted),
+    ),
+    gauge("sglang:num_paused_reqs", "The number of paused requests.", SCHED, lambda m: 0.0),
+    counter(
+        "sglang:prefill_effective_tokens_total",
+        "Prefill tokens by mode: input (computed), device_hit, host_hit, storage_hit. "
+        "Hit rate = sum(rate(*_hit)) / sum(rate(all modes)).",
+        SCHED, by="mode",
+        children=(
+            Child("input", moves=_admitted(_computed)),
+            Child("device_hit", moves=_admitted(lambda e: e.match.hit_tokens - e.match.host_tokens)),
+            Child("host_hit", moves=_admitted(lambda e: e.match.host_tokens)),
+            Child("storage_hit"),
+        ),
+    ),
+    counter(
+        "sglang:realtime_tokens_total", "Tokens processed, by mode.", SCHED, by="mode",
+        children=(
+            Child("prefill_compute", moves=_admitted(_computed)),
+            Child("prefill_cache", moves=_admitted(lambda e: e.match.hit_tokens)),
+            Child("decode", moves=(Move(Step, lambda e: e.decode),)),
+        ),
+    ),
+    counter(
+        "sglang:num_retracted_requests_total", "Total number of retracted requests.", SCHED,
+        Move(Preempted, lambda e: 1),
+    ),
+    counter(
+        "sglang:prompt_tokens_total", "Number of prefill tokens processed.", STREAMING,
+        _finished(lambda e: e.req.prompt_len),
+    ),
+    counter(
+        "sglang:generation_tokens_total", "Number of generation tokens processed.", STREAMING,
+        _finished(lambda e: e.req.output_len),
+    ),
+    counter(
+        "sglang:cached_tokens_total", "Number of cached prompt tokens.", TOK, by="cache_source",
+        children=(
+            Child("device", moves=(Move(Finished, lambda e: e.cached - _host(e), when=_hit),)),
+            Child("host", moves=(Move(Finished, _host, when=_hit),)),
+            Child("storage"),
+        ),
+    ),
+    counter("sglang:num_requests_total", "Number of requests processed.", TOK, _finished(lambda e: 1)),
+    counter("sglang:num_aborted_requests_total", "Number of requests aborted.", TOK),
+    counter(
+        "sglang:evicted_tokens_total", "Number of tokens evicted from the radix cache.", SCHED,
+        mirror=_evicted,
+    ),
+    histogram(
+        "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", STREAMING,
+        # --bucket-time-to-first-token (the operator renders bounds that resolve the SLO)
+        lambda x: ttft_buckets(x.option("ttft_buckets", SGLANG_TTFT)),
+        Move(FirstToken, lambda e: e.ttft_s),
+    ),
+    histogram(
+        "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TOK,
+        SGLANG_ITL, Move(Tokens, lambda e: e.gap_s, times=lambda e: e.n),
+    ),
+    histogram(
+        "sglang:request_time_per_output_token_seconds",
+        "Histogram of time per output token per request in seconds.", STREAMING,
+        SGLANG_ITL, _finished(lambda e: tpot(e.decode_s, e.req.output_len)),
+    ),
+    histogram(
+        "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+        STREAMING, SGLANG_E2E, _finished(lambda e: e.e2e_s),
+    ),
+    histogram(
+        "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", TOK, SGLANG_E2E,
+        _finished(lambda e: e.queue_s),
+    ),
+)  # fmt: skip
+
+
+class SglangState(MetricState):
+    """SGLang logs some gauges per batch: the hit rate of the prefill batch just run, the
+    retractions of the last decode batch (here a "batch" is the run of steps just reported); the
+    generation throughput over the last 5 s."""
+
+    def __init__(self) -> None:
         self.batch_hit_rate = 0.0
         self.batch_hit = 0
         self.batch_total = 0
@@ -151,60 +188,29 @@ class SglangMetrics(EngineMetrics):
         self.retracted_since_step = 0
         self.decoded = Window(5.0)
 
-    def refresh(self, gauges: Gauges, stats: CacheStats | None) -> None:
-        if stats is not None:
-            inc_to(self.evicted, stats.evicted_blocks * gauges.block_size)
+    def gen_throughput(self, now: float) -> float:
+        return self.decoded.sum(now) / self.decoded.span_s
 
-    def _gen_throughput(self) -> float:
-        return self.decoded.sum(self.x.snapshot.now) / self.decoded.span_s
+    def update(self, event: object) -> None:
+        if isinstance(event, Admitted):
+            self.batch_hit += event.match.hit_tokens
+            self.batch_total += event.req.prompt_len
+        elif isinstance(event, Preempted):
+            self.retracted_since_step += 1
+        elif isinstance(event, Step):
+            if self.batch_total > 0:
+                self.batch_hit_rate = self.batch_hit / self.batch_total
+                self.batch_hit = self.batch_total = 0
+            self.last_retracted = self.retracted_since_step
+            self.retracted_since_step = 0
+            self.decoded.add(event.now, event.decode)
 
-    def on_admitted(self, req: Request, match: Match, now: float, first: bool) -> None:
-        device = match.hit_tokens - match.host_tokens
-        # A re-admission after a retraction also re-prefills the tokens generated so far; the
-        # observer does not say how many, so only the prompt's part is counted as computed.
-        computed = max(0, req.prompt_len - match.hit_tokens)
-        self.eff["input"].inc(computed)
-        self.eff["device_hit"].inc(device)
-        self.eff["host_hit"].inc(match.host_tokens)
-        self.rt["prefill_compute"].inc(computed)
-        self.rt["prefill_cache"].inc(match.hit_tokens)
-        self.batch_hit += match.hit_tokens
-        self.batch_total += req.prompt_len
 
-    def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
-        self.ttft.observe(ttft_s)
+class SglangMetrics(TableMetrics):
+    """SGLang's series as ``srt/metrics/collector.py`` exports them (reference/engines.md 2.2)."""
 
-    def on_tokens(self, gap_s: float, count: int, now: float) -> None:
-        observe_many(self.itl, gap_s, count)
-
-    def on_finished(
-        self, req: Request, cached: int, e2e_s: float, queue_s: float, prefill_s: float, decode_s: float
-    ) -> None:
-        self.prompt_tokens.inc(req.prompt_len)
-        self.generation_tokens.inc(req.output_len)
-        host = self.x.host_cached.pop(req.req_id, 0)
-        if cached > 0:
-            self.cached["device"].inc(cached - host)
-            self.cached["host"].inc(host)
-        self.requests.inc()
-        self.e2e.observe(e2e_s)
-        self.queue.observe(queue_s)
-        self.tpot.observe(tpot(decode_s, req.output_len))
-
-    def on_preempted(self, req: Request, now: float) -> None:
-        self.retracted.inc()
-        self.retracted_since_step += 1
-
-    def on_step(self, now: float, duration_s: float, steps: int, prefill: int, decode: int) -> None:
-        # SGLang logs its gauges per batch: the hit rate of the prefill batch just run, the
-        # retractions of the last decode batch. Here a "batch" is the run of steps just reported.
-        if self.batch_total > 0:
-            self.batch_hit_rate = self.batch_hit / self.batch_total
-            self.batch_hit = self.batch_total = 0
-        self.last_retracted = self.retracted_since_step
-        self.retracted_since_step = 0
-        self.rt["decode"].inc(decode)
-        self.decoded.add(now, decode)
+    table = SERIES
+    state_type = SglangState
 
 
 class SglangModel(TwinModel):

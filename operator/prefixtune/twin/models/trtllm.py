@@ -8,187 +8,168 @@ of what is left).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
-
-from prometheus_client import Counter, Gauge, Histogram
 
 from prefixtune.engines.base import EngineName
 from prefixtune.twin.cache import TrtllmCache, bool_option, int_option
-from prefixtune.twin.cache.base import CacheStats, KVCache, Match
+from prefixtune.twin.cache.base import CacheStats, KVCache
 from prefixtune.twin.catalog import GIB, GpuSpec
 from prefixtune.twin.exporter import (
+    MODEL_NAME,
     TRT_PREFILL,
     VLLM_ITL,
     VLLM_LATENCY,
     VLLM_TTFT,
-    EngineExporter,
-    EngineMetrics,
-    inc_to,
+    Admitted,
+    Child,
+    Finished,
+    FirstToken,
+    MetricState,
+    Move,
+    Scrape,
+    Series,
+    TableMetrics,
+    config_label,
+    counter,
+    gauge,
+    histogram,
+    info,
     tpot,
 )
 from prefixtune.twin.memory import NON_TORCH_BYTES, MemoryStart, StartupOOM
 from prefixtune.twin.models.base import SchedulerDefaults, TwinModel, register
 from prefixtune.twin.observer import Gauges
-from prefixtune.twin.request import Request
+
+LABELS = {"model_name": MODEL_NAME, "engine_type": "trtllm"}
+LAT = VLLM_LATENCY
 
 
-class TrtllmMetrics(EngineMetrics):
-    """TensorRT-LLM's series as ``tensorrt_llm/metrics/collector.py`` exports them (engines.md 2.3)."""
+def _transferred(blocks: Callable[[CacheStats], int]) -> Callable[[Scrape], float | None]:
+    """Bytes moved between GPU and host, from the cache model's block totals (needs KV bytes)."""
 
-    def __init__(self, exporter: EngineExporter) -> None:
-        super().__init__(exporter)
-        lab = {"model_name": exporter.model, "engine_type": "trtllm"}
-        names = list(lab)
-        r = self.registry
-        g = exporter.gauge_value
+    def total(s: Scrape) -> float | None:
+        if s.stats is None or s.m.x.kv_bytes_per_token <= 0:
+            return None
+        return blocks(s.stats) * (s.gauges.block_size * s.m.x.kv_bytes_per_token)
 
-        def gauge(name: str, doc: str, fn: Callable[[], float]) -> None:
-            Gauge(name, doc, names, registry=r).labels(**lab).set_function(fn)
+    return total
 
-        gauge("trtllm_num_requests_running", "Number of active requests", g("running"))
-        gauge("trtllm_num_requests_waiting", "Number of queued requests", g("waiting"))
-        gauge("trtllm_kv_cache_utilization", "KV cache utilization", g("kv_usage"))
-        gauge("trtllm_kv_cache_max_blocks", "Maximum number of KV cache blocks", g("pool_blocks"))
-        gauge("trtllm_kv_cache_free_blocks", "Free KV cache blocks", g("free_blocks"))
-        gauge("trtllm_kv_cache_used_blocks", "Used KV cache blocks", g("used_blocks"))
-        gauge("trtllm_kv_cache_tokens_per_block", "Tokens per KV cache block", g("block_size"))
-        gauge("trtllm_num_paused_requests", "Number of paused requests", lambda: float(exporter.paused))
-        gauge("trtllm_kv_cache_hit_rate", "KV cache hit rate", self._hit_rate)
 
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, names, registry=r).labels(**lab)
+def _finished(amount: Callable[[Finished], float]) -> Move[Finished]:
+    return Move(Finished, amount)
 
-        self.reused = counter(
-            "trtllm_kv_cache_reused_blocks", "Cumulative number of KV cache blocks reused (cache hits)"
-        )
-        self.missed = counter(
-            "trtllm_kv_cache_missed_blocks", "Cumulative number of KV cache blocks missed (cache misses)"
-        )
-        self.cached_tokens = counter(
-            "trtllm_prompt_cached_tokens_total", "Prompt tokens served from the KV cache."
-        )
-        self.prompt_tokens = counter(
-            "trtllm_prompt_tokens_total", "Cumulative number of prompt (input) tokens processed."
-        )
-        self.generation_tokens = counter(
-            "trtllm_generation_tokens_total", "Cumulative number of generation (output) tokens produced."
-        )
-        self.completed = counter(
-            "trtllm_num_requests_completed_total", "Total number of completed requests across iterations"
-        )
-        self.onboard = counter(
-            "trtllm_kv_cache_onboard_bytes_total", "Total bytes transferred from host to GPU (onboard)"
-        )
-        self.offload = counter(
-            "trtllm_kv_cache_offload_bytes_total", "Total bytes transferred from GPU to host (offload)"
-        )
-        success = Counter(
-            "trtllm_request_success_total",
-            "Count of successfully processed requests.",
-            [*names, "finished_reason"],
-            registry=r,
-        )
-        self.success = success.labels(**lab, finished_reason="length")
-        success.labels(**lab, finished_reason="stop")
 
-        def hist(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
-            return Histogram(name, doc, names, buckets=buckets, registry=r).labels(**lab)
+# Reused/missed blocks per context phase (iteration stats); prompt, cached and generated tokens
+# per finished request (per-request metrics are recorded when the request completes).
+SERIES: tuple[Series, ...] = (
+    gauge("trtllm_num_requests_running", "Number of active requests", LABELS, "running"),
+    gauge("trtllm_num_requests_waiting", "Number of queued requests", LABELS, "waiting"),
+    gauge("trtllm_kv_cache_utilization", "KV cache utilization", LABELS, "kv_usage"),
+    gauge("trtllm_kv_cache_max_blocks", "Maximum number of KV cache blocks", LABELS, "pool_blocks"),
+    gauge("trtllm_kv_cache_free_blocks", "Free KV cache blocks", LABELS, "free_blocks"),
+    gauge("trtllm_kv_cache_used_blocks", "Used KV cache blocks", LABELS, "used_blocks"),
+    gauge("trtllm_kv_cache_tokens_per_block", "Tokens per KV cache block", LABELS, "block_size"),
+    gauge("trtllm_num_paused_requests", "Number of paused requests", LABELS, lambda m: float(m.x.paused)),
+    gauge("trtllm_kv_cache_hit_rate", "KV cache hit rate", LABELS, lambda m: m.state.hit_rate()),
+    counter(
+        "trtllm_kv_cache_reused_blocks", "Cumulative number of KV cache blocks reused (cache hits)", LABELS,
+        Move(Admitted, lambda e: e.match.hit_blocks),
+    ),
+    counter(
+        "trtllm_kv_cache_missed_blocks", "Cumulative number of KV cache blocks missed (cache misses)",
+        LABELS, Move(Admitted, lambda e: e.match.miss_blocks),
+    ),
+    counter(
+        "trtllm_prompt_cached_tokens_total", "Prompt tokens served from the KV cache.", LABELS,
+        _finished(lambda e: e.cached),
+    ),
+    counter(
+        "trtllm_prompt_tokens_total", "Cumulative number of prompt (input) tokens processed.", LABELS,
+        _finished(lambda e: e.req.prompt_len),
+    ),
+    counter(
+        "trtllm_generation_tokens_total", "Cumulative number of generation (output) tokens produced.",
+        LABELS, _finished(lambda e: e.req.output_len),
+    ),
+    counter(
+        "trtllm_num_requests_completed_total", "Total number of completed requests across iterations",
+        LABELS, _finished(lambda e: 1),
+    ),
+    counter(
+        "trtllm_kv_cache_onboard_bytes_total", "Total bytes transferred from host to GPU (onboard)", LABELS,
+        mirror=_transferred(lambda stats: stats.onboarded_blocks),
+    ),
+    counter(
+        "trtllm_kv_cache_offload_bytes_total", "Total bytes transferred from GPU to host (offload)", LABELS,
+        mirror=_transferred(lambda stats: stats.offloaded_blocks),
+    ),
+    counter(
+        "trtllm_request_success_total", "Count of successfully processed requests.", LABELS,
+        by="finished_reason", children=(Child("length", moves=(_finished(lambda e: 1),)), Child("stop")),
+    ),
+    histogram(
+        "trtllm_e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
+        LABELS, LAT, _finished(lambda e: e.e2e_s),
+    ),
+    histogram(
+        "trtllm_time_to_first_token_seconds", "Histogram of time to first token in seconds.", LABELS,
+        VLLM_TTFT, Move(FirstToken, lambda e: e.ttft_s),
+    ),
+    histogram(
+        "trtllm_time_per_output_token_seconds", "Histogram of time per output token in seconds.", LABELS,
+        VLLM_ITL, _finished(lambda e: tpot(e.decode_s, e.req.output_len)),
+    ),
+    histogram(
+        "trtllm_request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+        LABELS, LAT, _finished(lambda e: e.queue_s),
+    ),
+    histogram(
+        "trtllm_request_prefill_time_seconds", "Histogram of prefill (context) phase duration in seconds.",
+        LABELS, TRT_PREFILL, _finished(lambda e: e.prefill_s),
+    ),
+    histogram(
+        "trtllm_request_decode_time_seconds", "Histogram of decode (generation) phase duration in seconds.",
+        LABELS, LAT, _finished(lambda e: e.decode_s),
+    ),
+    histogram(
+        "trtllm_request_inference_time_seconds", "Histogram of total inference duration in seconds.",
+        LABELS, LAT, _finished(lambda e: e.prefill_s + e.decode_s),
+    ),
+    info(
+        "trtllm_kv_cache_config_info", "KV cache configuration", LABELS,
+        ("tokens_per_block", lambda s: str(s.gauges.block_size)),
+        ("enable_block_reuse", config_label("prefix_caching", True)),
+        ("enable_partial_reuse", lambda s: str(bool(s.m.x.option("partial_reuse", True)))),
+        ("free_gpu_memory_fraction", config_label("memory_fraction", 0.9)),
+        ("host_cache_size", lambda s: str(int(s.m.x.option("host_cache_bytes", 0)))),  # type: ignore[call-overload]
+        ("max_blocks", lambda s: str(s.gauges.pool_blocks)),
+    ),
+)  # fmt: skip
 
-        self.e2e = hist(
-            "trtllm_e2e_request_latency_seconds",
-            "Histogram of end to end request latency in seconds.",
-            VLLM_LATENCY,
-        )
-        self.ttft = hist(
-            "trtllm_time_to_first_token_seconds", "Histogram of time to first token in seconds.", VLLM_TTFT
-        )
-        self.tpot = hist(
-            "trtllm_time_per_output_token_seconds", "Histogram of time per output token in seconds.", VLLM_ITL
-        )
-        self.queue = hist(
-            "trtllm_request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            VLLM_LATENCY,
-        )
-        self.prefill = hist(
-            "trtllm_request_prefill_time_seconds",
-            "Histogram of prefill (context) phase duration in seconds.",
-            TRT_PREFILL,
-        )
-        self.decode = hist(
-            "trtllm_request_decode_time_seconds",
-            "Histogram of decode (generation) phase duration in seconds.",
-            VLLM_LATENCY,
-        )
-        self.inference = hist(
-            "trtllm_request_inference_time_seconds",
-            "Histogram of total inference duration in seconds.",
-            VLLM_LATENCY,
-        )
-        self.config_info = Gauge(
-            "trtllm_kv_cache_config_info",
-            "KV cache configuration",
-            [
-                *names,
-                "tokens_per_block",
-                "enable_block_reuse",
-                "enable_partial_reuse",
-                "free_gpu_memory_fraction",
-                "host_cache_size",
-                "max_blocks",
-            ],
-            registry=r,
-        )
+
+class TrtllmState(MetricState):
+    """The block totals behind the hit-rate gauge."""
+
+    def __init__(self) -> None:
         self.reused_total = 0
         self.missed_total = 0
 
-    def _hit_rate(self) -> float:
+    def hit_rate(self) -> float:
         total = self.reused_total + self.missed_total
         return self.reused_total / total if total else 0.0
 
-    def refresh(self, gauges: Gauges, stats: CacheStats | None) -> None:
-        if stats is not None and self.x.kv_bytes_per_token > 0:
-            per_block = gauges.block_size * self.x.kv_bytes_per_token
-            inc_to(self.onboard, stats.onboarded_blocks * per_block)
-            inc_to(self.offload, stats.offloaded_blocks * per_block)
-        cfg = self.x.parsed.config if self.x.parsed is not None else None
-        self.config_info.clear()
-        self.config_info.labels(
-            model_name=self.x.model,
-            engine_type="trtllm",
-            tokens_per_block=str(gauges.block_size),
-            enable_block_reuse=str(bool(cfg.prefix_caching) if cfg else True),
-            enable_partial_reuse=str(bool(self.x.option("partial_reuse", True))),
-            free_gpu_memory_fraction=str(float(cfg.memory_fraction) if cfg else 0.9),
-            host_cache_size=str(int(self.x.option("host_cache_bytes", 0))),  # type: ignore[call-overload]
-            max_blocks=str(gauges.pool_blocks),
-        ).set(1)
+    def update(self, event: object) -> None:
+        if isinstance(event, Admitted):
+            self.reused_total += event.match.hit_blocks
+            self.missed_total += event.match.miss_blocks
 
-    def on_admitted(self, req: Request, match: Match, now: float, first: bool) -> None:
-        self.reused.inc(match.hit_blocks)
-        self.missed.inc(match.miss_blocks)
-        self.reused_total += match.hit_blocks
-        self.missed_total += match.miss_blocks
 
-    def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
-        self.ttft.observe(ttft_s)
+class TrtllmMetrics(TableMetrics):
+    """TensorRT-LLM's series as ``tensorrt_llm/metrics/collector.py`` exports them (engines.md 2.3)."""
 
-    def on_finished(
-        self, req: Request, cached: int, e2e_s: float, queue_s: float, prefill_s: float, decode_s: float
-    ) -> None:
-        # Per-request metrics in TensorRT-LLM: recorded when the request completes.
-        self.prompt_tokens.inc(req.prompt_len)
-        self.cached_tokens.inc(cached)
-        self.generation_tokens.inc(req.output_len)
-        self.success.inc()
-        self.completed.inc()
-        self.e2e.observe(e2e_s)
-        self.queue.observe(queue_s)
-        self.prefill.observe(prefill_s)
-        self.decode.observe(decode_s)
-        self.inference.observe(prefill_s + decode_s)
-        self.tpot.observe(tpot(decode_s, req.output_len))
+    table = SERIES
+    state_type = TrtllmState
 
 
 class TrtllmModel(TwinModel):

@@ -6,220 +6,204 @@ the series and their buckets follow ``vllm/v1/metrics/loggers.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Callable, Mapping
 
 from prefixtune.engines.base import EngineName
 from prefixtune.twin.cache import NativeVllmCache, VllmCache, use_native_pool
-from prefixtune.twin.cache.base import CacheStats, KVCache, Match
+from prefixtune.twin.cache.base import KVCache
 from prefixtune.twin.catalog import GIB, GpuSpec
 from prefixtune.twin.exporter import (
+    MODEL_NAME,
     VLLM_ITERATION_TOKENS,
     VLLM_ITL,
     VLLM_LATENCY,
     VLLM_TTFT,
+    Admitted,
+    Child,
     EngineExporter,
-    EngineMetrics,
+    Finished,
+    FirstToken,
+    MetricState,
+    Move,
+    Preempted,
+    Series,
+    Step,
+    TableMetrics,
+    Tokens,
     buckets_1_2_5,
-    observe_many,
+    config_label,
+    counter,
+    gauge,
+    histogram,
+    info,
     tpot,
 )
 from prefixtune.twin.memory import NON_TORCH_BYTES, MemoryStart, StartupOOM
 from prefixtune.twin.models.base import SchedulerDefaults, TwinModel, register
-from prefixtune.twin.observer import Gauges
-from prefixtune.twin.request import Request
+
+LABELS = {"model_name": MODEL_NAME, "engine": "0"}
+LAT = VLLM_LATENCY
 
 
-class VllmMetrics(EngineMetrics):
-    """vLLM's series as ``vllm/v1/metrics/loggers.py`` exports them (reference/engines.md 2.1)."""
+def _tokens(x: EngineExporter) -> tuple[float, ...]:
+    return buckets_1_2_5(x.max_model_len)
 
-    def __init__(self, exporter: EngineExporter) -> None:
-        super().__init__(exporter)
-        lab = {"model_name": exporter.model, "engine": "0"}
-        names = list(lab)
-        r = self.registry
-        g = exporter.gauge_value
 
-        def gauge(name: str, doc: str, fn: Callable[[], float]) -> None:
-            Gauge(name, doc, names, registry=r).labels(**lab).set_function(fn)
+def _cached(e: FirstToken) -> int:
+    return e.m.x.cached_of.get(e.req.req_id, 0)
 
-        gauge("vllm:num_requests_running", "Number of requests in model execution batches.", g("running"))
-        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", g("waiting"))
-        waiting_by = Gauge(
-            "vllm:num_requests_waiting_by_reason",
-            "Number of requests waiting, by reason.",
-            [*names, "reason"],
-            registry=r,
-        )
-        waiting_by.labels(**lab, reason="capacity").set_function(g("waiting"))
-        waiting_by.labels(**lab, reason="deferred").set(0)
-        gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", g("kv_usage"))
 
-        def counter(name: str, doc: str, extra: Mapping[str, str] | None = None) -> Counter:
-            labels = {**lab, **(extra or {})}
-            return Counter(name, doc, list(labels), registry=r).labels(**labels)
+def _computed(e: FirstToken) -> int:
+    return max(0, e.req.prompt_len - _cached(e))
 
-        self.queries = counter(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
-        )
-        self.hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
-        )
-        counter(
-            "vllm:external_prefix_cache_queries", "External prefix cache queries (KV connector), in tokens."
-        )
-        counter("vllm:external_prefix_cache_hits", "External prefix cache hits (KV connector), in tokens.")
-        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        self.cached_tokens = counter(
-            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external)."
-        )
-        by_source = Counter(
-            "vllm:prompt_tokens_by_source",
-            "Number of prompt tokens by source.",
-            [*names, "source"],
-            registry=r,
-        )
-        self.compute_tokens = by_source.labels(**lab, source="local_compute")
-        self.local_hit_tokens = by_source.labels(**lab, source="local_cache_hit")
-        by_source.labels(**lab, source="external_kv_transfer")
-        success = Counter(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            [*names, "finished_reason"],
-            registry=r,
-        )
-        # The twin generates exactly the requested max_tokens: every request ends by length.
-        self.success = success.labels(**lab, finished_reason="length")
-        success.labels(**lab, finished_reason="stop")
-        success.labels(**lab, finished_reason="abort")
 
-        def hist(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
-            return Histogram(name, doc, names, buckets=buckets, registry=r).labels(**lab)
+def _finished(amount: Callable[[Finished], float]) -> Move[Finished]:
+    return Move(Finished, amount)
 
-        tok = buckets_1_2_5(exporter.max_model_len)
-        self.req_prompt = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tok)
-        self.req_gen = hist("vllm:request_generation_tokens", "Number of generation tokens processed.", tok)
-        self.req_computed = hist(
-            "vllm:request_prefill_kv_computed_tokens",
-            "Prefill tokens computed (not from cache), per request.",
-            tok,
-        )
-        self.req_preemptions = hist(
-            "vllm:request_num_preemptions", "Number of preemptions per request.", (0, 1, 2, 5, 10, 20)
-        )
-        self.iteration = hist(
-            "vllm:iteration_tokens_total",
-            "Histogram of number of tokens per engine_step.",
-            VLLM_ITERATION_TOKENS,
-        )
-        self.ttft = hist(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", VLLM_TTFT
-        )
-        self.itl = hist(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", VLLM_ITL
-        )
-        self.tpot = hist(
-            "vllm:request_time_per_output_token_seconds",
-            "Histogram of time_per_output_token_seconds per request.",
-            VLLM_ITL,
-        )
-        self.e2e = hist(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", VLLM_LATENCY
-        )
-        self.queue = hist(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            VLLM_LATENCY,
-        )
-        self.inference = hist(
-            "vllm:request_inference_time_seconds",
-            "Histogram of time spent in RUNNING phase for request.",
-            VLLM_LATENCY,
-        )
-        self.prefill = hist(
-            "vllm:request_prefill_time_seconds",
-            "Histogram of time spent in PREFILL phase for request.",
-            VLLM_LATENCY,
-        )
-        self.decode = hist(
-            "vllm:request_decode_time_seconds",
-            "Histogram of time spent in DECODE phase for request.",
-            VLLM_LATENCY,
-        )
-        self.config_info = Gauge(
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig",
-            [
-                "block_size",
-                "cache_dtype",
-                "enable_prefix_caching",
-                "engine",
-                "gpu_memory_utilization",
-                "num_cpu_blocks",
-                "num_gpu_blocks",
-            ],
-            registry=r,
-        )
+
+# Prefix-cache queries/hits: scheduler stats, once per request at admission (re-admissions after a
+# preemption go to counters vLLM does not export). Prompt tokens (total, cached, by source):
+# iteration stats, when the prefill ends (first token). The twin generates exactly the requested
+# max_tokens: every request ends by length.
+SERIES: tuple[Series, ...] = (
+    gauge("vllm:num_requests_running", "Number of requests in model execution batches.", LABELS, "running"),
+    gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", LABELS, "waiting"),
+    gauge(
+        "vllm:num_requests_waiting_by_reason", "Number of requests waiting, by reason.", LABELS,
+        by="reason", children=(Child("capacity", "waiting"), Child("deferred")),
+    ),
+    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", LABELS, "kv_usage"),
+    counter(
+        "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", LABELS,
+        Move(Admitted, lambda e: e.req.prompt_len, when=lambda e: e.first),
+    ),
+    counter(
+        "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", LABELS,
+        Move(Admitted, lambda e: e.match.hit_tokens, when=lambda e: e.first),
+    ),
+    counter(
+        "vllm:external_prefix_cache_queries", "External prefix cache queries (KV connector), in tokens.",
+        LABELS,
+    ),
+    counter(
+        "vllm:external_prefix_cache_hits", "External prefix cache hits (KV connector), in tokens.", LABELS
+    ),
+    counter(
+        "vllm:num_preemptions", "Cumulative number of preemption from the engine.", LABELS,
+        Move(Preempted, lambda e: 1),
+    ),
+    counter(
+        "vllm:prompt_tokens", "Number of prefill tokens processed.", LABELS,
+        Move(FirstToken, lambda e: e.req.prompt_len),
+    ),
+    counter(
+        "vllm:generation_tokens", "Number of generation tokens processed.", LABELS,
+        Move(FirstToken, lambda e: 1), Move(Tokens, lambda e: e.n),
+    ),
+    counter(
+        "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", LABELS,
+        Move(FirstToken, _cached),
+    ),
+    counter(
+        "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", LABELS, by="source",
+        children=(
+            Child("local_compute", moves=(Move(FirstToken, _computed),)),
+            Child("local_cache_hit", moves=(Move(FirstToken, _cached),)),
+            Child("external_kv_transfer"),
+        ),
+    ),
+    counter(
+        "vllm:request_success", "Count of successfully processed requests.", LABELS, by="finished_reason",
+        children=(Child("length", moves=(_finished(lambda e: 1),)), Child("stop"), Child("abort")),
+    ),
+    histogram(
+        "vllm:request_prompt_tokens", "Number of prefill tokens processed.", LABELS, _tokens,
+        _finished(lambda e: e.req.prompt_len),
+    ),
+    histogram(
+        "vllm:request_generation_tokens", "Number of generation tokens processed.", LABELS, _tokens,
+        _finished(lambda e: e.req.output_len),
+    ),
+    histogram(
+        "vllm:request_prefill_kv_computed_tokens", "Prefill tokens computed (not from cache), per request.",
+        LABELS, _tokens, _finished(lambda e: e.m.state.computed.get(e.req.req_id, e.req.prompt_len)),
+    ),
+    histogram(
+        "vllm:request_num_preemptions", "Number of preemptions per request.", LABELS, (0, 1, 2, 5, 10, 20),
+        _finished(lambda e: e.m.x.preemptions_of.get(e.req.req_id, 0)),
+    ),
+    histogram(
+        "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", LABELS,
+        VLLM_ITERATION_TOKENS,
+        # a skipped-ahead run of steps: its mean tokens per step, ``steps`` times
+        Move(Step, lambda e: (e.prefill + e.decode) / e.steps, lambda e: e.steps, lambda e: e.steps > 0),
+    ),
+    histogram(
+        "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", LABELS,
+        VLLM_TTFT, Move(FirstToken, lambda e: e.ttft_s),
+    ),
+    histogram(
+        "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", LABELS,
+        VLLM_ITL, Move(Tokens, lambda e: e.gap_s, times=lambda e: e.n),
+    ),
+    histogram(
+        "vllm:request_time_per_output_token_seconds",
+        "Histogram of time_per_output_token_seconds per request.", LABELS,
+        VLLM_ITL, _finished(lambda e: tpot(e.decode_s, e.req.output_len)),
+    ),
+    histogram(
+        "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", LABELS, LAT,
+        _finished(lambda e: e.e2e_s),
+    ),
+    histogram(
+        "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", LABELS,
+        LAT, _finished(lambda e: e.queue_s),
+    ),
+    histogram(
+        "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+        LABELS, LAT, _finished(lambda e: e.prefill_s + e.decode_s),
+    ),
+    histogram(
+        "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+        LABELS, LAT, _finished(lambda e: e.prefill_s),
+    ),
+    histogram(
+        "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+        LABELS, LAT, _finished(lambda e: e.decode_s),
+    ),
+    info(
+        "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", {},
+        ("block_size", lambda s: str(s.gauges.block_size)),
+        ("cache_dtype", lambda s: str(s.m.x.option("kv_cache_dtype", "auto"))),
+        ("enable_prefix_caching", config_label("prefix_caching", True)),
+        ("engine", lambda s: "0"),
+        ("gpu_memory_utilization", config_label("memory_fraction", 0.92)),
+        ("num_cpu_blocks", lambda s: "None"),
+        ("num_gpu_blocks", lambda s: str(s.gauges.pool_blocks)),
+    ),
+)  # fmt: skip
+
+
+class VllmState(MetricState):
+    """Per request: prefill tokens computed so far (re-admissions after a preemption recompute;
+    generated tokens are not counted: the observer does not say how many)."""
+
+    def __init__(self) -> None:
         self.computed: dict[int, int] = {}
 
-    def refresh(self, gauges: Gauges, stats: CacheStats | None) -> None:
-        cfg = self.x.parsed.config if self.x.parsed is not None else None
-        self.config_info.clear()
-        self.config_info.labels(
-            block_size=str(gauges.block_size),
-            cache_dtype=str(self.x.option("kv_cache_dtype", "auto")),
-            enable_prefix_caching=str(bool(cfg.prefix_caching) if cfg else True),
-            engine="0",
-            gpu_memory_utilization=str(float(cfg.memory_fraction) if cfg else 0.92),
-            num_cpu_blocks="None",
-            num_gpu_blocks=str(gauges.pool_blocks),
-        ).set(1)
+    def update(self, event: object) -> None:
+        if isinstance(event, Admitted):
+            recomputed = max(0, event.req.prompt_len - event.match.hit_tokens)
+            self.computed[event.req.req_id] = self.computed.get(event.req.req_id, 0) + recomputed
+        elif isinstance(event, Finished):
+            self.computed.pop(event.req.req_id, None)
 
-    def on_admitted(self, req: Request, match: Match, now: float, first: bool) -> None:
-        if first:  # scheduler stats; re-admissions after preemption go to unexported counters
-            self.queries.inc(req.prompt_len)
-            self.hits.inc(match.hit_tokens)
-        recomputed = max(0, req.prompt_len - match.hit_tokens)  # generated tokens not counted: unknown
-        self.computed[req.req_id] = self.computed.get(req.req_id, 0) + recomputed
 
-    def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
-        # Iteration stats: the prompt's tokens (and where they came from) when its prefill ends.
-        cached = self.x.cached_of.get(req.req_id, 0)
-        self.ttft.observe(ttft_s)
-        self.prompt_tokens.inc(req.prompt_len)
-        self.cached_tokens.inc(cached)
-        self.local_hit_tokens.inc(cached)
-        self.compute_tokens.inc(max(0, req.prompt_len - cached))
-        self.generation_tokens.inc(1)
+class VllmMetrics(TableMetrics):
+    """vLLM's series as ``vllm/v1/metrics/loggers.py`` exports them (reference/engines.md 2.1)."""
 
-    def on_tokens(self, gap_s: float, count: int, now: float) -> None:
-        observe_many(self.itl, gap_s, count)
-        self.generation_tokens.inc(count)
-
-    def on_finished(
-        self, req: Request, cached: int, e2e_s: float, queue_s: float, prefill_s: float, decode_s: float
-    ) -> None:
-        self.success.inc()
-        self.e2e.observe(e2e_s)
-        self.queue.observe(queue_s)
-        self.prefill.observe(prefill_s)
-        self.decode.observe(decode_s)
-        self.inference.observe(prefill_s + decode_s)
-        self.tpot.observe(tpot(decode_s, req.output_len))
-        self.req_prompt.observe(req.prompt_len)
-        self.req_gen.observe(req.output_len)
-        self.req_computed.observe(self.computed.pop(req.req_id, req.prompt_len))
-        self.req_preemptions.observe(self.x.preemptions_of.get(req.req_id, 0))
-
-    def on_preempted(self, req: Request, now: float) -> None:
-        self.preemptions.inc()
-
-    def on_step(self, now: float, duration_s: float, steps: int, prefill: int, decode: int) -> None:
-        if steps > 0:  # a skipped-ahead run of steps: its mean tokens per step, ``steps`` times
-            observe_many(self.iteration, (prefill + decode) / steps, steps)
+    table = SERIES
+    state_type = VllmState
 
 
 class VllmModel(TwinModel):
