@@ -55,7 +55,7 @@ from prefixtune.engines.base import (
 )
 from prefixtune.twin import models
 from prefixtune.twin.cache import KVCache, VllmCache
-from prefixtune.twin.catalog import GpuSpec
+from prefixtune.twin.catalog import GpuHardware
 from prefixtune.twin.exporter import Admitted, EngineExporter, Move, TableMetrics, counter, gauge
 from prefixtune.twin.memory import MemoryStart, StartupOOM
 from prefixtune.twin.models import SchedulerDefaults, TwinModel
@@ -172,7 +172,7 @@ class StubTwin(TwinModel):
     error_envelope = True
     metrics = StubMetrics
 
-    def scheduler_defaults(self, gpu: GpuSpec) -> SchedulerDefaults:
+    def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
         return SchedulerDefaults(max_running=64, max_batched_tokens=4096, chunked_prefill=True)
 
     def memory_split(self, start: MemoryStart) -> tuple[float, float]:

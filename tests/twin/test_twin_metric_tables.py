@@ -17,10 +17,10 @@ from prefixtune.twin.exporter import (
     Child,
     EngineExporter,
     Finished,
-    Kind,
     MetricState,
     Move,
     Series,
+    SeriesKind,
     TableMetrics,
     Tokens,
     counter,
@@ -101,13 +101,18 @@ def test_a_table_becomes_series_moved_by_the_events_it_names() -> None:
 @pytest.mark.parametrize(
     ("row", "message"),
     [
-        (Series("t:g", Kind.GAUGE, "g", LABELS, moves=(Move(Tokens, lambda e: 1),)), "read at scrape time"),
-        (Series("t:c", Kind.COUNTER, "c", LABELS, "running"), "only a gauge has a scrape-time source"),
-        (Series("t:h", Kind.HISTOGRAM, "h", LABELS), "needs buckets"),
-        (Series("t:h", Kind.HISTOGRAM, "h", LABELS, buckets=(1.0,), mirror=lambda s: 1.0), "mirrors"),
-        (Series("t:c", Kind.COUNTER, "c", LABELS, info=(("a", lambda s: "1"),)), "config info"),
         (
-            Series("t:c", Kind.COUNTER, "c", LABELS, moves=(Move(Tokens, lambda e: 1, times=lambda e: 2),)),
+            Series("t:g", SeriesKind.GAUGE, "g", LABELS, moves=(Move(Tokens, lambda e: 1),)),
+            "read at scrape time",
+        ),
+        (Series("t:c", SeriesKind.COUNTER, "c", LABELS, "running"), "only a gauge has a scrape-time source"),
+        (Series("t:h", SeriesKind.HISTOGRAM, "h", LABELS), "needs buckets"),
+        (Series("t:h", SeriesKind.HISTOGRAM, "h", LABELS, buckets=(1.0,), mirror=lambda s: 1.0), "mirrors"),
+        (Series("t:c", SeriesKind.COUNTER, "c", LABELS, info=(("a", lambda s: "1"),)), "config info"),
+        (
+            Series(
+                "t:c", SeriesKind.COUNTER, "c", LABELS, moves=(Move(Tokens, lambda e: 1, times=lambda e: 2),)
+            ),
             "once",
         ),
     ],

@@ -44,7 +44,7 @@ class Requirement:
         return not present or value not in self.values  # != and notin
 
 
-Selector = Callable[[Mapping[str, Any]], bool]
+ObjectFilter = Callable[[Mapping[str, Any]], bool]
 
 
 def _split_clauses(text: str) -> list[str]:
@@ -130,7 +130,7 @@ def _field_value(obj: Mapping[str, Any], path: str) -> str:
     return "" if value is None else str(value)
 
 
-def build_selector(label_selector: str | None, field_selector: str | None) -> Selector:
+def build_selector(label_selector: str | None, field_selector: str | None) -> ObjectFilter:
     """One predicate over whole objects for both selectors; raises SelectorError on bad input."""
     labels = parse_label_selector(label_selector) if label_selector else []
     fields = parse_field_selector(field_selector) if field_selector else []

@@ -45,7 +45,7 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
-class GpuSpec:
+class GpuHardware:
     name: str
     aliases: tuple[str, ...]
     memory_bytes: float  # what CUDA reports as total (usable)
@@ -129,8 +129,8 @@ MODELS: tuple[ModelSpec, ...] = (
     ),
 )
 
-GPUS: tuple[GpuSpec, ...] = (
-    GpuSpec(
+GPUS: tuple[GpuHardware, ...] = (
+    GpuHardware(
         name="H100-80GB",
         aliases=("h100", "h100-sxm", "h100-80gb-hbm3", "nvidia-h100-80gb-hbm3", "h100-sxm5"),
         memory_bytes=79.1 * GIB,
@@ -138,7 +138,7 @@ GPUS: tuple[GpuSpec, ...] = (
         bf16_flops=989e12,
         fp8_flops=1979e12,
     ),
-    GpuSpec(
+    GpuHardware(
         name="H200",
         aliases=("h200-141gb", "h200-sxm", "nvidia-h200", "h200-141gb-hbm3e"),
         memory_bytes=139.8 * GIB,
@@ -146,7 +146,7 @@ GPUS: tuple[GpuSpec, ...] = (
         bf16_flops=989e12,
         fp8_flops=1979e12,
     ),
-    GpuSpec(
+    GpuHardware(
         name="A100-80GB",
         aliases=("a100", "a100-sxm", "a100-80gb-sxm", "nvidia-a100-sxm4-80gb", "a100-sxm4-80gb"),
         memory_bytes=79.15 * GIB,
@@ -181,7 +181,7 @@ def get_model(name: str) -> ModelSpec:
     raise ValueError(f"unknown model {name!r}; known models: {', '.join(model_names())}")
 
 
-def get_gpu(name: str) -> GpuSpec:
+def get_gpu(name: str) -> GpuHardware:
     key = _norm(name)
     for g in GPUS:
         if key == _norm(g.name) or key in g.aliases:

@@ -36,7 +36,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, ClassVar, NamedTuple, Protocol
 
-from prefixtune.twin.catalog import GpuSpec, ModelSpec, kv_dtype_bytes
+from prefixtune.twin.catalog import GpuHardware, ModelSpec, kv_dtype_bytes
 from prefixtune.twin.models.base import twin_model
 
 # The fitted step costs (bench/calibration/fit.py writes it; ``make calibrate``).
@@ -68,7 +68,7 @@ class RooflineCost:
     where the calibration data has no case (``cost_source`` says which one ran)."""
 
     model: ModelSpec
-    gpu: GpuSpec
+    gpu: GpuHardware
     tp: int
     kv_bytes_per_token: float  # all ranks together (kappa)
     t_oh: float
@@ -82,7 +82,7 @@ class RooflineCost:
         cls,
         engine: str,
         model: ModelSpec,
-        gpu: GpuSpec,
+        gpu: GpuHardware,
         tp: int,
         kv_dtype: str,
         block_size: int,
@@ -372,7 +372,7 @@ def fitted_cost(
 def step_cost(
     engine: str,
     model: ModelSpec,
-    gpu: GpuSpec,
+    gpu: GpuHardware,
     tp: int,
     kv_dtype: str,
     block_size: int,

@@ -56,7 +56,7 @@ from operator import attrgetter
 from prefixtune.engines.base import SCHEDULE_POLICY, ParsedCommand
 from prefixtune.engines.registry import get_adapter
 from prefixtune.twin.cache.base import CacheStats, KVCache
-from prefixtune.twin.catalog import GpuSpec, ModelSpec, check_tp, get_gpu, get_model
+from prefixtune.twin.catalog import GpuHardware, ModelSpec, check_tp, get_gpu, get_model
 from prefixtune.twin.cost import StepCost, step_cost
 from prefixtune.twin.memory import PRESSURE_START, MemoryPlan, StartupOOM, plan_memory
 from prefixtune.twin.models.base import TWIN_POLICIES, TwinModel, twin_model
@@ -92,7 +92,7 @@ class EngineLimits:
     policy: str
 
 
-def engine_limits(parsed: ParsedCommand, gpu: GpuSpec, model: ModelSpec) -> EngineLimits:
+def engine_limits(parsed: ParsedCommand, gpu: GpuHardware, model: ModelSpec) -> EngineLimits:
     """Scheduler limits from the parsed options, with the engines' hardware-dependent defaults."""
     opts = parsed.options
     twin = twin_model(parsed.engine)

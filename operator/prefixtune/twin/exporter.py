@@ -113,7 +113,7 @@ def observe_many(hist: Histogram, value: float, count: int) -> None:
     total.inc(value * count)
 
 
-class Window:
+class TimeWindow:
     """Sums of (time, value) events over the last ``span_s`` of simulated time."""
 
     def __init__(self, span_s: float) -> None:
@@ -171,7 +171,7 @@ def ttft_buckets(value: object) -> tuple[float, ...]:
 
 
 # --- metric tables: each engine's series as data, one builder -------------------------------------
-class Kind(enum.Enum):
+class SeriesKind(enum.Enum):
     """The prometheus_client type of a series."""
 
     GAUGE = "gauge"
@@ -232,7 +232,7 @@ class Preempted(NamedTuple):
     now: float
 
 
-class Step(NamedTuple):
+class Steps(NamedTuple):
     """Event: a run of ``steps`` engine steps ending at ``now``."""
 
     m: TableMetrics
@@ -289,7 +289,7 @@ class Series:
     """
 
     name: str
-    kind: Kind
+    kind: SeriesKind
     doc: str
     labels: Mapping[str, str] = field(default_factory=dict)
     source: str | Callable[[TableMetrics], float] | None = None
@@ -311,7 +311,7 @@ def gauge(
     children: tuple[Child, ...] = (),
 ) -> Series:
     """A gauge row: read from ``source`` at scrape time (or per child of ``by``)."""
-    return Series(name, Kind.GAUGE, doc, labels, source, by=by, children=children)
+    return Series(name, SeriesKind.GAUGE, doc, labels, source, by=by, children=children)
 
 
 def counter(
@@ -324,19 +324,19 @@ def counter(
     mirror: Callable[[Scrape], float | None] | None = None,
 ) -> Series:
     """A counter row: moved by ``moves`` (or per child of ``by``), or mirroring a total."""
-    return Series(name, Kind.COUNTER, doc, labels, moves=moves, by=by, children=children, mirror=mirror)
+    return Series(name, SeriesKind.COUNTER, doc, labels, moves=moves, by=by, children=children, mirror=mirror)
 
 
 def histogram(name: str, doc: str, labels: Mapping[str, str], buckets: Buckets, *moves: Move[Any]) -> Series:
     """A histogram row: observes what ``moves`` say."""
-    return Series(name, Kind.HISTOGRAM, doc, labels, moves=moves, buckets=buckets)
+    return Series(name, SeriesKind.HISTOGRAM, doc, labels, moves=moves, buckets=buckets)
 
 
 def info(
     name: str, doc: str, labels: Mapping[str, str], *config: tuple[str, Callable[[Scrape], str]]
 ) -> Series:
     """A config-info gauge row: one child labelled (name, value) from ``config``, set to 1."""
-    return Series(name, Kind.GAUGE, doc, labels, info=config)
+    return Series(name, SeriesKind.GAUGE, doc, labels, info=config)
 
 
 class MetricState:
@@ -368,9 +368,9 @@ class TableMetrics(EngineMetrics):
         x = self.x
         fixed = {k: x.model if v == MODEL_NAME else v for k, v in row.labels.items()}
         names = [*fixed, *(name for name, _ in row.info), *([row.by] if row.by else [])]
-        if row.kind is Kind.GAUGE:
+        if row.kind is SeriesKind.GAUGE:
             metric: Gauge | Counter | Histogram = Gauge(row.name, row.doc, names, registry=self.registry)
-        elif row.kind is Kind.COUNTER:
+        elif row.kind is SeriesKind.COUNTER:
             metric = Counter(row.name, row.doc, names, registry=self.registry)
         else:
             buckets = row.buckets(x) if callable(row.buckets) else row.buckets
@@ -426,7 +426,7 @@ class TableMetrics(EngineMetrics):
         self._fire(Preempted(self, req, now))
 
     def on_step(self, now: float, duration_s: float, steps: int, prefill: int, decode: int) -> None:
-        self._fire(Step(self, now, duration_s, steps, prefill, decode))
+        self._fire(Steps(self, now, duration_s, steps, prefill, decode))
 
 
 def _mover(name: str, child: object, move: Move[Any]) -> Callable[[Any], None]:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from prefixtune.twin.catalog import GIB, GpuSpec, ModelSpec
+from prefixtune.twin.catalog import GIB, GpuHardware, ModelSpec
 from prefixtune.twin.models.base import twin_model
 
 CUDA_CONTEXT_BYTES = 0.5 * GIB  # CUDA context + cuBLAS workspaces: taken before any fraction applies
@@ -143,7 +143,7 @@ class MemoryPlan:
 def plan_memory(
     engine: str,
     model: ModelSpec,
-    gpu: GpuSpec,
+    gpu: GpuHardware,
     tp: int,
     memory_fraction: float,
     block_size: int,

@@ -129,7 +129,7 @@ class EmulatorCore(kmock.KubernetesEmulator):
         return sorted(found, key=lambda item: (item[0][1] or "", item[0][2]))
 
     @staticmethod
-    def _selector(request: rendering.Request) -> _selectors.Selector:
+    def _selector(request: rendering.Request) -> _selectors.ObjectFilter:
         try:
             return _selectors.build_selector(
                 request.params.get("labelSelector"), request.params.get("fieldSelector")

@@ -64,7 +64,7 @@ class Watches(EmulatorCore):
     async def _watch_stream(
         self,
         request: rendering.Request,
-        selector: _selectors.Selector,
+        selector: _selectors.ObjectFilter,
         since: int | None,
         initial_events: bool,
         timeout: float | None,
@@ -121,7 +121,7 @@ class Watches(EmulatorCore):
 
     @staticmethod
     def _wire(
-        change: _Change, request: rendering.Request, selector: _selectors.Selector
+        change: _Change, request: rendering.Request, selector: _selectors.ObjectFilter
     ) -> dict[str, Any] | None:
         """The watch event a client sees for one change, or None; selector exits become DELETED."""
         meta = _meta(change.obj)

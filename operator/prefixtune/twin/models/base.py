@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from prefixtune.twin.cache.base import KVCache
-    from prefixtune.twin.catalog import GpuSpec
+    from prefixtune.twin.catalog import GpuHardware
     from prefixtune.twin.exporter import EngineMetrics
     from prefixtune.twin.memory import MemoryStart
     from prefixtune.twin.observer import Gauges
@@ -78,7 +78,7 @@ class TwinModel:
     metrics: ClassVar[type[EngineMetrics]]
 
     # --- scheduler ---------------------------------------------------------------------------------
-    def scheduler_defaults(self, gpu: GpuSpec) -> SchedulerDefaults:
+    def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
         raise NotImplementedError
 
     def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool) -> int:

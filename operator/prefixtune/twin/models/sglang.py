@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from prefixtune.engines.base import EngineName
 from prefixtune.twin.cache import EVICTION_POLICIES, SglangCache
 from prefixtune.twin.cache.base import KVCache
-from prefixtune.twin.catalog import GIB, GpuSpec
+from prefixtune.twin.catalog import GIB, GpuHardware
 from prefixtune.twin.exporter import (
     MODEL_NAME,
     SGLANG_E2E,
@@ -27,10 +27,10 @@ from prefixtune.twin.exporter import (
     Preempted,
     Scrape,
     Series,
-    Step,
+    Steps,
     TableMetrics,
+    TimeWindow,
     Tokens,
-    Window,
     counter,
     gauge,
     histogram,
@@ -120,7 +120,7 @@ SERIES: tuple[Series, ...] = (
         children=(
             Child("prefill_compute", moves=_admitted(_computed)),
             Child("prefill_cache", moves=_admitted(lambda e: e.match.hit_tokens)),
-            Child("decode", moves=(Move(Step, lambda e: e.decode),)),
+            Child("decode", moves=(Move(Steps, lambda e: e.decode),)),
         ),
     ),
     counter(
@@ -186,7 +186,7 @@ class SglangState(MetricState):
         self.batch_total = 0
         self.last_retracted = 0
         self.retracted_since_step = 0
-        self.decoded = Window(5.0)
+        self.decoded = TimeWindow(5.0)
 
     def gen_throughput(self, now: float) -> float:
         return self.decoded.sum(now) / self.decoded.span_s
@@ -197,7 +197,7 @@ class SglangState(MetricState):
             self.batch_total += event.req.prompt_len
         elif isinstance(event, Preempted):
             self.retracted_since_step += 1
-        elif isinstance(event, Step):
+        elif isinstance(event, Steps):
             if self.batch_total > 0:
                 self.batch_hit_rate = self.batch_hit / self.batch_total
                 self.batch_hit = self.batch_total = 0
@@ -224,7 +224,7 @@ class SglangModel(TwinModel):
     owned_by = "sglang"
     metrics = SglangMetrics
 
-    def scheduler_defaults(self, gpu: GpuSpec) -> SchedulerDefaults:
+    def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
         # engines.md 1.2: chunked-prefill-size by GPU memory; max-running-requests from the pool later
         gib = gpu.memory_bytes / 1024**3
         budget = 16384 if gib >= 160 else 8192 if gib >= 35 else 4096

@@ -14,7 +14,7 @@ from typing import Any
 from prefixtune.engines.base import EngineName
 from prefixtune.twin.cache import TrtllmCache, bool_option, int_option
 from prefixtune.twin.cache.base import CacheStats, KVCache
-from prefixtune.twin.catalog import GIB, GpuSpec
+from prefixtune.twin.catalog import GIB, GpuHardware
 from prefixtune.twin.exporter import (
     MODEL_NAME,
     TRT_PREFILL,
@@ -188,7 +188,7 @@ class TrtllmModel(TwinModel):
     iteration_stats_path = "/metrics"
     metrics = TrtllmMetrics
 
-    def scheduler_defaults(self, gpu: GpuSpec) -> SchedulerDefaults:
+    def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
         return SchedulerDefaults(2048, 8192, False)  # engines.md 1.3: trtllm-serve
 
     def iteration_stats(self, gauges: Gauges) -> list[dict[str, Any]]:

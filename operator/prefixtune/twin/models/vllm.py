@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from prefixtune.engines.base import EngineName
 from prefixtune.twin.cache import NativeVllmCache, VllmCache, use_native_pool
 from prefixtune.twin.cache.base import KVCache
-from prefixtune.twin.catalog import GIB, GpuSpec
+from prefixtune.twin.catalog import GIB, GpuHardware
 from prefixtune.twin.exporter import (
     MODEL_NAME,
     VLLM_ITERATION_TOKENS,
@@ -27,7 +27,7 @@ from prefixtune.twin.exporter import (
     Move,
     Preempted,
     Series,
-    Step,
+    Steps,
     TableMetrics,
     Tokens,
     buckets_1_2_5,
@@ -136,7 +136,7 @@ SERIES: tuple[Series, ...] = (
         "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", LABELS,
         VLLM_ITERATION_TOKENS,
         # a skipped-ahead run of steps: its mean tokens per step, ``steps`` times
-        Move(Step, lambda e: (e.prefill + e.decode) / e.steps, lambda e: e.steps, lambda e: e.steps > 0),
+        Move(Steps, lambda e: (e.prefill + e.decode) / e.steps, lambda e: e.steps, lambda e: e.steps > 0),
     ),
     histogram(
         "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", LABELS,
@@ -215,7 +215,7 @@ class VllmModel(TwinModel):
     error_envelope = True
     metrics = VllmMetrics
 
-    def scheduler_defaults(self, gpu: GpuSpec) -> SchedulerDefaults:
+    def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
         # engines.md 1.1b (API-server defaults): larger limits on >= 70 GiB GPUs other than A100
         big = gpu.memory_bytes >= 70 * 1024**3 and not gpu.name.startswith("A100")
         running, budget, chunked = (1024, 8192, True) if big else (256, 2048, True)
