@@ -244,13 +244,14 @@ def paired(
     the TTFT score is per request already. Each side must have at least ``min_requests``.
 
     Goodput compares per request served: a Service splits requests between the pods at random
-    (kube-proxy), so one side is sent more than its pods' share by chance (82 against 56 requests in
-    one 20 s window of two equal pods), and goodput, the SLO-meeting tokens of the requests a side
-    got, follows the split rather than the config. The per-pod ratio is divided by the sides'
-    requests-per-pod ratio, the same first-order correction as ``load_normalized`` and within the same
-    bounds (a side that finished under half its share is not corrected further: a saturated config's
-    requests queue, and their TTFT fails the SLO, so its goodput shows it). Throughput keeps the
-    per-pod ratio: at saturation the requests a pod finishes are its config's.
+    (kube-proxy), so one side is sent more or less than its pods' share by chance (a canary pod got
+    56 requests in one 20 s window and 82 in the next, at the same load), and goodput, the
+    SLO-meeting tokens of the requests a side got, follows the split rather than the config. The
+    per-pod ratio is divided by the sides' requests-per-pod ratio, the same first-order correction
+    as ``load_normalized`` and within the same bounds (a side that finished under half its share is
+    not corrected further: a saturated config's requests queue, and their TTFT fails the SLO, so its
+    goodput shows it). Throughput keeps the per-pod ratio: at saturation the requests a pod finishes
+    are its config's.
     """
     if canary_pods < 1 or baseline_pods < 1:
         raise ValueError("canary_pods and baseline_pods must be >= 1")
