@@ -327,6 +327,11 @@ def counter(
     return Series(name, SeriesKind.COUNTER, doc, labels, moves=moves, by=by, children=children, mirror=mirror)
 
 
+def at_finish(amount: Callable[[Finished], float]) -> Move[Finished]:
+    """A move by ``amount`` when a request finishes (the event most of the engines' series count)."""
+    return Move(Finished, amount)
+
+
 def histogram(name: str, doc: str, labels: Mapping[str, str], buckets: Buckets, *moves: Move[Any]) -> Series:
     """A histogram row: observes what ``moves`` say."""
     return Series(name, SeriesKind.HISTOGRAM, doc, labels, moves=moves, buckets=buckets)

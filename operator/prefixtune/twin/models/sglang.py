@@ -31,6 +31,7 @@ from prefixtune.twin.exporter import (
     TableMetrics,
     TimeWindow,
     Tokens,
+    at_finish,
     counter,
     gauge,
     histogram,
@@ -74,10 +75,6 @@ def _evicted(s: Scrape) -> float | None:
 
 def _admitted(amount: Callable[[Admitted], float]) -> tuple[Move[Admitted]]:
     return (Move(Admitted, amount),)
-
-
-def _finished(amount: Callable[[Finished], float]) -> Move[Finished]:
-    return Move(Finished, amount)
 
 
 # Prefill tokens are counted per prefill (re-prefills after a retraction count again), cached tokens
@@ -129,11 +126,11 @@ SERIES: tuple[Series, ...] = (
     ),
     counter(
         "sglang:prompt_tokens_total", "Number of prefill tokens processed.", STREAMING,
-        _finished(lambda e: e.req.prompt_len),
+        at_finish(lambda e: e.req.prompt_len),
     ),
     counter(
         "sglang:generation_tokens_total", "Number of generation tokens processed.", STREAMING,
-        _finished(lambda e: e.req.output_len),
+        at_finish(lambda e: e.req.output_len),
     ),
     counter(
         "sglang:cached_tokens_total", "Number of cached prompt tokens.", TOK, by="cache_source",
@@ -143,7 +140,7 @@ SERIES: tuple[Series, ...] = (
             Child("storage"),
         ),
     ),
-    counter("sglang:num_requests_total", "Number of requests processed.", TOK, _finished(lambda e: 1)),
+    counter("sglang:num_requests_total", "Number of requests processed.", TOK, at_finish(lambda e: 1)),
     counter("sglang:num_aborted_requests_total", "Number of requests aborted.", TOK),
     counter(
         "sglang:evicted_tokens_total", "Number of tokens evicted from the radix cache.", SCHED,
@@ -162,15 +159,15 @@ SERIES: tuple[Series, ...] = (
     histogram(
         "sglang:request_time_per_output_token_seconds",
         "Histogram of time per output token per request in seconds.", STREAMING,
-        SGLANG_ITL, _finished(lambda e: tpot(e.decode_s, e.req.output_len)),
+        SGLANG_ITL, at_finish(lambda e: tpot(e.decode_s, e.req.output_len)),
     ),
     histogram(
         "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
-        STREAMING, SGLANG_E2E, _finished(lambda e: e.e2e_s),
+        STREAMING, SGLANG_E2E, at_finish(lambda e: e.e2e_s),
     ),
     histogram(
         "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", TOK, SGLANG_E2E,
-        _finished(lambda e: e.queue_s),
+        at_finish(lambda e: e.queue_s),
     ),
 )  # fmt: skip
 

@@ -23,13 +23,13 @@ from prefixtune.twin.exporter import (
     VLLM_TTFT,
     Admitted,
     Child,
-    Finished,
     FirstToken,
     MetricState,
     Move,
     Scrape,
     Series,
     TableMetrics,
+    at_finish,
     config_label,
     counter,
     gauge,
@@ -56,10 +56,6 @@ def _transferred(blocks: Callable[[CacheStats], int]) -> Callable[[Scrape], floa
     return total
 
 
-def _finished(amount: Callable[[Finished], float]) -> Move[Finished]:
-    return Move(Finished, amount)
-
-
 # Reused/missed blocks per context phase (iteration stats); prompt, cached and generated tokens
 # per finished request (per-request metrics are recorded when the request completes).
 SERIES: tuple[Series, ...] = (
@@ -82,19 +78,19 @@ SERIES: tuple[Series, ...] = (
     ),
     counter(
         "trtllm_prompt_cached_tokens_total", "Prompt tokens served from the KV cache.", LABELS,
-        _finished(lambda e: e.cached),
+        at_finish(lambda e: e.cached),
     ),
     counter(
         "trtllm_prompt_tokens_total", "Cumulative number of prompt (input) tokens processed.", LABELS,
-        _finished(lambda e: e.req.prompt_len),
+        at_finish(lambda e: e.req.prompt_len),
     ),
     counter(
         "trtllm_generation_tokens_total", "Cumulative number of generation (output) tokens produced.",
-        LABELS, _finished(lambda e: e.req.output_len),
+        LABELS, at_finish(lambda e: e.req.output_len),
     ),
     counter(
         "trtllm_num_requests_completed_total", "Total number of completed requests across iterations",
-        LABELS, _finished(lambda e: 1),
+        LABELS, at_finish(lambda e: 1),
     ),
     counter(
         "trtllm_kv_cache_onboard_bytes_total", "Total bytes transferred from host to GPU (onboard)", LABELS,
@@ -106,11 +102,11 @@ SERIES: tuple[Series, ...] = (
     ),
     counter(
         "trtllm_request_success_total", "Count of successfully processed requests.", LABELS,
-        by="finished_reason", children=(Child("length", moves=(_finished(lambda e: 1),)), Child("stop")),
+        by="finished_reason", children=(Child("length", moves=(at_finish(lambda e: 1),)), Child("stop")),
     ),
     histogram(
         "trtllm_e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
-        LABELS, LAT, _finished(lambda e: e.e2e_s),
+        LABELS, LAT, at_finish(lambda e: e.e2e_s),
     ),
     histogram(
         "trtllm_time_to_first_token_seconds", "Histogram of time to first token in seconds.", LABELS,
@@ -118,23 +114,23 @@ SERIES: tuple[Series, ...] = (
     ),
     histogram(
         "trtllm_time_per_output_token_seconds", "Histogram of time per output token in seconds.", LABELS,
-        VLLM_ITL, _finished(lambda e: tpot(e.decode_s, e.req.output_len)),
+        VLLM_ITL, at_finish(lambda e: tpot(e.decode_s, e.req.output_len)),
     ),
     histogram(
         "trtllm_request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-        LABELS, LAT, _finished(lambda e: e.queue_s),
+        LABELS, LAT, at_finish(lambda e: e.queue_s),
     ),
     histogram(
         "trtllm_request_prefill_time_seconds", "Histogram of prefill (context) phase duration in seconds.",
-        LABELS, TRT_PREFILL, _finished(lambda e: e.prefill_s),
+        LABELS, TRT_PREFILL, at_finish(lambda e: e.prefill_s),
     ),
     histogram(
         "trtllm_request_decode_time_seconds", "Histogram of decode (generation) phase duration in seconds.",
-        LABELS, LAT, _finished(lambda e: e.decode_s),
+        LABELS, LAT, at_finish(lambda e: e.decode_s),
     ),
     histogram(
         "trtllm_request_inference_time_seconds", "Histogram of total inference duration in seconds.",
-        LABELS, LAT, _finished(lambda e: e.prefill_s + e.decode_s),
+        LABELS, LAT, at_finish(lambda e: e.prefill_s + e.decode_s),
     ),
     info(
         "trtllm_kv_cache_config_info", "KV cache configuration", LABELS,

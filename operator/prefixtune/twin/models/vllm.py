@@ -6,7 +6,7 @@ the series and their buckets follow ``vllm/v1/metrics/loggers.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from prefixtune.engines.base import EngineName
 from prefixtune.twin.cache import NativeVllmCache, VllmCache, use_native_pool
@@ -30,6 +30,7 @@ from prefixtune.twin.exporter import (
     Steps,
     TableMetrics,
     Tokens,
+    at_finish,
     buckets_1_2_5,
     config_label,
     counter,
@@ -55,10 +56,6 @@ def _cached(e: FirstToken) -> int:
 
 def _computed(e: FirstToken) -> int:
     return max(0, e.req.prompt_len - _cached(e))
-
-
-def _finished(amount: Callable[[Finished], float]) -> Move[Finished]:
-    return Move(Finished, amount)
 
 
 # Prefix-cache queries/hits: scheduler stats, once per request at admission (re-admissions after a
@@ -114,23 +111,23 @@ SERIES: tuple[Series, ...] = (
     ),
     counter(
         "vllm:request_success", "Count of successfully processed requests.", LABELS, by="finished_reason",
-        children=(Child("length", moves=(_finished(lambda e: 1),)), Child("stop"), Child("abort")),
+        children=(Child("length", moves=(at_finish(lambda e: 1),)), Child("stop"), Child("abort")),
     ),
     histogram(
         "vllm:request_prompt_tokens", "Number of prefill tokens processed.", LABELS, _tokens,
-        _finished(lambda e: e.req.prompt_len),
+        at_finish(lambda e: e.req.prompt_len),
     ),
     histogram(
         "vllm:request_generation_tokens", "Number of generation tokens processed.", LABELS, _tokens,
-        _finished(lambda e: e.req.output_len),
+        at_finish(lambda e: e.req.output_len),
     ),
     histogram(
         "vllm:request_prefill_kv_computed_tokens", "Prefill tokens computed (not from cache), per request.",
-        LABELS, _tokens, _finished(lambda e: e.m.state.computed.get(e.req.req_id, e.req.prompt_len)),
+        LABELS, _tokens, at_finish(lambda e: e.m.state.computed.get(e.req.req_id, e.req.prompt_len)),
     ),
     histogram(
         "vllm:request_num_preemptions", "Number of preemptions per request.", LABELS, (0, 1, 2, 5, 10, 20),
-        _finished(lambda e: e.m.x.preemptions_of.get(e.req.req_id, 0)),
+        at_finish(lambda e: e.m.x.preemptions_of.get(e.req.req_id, 0)),
     ),
     histogram(
         "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", LABELS,
@@ -149,27 +146,27 @@ SERIES: tuple[Series, ...] = (
     histogram(
         "vllm:request_time_per_output_token_seconds",
         "Histogram of time_per_output_token_seconds per request.", LABELS,
-        VLLM_ITL, _finished(lambda e: tpot(e.decode_s, e.req.output_len)),
+        VLLM_ITL, at_finish(lambda e: tpot(e.decode_s, e.req.output_len)),
     ),
     histogram(
         "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", LABELS, LAT,
-        _finished(lambda e: e.e2e_s),
+        at_finish(lambda e: e.e2e_s),
     ),
     histogram(
         "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", LABELS,
-        LAT, _finished(lambda e: e.queue_s),
+        LAT, at_finish(lambda e: e.queue_s),
     ),
     histogram(
         "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
-        LABELS, LAT, _finished(lambda e: e.prefill_s + e.decode_s),
+        LABELS, LAT, at_finish(lambda e: e.prefill_s + e.decode_s),
     ),
     histogram(
         "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
-        LABELS, LAT, _finished(lambda e: e.prefill_s),
+        LABELS, LAT, at_finish(lambda e: e.prefill_s),
     ),
     histogram(
         "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
-        LABELS, LAT, _finished(lambda e: e.decode_s),
+        LABELS, LAT, at_finish(lambda e: e.decode_s),
     ),
     info(
         "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", {},
