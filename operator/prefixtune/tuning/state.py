@@ -70,6 +70,18 @@ class Trial(_Model):
         }
 
 
+class PriorPoint(_Model):
+    """An earlier epoch's trial folded out of ``PolicyState.trials`` (``tuning/history.py``): only
+    what the optimizer's warm start and feasibility model read."""
+
+    id: int
+    epoch: int
+    config: KnobConfig
+    outcome: Literal["ok", "infeasible", "aborted", "not_applied"]
+    value: float | None = None
+    failure: str = ""
+
+
 class WhatIf(_Model):
     """A what-if estimate (from the twin) of a config under the observed workload."""
 
@@ -191,7 +203,10 @@ class PolicyState(_Model):
     spec_config: KnobConfig  # what the resource's spec.config says
     current: KnobConfig  # what the stable pods run
     target: KnobConfig | None = None  # what a rollout in flight is bringing up
+    # The current epoch's trials and the latest earlier ones in full; older trials are summarized
+    # into ``prior`` (bounded: ``tuning/history.py``), so the state's size does not grow with age.
     trials: list[Trial] = Field(default_factory=list)
+    prior: list[PriorPoint] = Field(default_factory=list)
     next_trial_id: int = 0
     active: int | None = None  # id of the trial in flight
     warm_until: float | None = None
