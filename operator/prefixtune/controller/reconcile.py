@@ -38,7 +38,13 @@ from prefixtune.controller.ownership import Foreign, name_errors
 from prefixtune.controller.render import Owner, config_hash
 from prefixtune.controller.selfmetrics import SelfMetrics
 from prefixtune.controller.settings import tuning_settings
-from prefixtune.controller.status import build_status, invalid_status, merge_conditions, policy_state_of
+from prefixtune.controller.status import (
+    build_status,
+    invalid_status,
+    merge_conditions,
+    patch_changes,
+    policy_state_of,
+)
 from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.tuning.actions import Action, EmitEvent
 from prefixtune.tuning.phases import Phase
@@ -88,6 +94,7 @@ class Reconciled:
     foreign: list[Foreign] = field(default_factory=list)  # objects of our names left alone
     conflict: bool = False
     invalid: list[str] = field(default_factory=list)
+    status_patched: bool = False  # False: the status built equals the stored one, nothing was written
 
 
 def deployment_key(spec: ServingDeploymentSpec) -> str:
@@ -199,12 +206,15 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
         ready=ready_condition(spec, children, found), diagnosis=diagnosis,
     )  # fmt: skip
     outcome = Reconciled(phase=state.phase, actions=actions)
+    written = body
     try:
-        require(API_GROUP, f"{PLURAL}/status", "patch")
-        written = await client.merge_patch(
-            resource_path(namespace, name) + "/status",
-            {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
-        )
+        if patch_changes(previous, status):  # nothing changed (most ticks): no write, no watch event
+            require(API_GROUP, f"{PLURAL}/status", "patch")
+            written = await client.merge_patch(
+                resource_path(namespace, name) + "/status",
+                {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
+            )
+            outcome.status_patched = True
     except KubeError as err:
         if err.status == 409:  # somebody wrote in between: decide again on fresh data next time
             outcome.conflict = True

@@ -220,6 +220,23 @@ def invalid_status(
     }
 
 
+def patch_changes(current: Any, patch: Any) -> bool:
+    """Whether a JSON merge patch (RFC 7386: null deletes, objects merge, the rest replaces) of
+    ``current`` would change it. The reconcile skips a status patch that would not: one write per
+    tick of every resource, each a new resourceVersion and a watch event, for nothing."""
+    if not isinstance(patch, Mapping):
+        return bool(current != patch)
+    if not isinstance(current, Mapping):
+        return True
+    for key, value in patch.items():
+        if value is None:
+            if key in current:
+                return True
+        elif key not in current or patch_changes(current[key], value):
+            return True
+    return False
+
+
 def validate_status(status: Mapping[str, Any]) -> ServingDeploymentStatus:
     """Check a built status against the API model (tests, and a guard before patching)."""
     clean = {k: v for k, v in status.items() if v is not None}
