@@ -165,9 +165,7 @@ class Core:
     def epoch_best_value(self, epoch: int) -> float | None:
         """The best scored value of an epoch, over its trials kept in full and in the prior."""
         values = [
-            t.value
-            for t in self.all_kept()
-            if t.epoch == epoch and t.outcome == "ok" and t.value is not None
+            t.value for t in self.all_kept() if t.epoch == epoch and t.outcome == "ok" and t.value is not None
         ]
         return max(values) if values else None
 
