@@ -186,3 +186,18 @@ def test_a_long_run_through_the_real_policy_stays_bounded() -> None:
     assert late.status_bytes < LIMIT and late.status_bytes < 1.25 * early.status_bytes
     assert max(told) <= CAP
     assert run.record_ids == sorted(set(run.record_ids))  # each trial recorded once, ids never reused
+
+
+def test_a_huge_failure_message_is_clipped_in_the_state() -> None:
+    from prefixtune.tuning.policy import step
+    from prefixtune.tuning.state import MAX_TEXT, RolloutFailed, RolloutReady, Tick
+
+    s = initial_state(ENGINE, replace(state_bench.SETTINGS, warmup_s=60), DEFAULT)
+    s, _ = step(s, RolloutReady(config=DEFAULT), 0.0)
+    s, _ = step(s, Tick(), 60.0)
+    s, _ = step(s, RolloutFailed(config=DEFAULT, failure="crash", reason="y" * 1_000_000), 61.0)
+    trial = s.trial(0)
+    assert (
+        trial.outcome == "infeasible" and len(trial.reason) <= MAX_TEXT and trial.reason.startswith("crash")
+    )
+    assert len(s.to_json()) < 64 * 1024

@@ -40,6 +40,7 @@ from prefixtune.controller.selfmetrics import SelfMetrics
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.controller.status import (
     build_status,
+    condition_message,
     invalid_status,
     merge_conditions,
     patch_changes,
@@ -304,7 +305,7 @@ async def _invalid(
     if (
         previous.get("observedGeneration") == generation
         and ready.get("reason") == "InvalidSpec"
-        and ready.get("message") == message
+        and ready.get("message") == condition_message(message)
     ):
         return outcome  # already reported for this generation
     status = invalid_status(previous, errors, now=now, generation=generation)

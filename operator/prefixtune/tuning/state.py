@@ -18,6 +18,18 @@ from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.phases import Phase, Step
 from prefixtune.tuning.settings import TuningSettings
 
+MAX_TEXT = 512  # characters of a free-text field kept in the state (a trial's reason): bounded status
+
+
+def clip(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` cut to at most ``limit`` characters, marked when cut (free text from pods, engines
+    and metrics sources must not grow the status without bound)."""
+    if len(text) <= limit:
+        return text
+    marker = " ... (truncated)"
+    return text[: limit - len(marker)] + marker if limit > len(marker) else text[:limit]
+
+
 Outcome = Literal["running", "ok", "infeasible", "aborted", "invalidated", "not_applied"]
 
 
@@ -223,6 +235,17 @@ class PolicyState(_Model):
 
     def to_json(self) -> str:
         return self.model_dump_json()
+
+    def clipped(self) -> PolicyState:
+        """The state with every free-text field within ``MAX_TEXT`` (``self`` when it already is): the
+        policy clips what it writes, this also bounds a state written by an older release."""
+        if all(len(t.reason) <= MAX_TEXT for t in self.trials) and len(self.note) <= MAX_TEXT:
+            return self
+        trials = [
+            t.model_copy(update={"reason": clip(t.reason)}) if len(t.reason) > MAX_TEXT else t
+            for t in self.trials
+        ]
+        return self.model_copy(update={"trials": trials, "note": clip(self.note)})
 
     @classmethod
     def from_json(cls, text: str) -> PolicyState:
