@@ -12,7 +12,12 @@ made just before it (median, p90) and how many points the optimizer was told.
 
     prefixtune bench state [--trials 50,500,1000,3000] [--method bo|random] [--json]
 
-``--method random`` skips the Gaussian process (fast) and shows the status size only.
+``--driver fast`` drives the policy with a stand-in for the optimizer (it cycles through a grid of
+the space: no Gaussian process between checkpoints), so thousands of trials run in minutes on a
+busy machine; either way, at each checkpoint the REAL optimizer (``suggest``, bo) is timed
+``--probes`` times on the history the policy gives it then (``probe_*``: wall and CPU seconds,
+median; CPU is the figure to read on a shared machine). ``--method random`` makes the live
+decisions random (no GP) with ``--driver bo``.
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.actions import RecordTrial, RollBack, RollOut
-from prefixtune.tuning.optimizer import Suggestion, TrialResult, suggest
+from prefixtune.tuning.optimizer import Suggestion, TrialResult, seed_from, suggest
 from prefixtune.tuning.phases import ROLLOUT_STEPS, Phase, Step, settled
-from prefixtune.tuning.policy import Suggester, initial_state, step
+from prefixtune.tuning.policy import Suggester, initial_state, space_of, step
+from prefixtune.tuning.policy._core import Core
 from prefixtune.tuning.settings import Slo, TuningSettings
 from prefixtune.tuning.space import SearchSpace
 from prefixtune.tuning.state import (
@@ -86,9 +92,16 @@ class Checkpoint:
     policy_state_bytes: int
     trials_kept: int  # full trial records in the policy state
     decisions: list[Decision] = field(default_factory=list)
+    probe_wall_s: list[float] = field(default_factory=list)
+    probe_cpu_s: list[float] = field(default_factory=list)
+    probe_points: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         secs = sorted(d.seconds for d in self.decisions)
+
+        def median(xs: list[float]) -> float | None:
+            return round(statistics.median(xs), 4) if xs else None
+
         return {
             "trials": self.trials,
             "epoch": self.epoch,
@@ -100,6 +113,9 @@ class Checkpoint:
             "decision_median_s": round(statistics.median(secs), 4) if secs else None,
             "decision_p90_s": round(secs[int(0.9 * (len(secs) - 1))], 4) if secs else None,
             "optimizer_points_max": max((d.points for d in self.decisions), default=None),
+            "probe_points": self.probe_points,
+            "probe_wall_median_s": median(self.probe_wall_s),
+            "probe_cpu_median_s": median(self.probe_cpu_s),
         }
 
 
@@ -130,6 +146,30 @@ def default_suggester(
     )
 
 
+def fast_suggester(
+    space: SearchSpace, history: list[TrialResult], seed: int, s: TuningSettings
+) -> Suggestion:
+    """A stand-in for the optimizer: the next config of a grid over the space, never converging (the
+    budget ends each epoch). Deterministic; no Gaussian process."""
+    grid = space.grid(5)
+    return Suggestion(grid[(seed + len(history)) % len(grid)], "stand-in: the next grid config")
+
+
+def probe(state: PolicyState, now: float, times: int) -> tuple[int, list[float], list[float]]:
+    """Time the real optimizer ``times`` times on the history the policy would give it now."""
+    history = Core(state, now, default_suggester).history()
+    space = space_of(state)
+    seed = seed_from(state.settings.seed_key or state.engine, state.epoch)
+    walls: list[float] = []
+    cpus: list[float] = []
+    for _ in range(times):
+        wall, cpu = time.perf_counter(), time.process_time()
+        suggest(space, history, seed, n_initial=state.settings.n_initial)
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return len(history), walls, cpus
+
+
 def status_of(state: PolicyState, now: float, previous: dict[str, Any] | None) -> dict[str, Any]:
     return build_status(state, [], previous, now=now, generation=1, ready=(True, "Ready", "serving"))
 
@@ -141,6 +181,7 @@ def run(
     suggester: Suggester = default_suggester,
     seed: int = 0,
     size_every: int = 1,
+    probes: int = 0,
 ) -> StateRun:
     """Drive the policy until ``max(checkpoints)`` trials finished; the status size is taken after
     every ``size_every`` finished trials (and at each checkpoint)."""
@@ -171,7 +212,11 @@ def run(
                         mine = decisions[used:][-DECISIONS_PER_CHECKPOINT:]
                         used = len(decisions)
                         policy = len(json.dumps(previous["policy"], separators=(",", ":")))
-                        marks.append(Checkpoint(n, state.epoch, size, policy, len(state.trials), mine))
+                        mark = Checkpoint(n, state.epoch, size, policy, len(state.trials), mine)
+                        if probes:
+                            mark.probe_points, mark.probe_wall_s, mark.probe_cpu_s = probe(state, now, probes)
+                        marks.append(mark)
+                        print(f"bench state: {json.dumps(mark.to_dict())}", file=sys.stderr, flush=True)
             elif isinstance(action, RollOut | RollBack):
                 running = action.config if isinstance(action, RollOut) else action.to_config
                 pending, pending_at = RolloutReady(config=running), now + ROLLOUT_S
@@ -206,7 +251,11 @@ def run(
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="prefixtune bench state", description=__doc__.splitlines()[0])
     p.add_argument("--trials", default="50,500,1000,3000", help="checkpoints: finished trials (comma list)")
-    p.add_argument("--method", default="bo", choices=("bo", "random"))
+    p.add_argument(
+        "--method", default="bo", choices=("bo", "random"), help="the live decisions (--driver bo)"
+    )
+    p.add_argument("--driver", default="bo", choices=("bo", "fast"), help="fast: a stand-in optimizer")
+    p.add_argument("--probes", type=int, default=5, help="real bo decisions timed per checkpoint")
     p.add_argument("--max-trials", type=int, default=SETTINGS.max_trials, help="trials per epoch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
@@ -225,14 +274,20 @@ def main(argv: Sequence[str]) -> int:
         print(f"bench state: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    result = run(points, settings=settings, seed=ns.seed)
+    driver = fast_suggester if ns.driver == "fast" else default_suggester
+    result = run(points, settings=settings, suggester=driver, seed=ns.seed, probes=max(0, ns.probes))
     marks = [c.to_dict() for c in result.checkpoints]
-    first = marks[0]["decision_median_s"]
-    last = marks[-1]["decision_median_s"]
+
+    def ratio(key: str) -> float | None:
+        first, last = marks[0][key], marks[-1][key]
+        return round(last / first, 3) if first and last else None
+
     report: dict[str, Any] = {
         "setup": {
             "engine": ENGINE,
             "method": ns.method,
+            "driver": ns.driver,
+            "probes": ns.probes,
             "max_trials_per_epoch": settings.max_trials,
             "n_initial": settings.n_initial,
             "seed": ns.seed,
@@ -246,7 +301,9 @@ def main(argv: Sequence[str]) -> int:
         "checkpoints": marks,
         "max_status_bytes": result.max_status_bytes,
         "status_under_limit": result.max_status_bytes < STATUS_LIMIT,
-        "decision_ratio_last_to_first": round(last / first, 3) if first and last else None,
+        "decision_ratio_last_to_first": ratio("decision_median_s") if ns.driver == "bo" else None,
+        "probe_cpu_ratio_last_to_first": ratio("probe_cpu_median_s"),
+        "probe_wall_ratio_last_to_first": ratio("probe_wall_median_s"),
         "trial_ids_unique": len(set(result.record_ids)) == len(result.record_ids),
         "wall_s": round(time.perf_counter() - started, 1),
     }
@@ -257,7 +314,10 @@ def main(argv: Sequence[str]) -> int:
             print(
                 f"{m['trials']:>6} trials  epoch {m['epoch']:>4}  status {m['status_bytes']:>9} B  "
                 f"kept {m['trials_kept']:>4}  decision median {m['decision_median_s']} s  "
-                f"points {m['optimizer_points_max']}"
+                f"probe cpu {m['probe_cpu_median_s']} s over {m['probe_points']} points"
             )
-        print(f"max status {result.max_status_bytes} B; ratio {report['decision_ratio_last_to_first']}")
+        print(
+            f"max status {result.max_status_bytes} B; "
+            f"probe cpu ratio {report['probe_cpu_ratio_last_to_first']}"
+        )
     return 0
