@@ -23,8 +23,10 @@ from prefixtune.api import validate_spec
 from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL, ServingDeploymentSpec
 from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.api_calls import require
+from prefixtune.controller.drift import Drift, drift_actions
 from prefixtune.controller.execute import (
     Children,
+    deployment_drift,
     ensure_children,
     monitoring_installed,
     post_events,
@@ -33,9 +35,9 @@ from prefixtune.controller.execute import (
 )
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
 from prefixtune.controller.measure import Meter
-from prefixtune.controller.observe import deployment_ready, desired, rollout_observation
+from prefixtune.controller.observe import Desired, deployment_ready, desired, rollout_observation
 from prefixtune.controller.ownership import Foreign, name_errors
-from prefixtune.controller.render import Owner, config_hash
+from prefixtune.controller.render import ROLES, Owner, config_hash
 from prefixtune.controller.selfmetrics import SelfMetrics
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.controller.status import build_status, invalid_status, merge_conditions, policy_state_of
@@ -43,7 +45,13 @@ from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.tuning.actions import Action, EmitEvent
 from prefixtune.tuning.phases import Phase
 from prefixtune.tuning.policy import initial_state, step
-from prefixtune.tuning.state import Observation, PolicyState, SpecChanged, Tick
+from prefixtune.tuning.state import (
+    Observation,
+    PolicyState,
+    SpecChanged,
+    Tick,
+    TrialInvalidated,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +77,9 @@ class OperatorContext:
     # Objects of a resource's child names that are not its own, found by the last ensure (by uid).
     foreign: dict[str, list[Foreign]] = field(default_factory=dict)
     admin: AdminPolicy = field(default_factory=AdminPolicy)  # the cluster admin's rules for tenants
+    # Drift the last ensure restored in children the next reconcile does not read itself (Service,
+    # ConfigMaps): reported (condition, trial invalidated) by that reconcile.
+    drift: dict[str, list[Drift]] = field(default_factory=dict)
 
     def lock(self, key: str) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
@@ -171,10 +182,21 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
         state = state.model_copy(update={"settings": settings})
 
     children = await read_children(client, owner)
+    ensured_want = desired(state)
+    # Owned fields of the engine Deployments someone else changed (kubectl scale / set image): the
+    # pods are not what the policy thinks they are, so nothing about them is observed this time.
+    drift = deployment_drift(owner, spec, ensured_want, children.deployments)
+    drift += [d for d in ctx.drift.pop(uid, []) if d not in drift]
     if state.phase == Phase.PENDING:
         # The policy's clock starts once the baseline serves: warm-up must not run on loading pods.
-        if deployment_ready(children.deployments.get("baseline"), config_hash(state.current)):
+        if not drift and deployment_ready(children.deployments.get("baseline"), config_hash(state.current)):
             state = await _advance(state, Tick(), now, actions)
+    elif drift:
+        # A window over pods changed under the trial is not the trial's: re-measured, not scored.
+        changed = "; ".join(d.message() for d in drift)[:300]
+        reason = f"owned fields changed outside the operator ({changed}), restored"
+        state = await _advance(state, TrialInvalidated(reason=reason), now, actions)
+        state = await _advance(state, Tick(), now, actions)
     else:
         rollout = rollout_observation(state, children.deployments, children.pods)
         if rollout is not None:
@@ -188,6 +210,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
         if window is not None:
             state = await _advance(state, window, now, actions)
         state = await _advance(state, Tick(), now, actions)
+    actions.extend(drift_actions(drift, previous.get("conditions") or [], _settled(children, ensured_want)))
 
     signals = ctx.meter.last_signals.get(uid)
     diagnosis = (
@@ -218,10 +241,14 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     want = desired(state)
     key = f"{generation}/{want}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
     last = ctx.ensured.get(uid)
-    if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found:
+    if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found or drift:
         ensured = await ensure_children(client, owner, spec, want, monitoring=ctx.monitoring)
         outcome.changes = ensured.changes
         ctx.ensured[uid] = (key, now)
+        seen = {(d.kind, d.name) for d in drift}
+        late = [d for d in ensured.drift if (d.kind, d.name) not in seen]
+        if late:
+            ctx.drift[uid] = late
         outcome.foreign = _unique([*children.foreign, *ensured.foreign])
         known = set(ctx.foreign.pop(uid, []))
         if outcome.foreign:
@@ -236,6 +263,16 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     best = state.trial(state.best).value if state.best is not None else None
     ctx.metrics.set_state(namespace, name, state.phase, best)
     return outcome
+
+
+def _settled(children: Children, want: Desired) -> bool:
+    """The engine Deployments run what the operator rendered, every replica ready."""
+    configs = {role: want.config_of(role) for role in ROLES}
+    return all(
+        deployment_ready(children.deployments.get(role), config_hash(config))
+        for role, config in configs.items()
+        if config is not None
+    )
 
 
 def _unique(found: list[Foreign]) -> list[Foreign]:
