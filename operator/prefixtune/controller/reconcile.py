@@ -40,15 +40,22 @@ from prefixtune.controller.ownership import Foreign, name_errors
 from prefixtune.controller.render import ROLES, Owner, config_hash
 from prefixtune.controller.selfmetrics import SelfMetrics
 from prefixtune.controller.settings import tuning_settings
-from prefixtune.controller.status import build_status, invalid_status, merge_conditions, policy_state_of
+from prefixtune.controller.status import (
+    build_status,
+    invalid_status,
+    last_valid_spec,
+    merge_conditions,
+    policy_state_of,
+)
 from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.tuning.actions import Action, EmitEvent
-from prefixtune.tuning.phases import Phase
+from prefixtune.tuning.phases import ROLLOUT_STEPS, Phase
 from prefixtune.tuning.policy import initial_state, step
 from prefixtune.tuning.state import (
     Observation,
     PolicyState,
     SpecChanged,
+    SpecInvalid,
     Tick,
     TrialInvalidated,
 )
@@ -219,7 +226,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     found = _unique([*children.foreign, *ctx.foreign.get(uid, [])])
     status = build_status(
         state, actions, previous, now=now, generation=generation,
-        ready=ready_condition(spec, children, found), diagnosis=diagnosis,
+        ready=ready_condition(spec, children, found), diagnosis=diagnosis, valid_spec=body.get("spec"),
     )  # fmt: skip
     outcome = Reconciled(phase=state.phase, actions=actions)
     try:
@@ -312,6 +319,17 @@ async def _patch_ready(
             raise
 
 
+def _last_spec(ctx: OperatorContext, name: str, previous: dict[str, Any]) -> ServingDeploymentSpec | None:
+    """The last valid spec recorded in the status, if it still validates and the admin allows it."""
+    raw = last_valid_spec(previous)
+    if raw is None or name_errors(name):
+        return None
+    spec, errors = validate_spec(raw)
+    if spec is None or errors or ctx.admin.spec_problems(spec):
+        return None
+    return spec
+
+
 async def _invalid(
     ctx: OperatorContext,
     body: dict[str, Any],
@@ -320,32 +338,85 @@ async def _invalid(
     now: float,
     generation: int,
 ) -> Reconciled:
-    """An invalid spec: a condition and a Warning Event naming the fields; nothing is rolled out."""
+    """An invalid spec: a condition and a Warning Event naming the fields. Nothing new is rolled
+    out; a trial in flight is aborted and the children are kept at the last valid spec's safe
+    config (the stable config on all its replicas, no canary), so an edit mid-trial never leaves a
+    canary with half the traffic until someone fixes the spec. The policy state is kept: a fixed
+    spec resumes tuning from it."""
     meta = body["metadata"]
     namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
     outcome = Reconciled(phase=str(Phase.FAILED), invalid=errors)
+    message = "; ".join(errors)
+    state = policy_state_of(previous)
+    last = _last_spec(ctx, name, previous) if state is not None else None
+    owner = Owner.of(body)
+    actions: list[Action] = []
+    if state is not None and last is not None:
+        state = await _advance(state, SpecInvalid(reason=message), now, actions)
+        if state.step in ROLLOUT_STEPS:  # the rollback to the safe config: followed to its end
+            children = await read_children(ctx.client, owner)
+            rollout = rollout_observation(state, children.deployments, children.pods)
+            if rollout is not None:
+                state = await _advance(state, rollout, now, actions)
+        outcome.phase, outcome.actions = str(state.phase), actions
     ready: dict[str, Any] = next(
         (c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {}
     )
-    message = "; ".join(errors)
-    if (
+    reported = (
         previous.get("observedGeneration") == generation
         and ready.get("reason") == "InvalidSpec"
         and ready.get("message") == message
-    ):
-        return outcome  # already reported for this generation
-    status = invalid_status(previous, errors, now=now, generation=generation)
-    try:
-        await ctx.client.merge_patch(
-            resource_path(namespace, name) + "/status",
-            {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
-        )
-    except KubeError as err:
-        if err.status == 409:
-            outcome.conflict = True
-            return outcome
-        raise
-    event = EmitEvent("Warning", "InvalidSpec", f"spec rejected, nothing rolled out: {message}")
-    await post_events(ctx.client, body, [event], now)
+    )
+    if not reported or actions:
+        base = previous
+        if state is not None:
+            base = build_status(
+                state, actions, previous, now=now, generation=generation,
+                ready=(False, "InvalidSpec", message),
+            )  # fmt: skip
+        status = invalid_status(base, errors, now=now, generation=generation)
+        try:
+            await ctx.client.merge_patch(
+                resource_path(namespace, name) + "/status",
+                {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
+            )
+        except KubeError as err:
+            if err.status == 409:
+                outcome.conflict = True
+                return outcome
+            raise
+        events = [a for a in actions if isinstance(a, EmitEvent)]
+        if not reported:
+            kept = "the last valid spec keeps running" if last is not None else "nothing rolled out"
+            events.append(EmitEvent("Warning", "InvalidSpec", f"spec rejected, {kept}: {message}"))
+        await post_events(ctx.client, body, events, now)
+    if state is not None and last is not None:
+        await _keep_last_valid(ctx, owner, last, desired(state), now, generation, outcome)
     ctx.metrics.set_state(namespace, name, str(Phase.FAILED), None)
     return outcome
+
+
+async def _keep_last_valid(
+    ctx: OperatorContext,
+    owner: Owner,
+    last: ServingDeploymentSpec,
+    want: Desired,
+    now: float,
+    generation: int,
+    outcome: Reconciled,
+) -> None:
+    """Ensure the children at ``want`` rendered from the last valid spec (cached like the normal
+    path's ensure); drift found here is reported once the spec is valid again."""
+    if ctx.monitoring is None:
+        ctx.monitoring = await monitoring_installed(ctx.client)
+    key = f"invalid/{generation}/{want}"
+    last_ensure = ctx.ensured.get(owner.uid)
+    if last_ensure is not None and last_ensure[0] == key and now - last_ensure[1] <= ENSURE_EVERY_S:
+        return
+    ensured = await ensure_children(ctx.client, owner, last, want, monitoring=ctx.monitoring)
+    ctx.ensured[owner.uid] = (key, now)
+    outcome.changes, outcome.foreign = ensured.changes, ensured.foreign
+    if ensured.drift:
+        ctx.drift[owner.uid] = ensured.drift
+    for change in ensured.changes:
+        logger.info("%s/%s (invalid spec, last valid one kept): %s", owner.namespace, owner.name, change)
