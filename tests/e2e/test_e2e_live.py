@@ -101,6 +101,8 @@ async def test_an_engine_deployment_scaled_to_zero_with_another_image_is_restore
     before = await cluster.wait_for(early_in_a_trial_window, 150, "a trial early in its window", every_s=0.3)
     trial_id = before.active
     assert trial_id is not None
+    # The operator's own rollouts (the trial's rolling update) never read as drift.
+    assert not [e for e in await cluster.events("live") if e.get("reason") == DRIFT_REASON]
     dep = await cluster.deployment("live")
     image = _container(dep)["image"]
     container = {**_container(dep), "image": "registry.example/other-engine:latest"}
@@ -181,6 +183,7 @@ async def test_an_invalid_spec_mid_canary_restores_the_baseline_and_tuning_resum
     assert aborted.outcome == "aborted" and aborted.failure == SPEC_INVALID and aborted.value is None
     reasons = {e.get("reason") for e in await cluster.events("can")}
     assert {"InvalidSpec", "TrialAborted"} <= reasons
+    assert DRIFT_REASON not in reasons  # the canary's creation, the scale-down and back: none is drift
 
     await cluster.sb.api.merge_patch(path, {"spec": {"config": {"blockSize": 16}}})
 
