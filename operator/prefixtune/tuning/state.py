@@ -36,7 +36,8 @@ class Trial(_Model):
     config: KnobConfig
     outcome: Outcome = "running"
     reason: str = ""
-    # infeasible: oom | oom_startup | oom_runtime | crash | timeout; invalidated: too_little_traffic
+    # infeasible: oom | oom_startup | oom_runtime | crash | timeout; invalidated: too_little_traffic;
+    # aborted: "" (an SLO breach) | spec_invalid (the spec turned invalid: not a result of the config)
     failure: str = ""
     started_at: float
     finished_at: float | None = None
@@ -147,6 +148,14 @@ class TrialInvalidated(_Obs):
     reason: str = ""
 
 
+class SpecInvalid(_Obs):
+    """The spec was edited to one that does not validate: the trial in flight is aborted (the state
+    is kept; tuning resumes from it once the spec is fixed)."""
+
+    kind: Literal["spec_invalid"] = "spec_invalid"
+    reason: str = ""  # the validation errors (field names; never a secret's value)
+
+
 class ConfigChecked(_Obs):
     """The effective config read back from the engine after a rollout."""
 
@@ -168,6 +177,7 @@ Observation = Annotated[
     | SpecChanged
     | MetricsUnavailable
     | TrialInvalidated
+    | SpecInvalid
     | ConfigChecked,
     Field(discriminator="kind"),
 ]
