@@ -165,3 +165,32 @@ async def test_the_meter_requires_the_operators_pod_labels_only_when_the_admin_s
     await meter.observe("u", spec, state, [], 0.0, admin=off, namespace="ns", name="rag")
     await asyncio.sleep(0)
     assert seen == [prometheus_labels("rag"), {}]
+
+
+def _unschedulable(name: str, config: KnobConfig, role: str) -> dict[str, Any]:
+    pod = _pod(name, config, role=role, ready=False)
+    message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        ],
+    }
+    return pod
+
+
+def test_a_rollout_pod_pending_for_a_gpu_is_no_capacity_not_a_failure() -> None:
+    from prefixtune.tuning.state import RolloutNoCapacity
+
+    for strategy, role in (("canary", "canary"), ("rolling", "baseline")):
+        s = _state(strategy, "WaitingReady")
+        pods = [pod_view(_pod("old", BASE)), pod_view(_unschedulable("new", TRY, role))]
+        deps = {"baseline": _dep(BASE if role == "canary" else TRY), "canary": _dep(TRY, ready=0)}
+        obs = rollout_observation(s, deps, pods)  # type: ignore[arg-type]
+        assert isinstance(obs, RolloutNoCapacity), (strategy, obs)
+        assert obs.config == TRY and "Insufficient nvidia.com/gpu" in obs.reason and "new" in obs.reason
+    # A scheduled pod still loading is not no capacity.
+    pods = [pod_view(_pod("old", BASE)), pod_view(_pod("new", TRY, role="canary", ready=False))]
+    deps = {"baseline": _dep(BASE), "canary": _dep(TRY, ready=0)}
+    obs = rollout_observation(_state("canary", "WaitingReady"), deps, pods)  # type: ignore[arg-type]
+    assert not isinstance(obs, RolloutNoCapacity)

@@ -27,6 +27,7 @@ from prefixtune.tuning.state import (
     PolicyState,
     RolloutApplied,
     RolloutFailed,
+    RolloutNoCapacity,
     RolloutReady,
     TrialInvalidated,
 )
@@ -91,6 +92,7 @@ class PodView:
     phase: str = ""
     started_at: float | None = None  # the running container's start (epoch seconds)
     deleting: bool = False
+    unschedulable: str = ""  # the scheduler's message while the pod cannot be placed (no free GPU)
 
     @property
     def crashed(self) -> bool:
@@ -108,6 +110,16 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     status = pod.get("status") or {}
     labels = meta.get("labels") or {}
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or ()}
+    unschedulable = next(
+        (
+            str(c.get("message") or "Unschedulable")
+            for c in status.get("conditions") or ()
+            if c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+        ),
+        "",
+    )
     statuses = status.get("containerStatuses") or []
     container = statuses[0] if statuses else {}
     state = container.get("state") or {}
@@ -129,6 +141,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         phase=str(status.get("phase") or ""),
         started_at=_epoch(running.get("startedAt")),
         deleting=bool(meta.get("deletionTimestamp")),
+        unschedulable=unschedulable,
     )
 
 
@@ -193,6 +206,10 @@ def rollout_observation(
                     failure=failure_kind(pod, reached_ready=False),
                     reason=_failure_detail(pod),
                 )
+        for pod in mine:
+            if pod.unschedulable and not pod.ready:
+                # No node has the GPUs: the cluster's state, not the config's (never infeasible).
+                return RolloutNoCapacity(config=config, reason=f"pod {pod.name}: {pod.unschedulable}")
         dep = deployments.get(role)
         others = [p for p in pods_of(pods, role) if p.config_hash != digest]
         ready_pods = [p for p in mine if p.ready]
