@@ -13,12 +13,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.controller.render import (
     LABEL_CONFIG_HASH,
     LABEL_ROLE,
     DeploymentRole,
     config_hash,
+    replicas_for,
     template_hash,
+    trial_replicas,
 )
 from prefixtune.engines.base import KnobConfig
 from prefixtune.tuning.phases import ROLLOUT_STEPS, TRIAL_STEPS, WINDOW_STEPS, Step
@@ -186,6 +189,39 @@ def pods_of(pods: Sequence[PodView], role: DeploymentRole, digest: str | None = 
     ]
 
 
+@dataclass(frozen=True)
+class Scale:
+    """The replicas of the Deployments now. ``keep_canary``: no canary is wanted any more, but its
+    pods still serve and stay (untouched) until the stable Deployment is back at full strength."""
+
+    baseline: int
+    canary: int
+    keep_canary: bool = False
+
+
+def scale_plan(
+    spec: ServingDeploymentSpec, want: Desired, pods: Sequence[PodView], canary_exists: bool
+) -> Scale:
+    """Canary up first, as Argo Rollouts does: the stable Deployment gives up a replica only for a
+    trial pod that is ready; a canary ends only once the stable pods it gave replicas to are ready
+    again. The exception: stable pods that cannot be scheduled (no free GPU: the canary holds it),
+    with none loading, let the canary go, or the stable could never come back (one replica short
+    while it loads: the cost of running a canary without a spare GPU)."""
+    moved = trial_replicas(spec)
+    if want.canary is not None:
+        ready = sum(1 for p in pods_of(pods, "canary", config_hash(want.canary)) if p.ready)
+        return Scale(replicas_for(spec, "baseline", True, ready), moved)
+    canary_serving = any(p.ready for p in pods_of(pods, "canary"))
+    if not canary_exists or not canary_serving:
+        return Scale(spec.replicas, moved)
+    stable = pods_of(pods, "baseline", config_hash(want.baseline))
+    back = sum(1 for p in stable if p.ready) >= spec.replicas
+    waiting = [p for p in pods_of(pods, "baseline") if not p.ready]
+    # Stuck: a stable pod cannot be placed and none is loading that would free a GPU once ready.
+    stuck = any(p.unschedulable for p in waiting) and all(p.unschedulable for p in waiting)
+    return Scale(spec.replicas, moved, keep_canary=not (back or stuck))
+
+
 def rollout_observation(
     state: PolicyState,
     deployments: Mapping[DeploymentRole, Mapping[str, Any] | None],
@@ -244,10 +280,12 @@ def rollout_observation(
 __all__ = [
     "Desired",
     "PodView",
+    "Scale",
     "deployment_ready",
     "desired",
     "failure_kind",
     "pod_view",
     "pods_of",
     "rollout_observation",
+    "scale_plan",
 ]

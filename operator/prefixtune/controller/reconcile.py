@@ -33,7 +33,7 @@ from prefixtune.controller.execute import (
 )
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
 from prefixtune.controller.measure import Meter
-from prefixtune.controller.observe import deployment_ready, desired, rollout_observation
+from prefixtune.controller.observe import deployment_ready, desired, rollout_observation, scale_plan
 from prefixtune.controller.ownership import Foreign, name_errors
 from prefixtune.controller.render import Owner, config_hash
 from prefixtune.controller.selfmetrics import SelfMetrics
@@ -216,10 +216,11 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     if ctx.monitoring is None:
         ctx.monitoring = await monitoring_installed(client)
     want = desired(state)
-    key = f"{generation}/{want}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
+    scale = scale_plan(spec, want, children.pods, children.deployments.get("canary") is not None)
+    key = f"{generation}/{want}/{scale}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
     last = ctx.ensured.get(uid)
     if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found:
-        ensured = await ensure_children(client, owner, spec, want, monitoring=ctx.monitoring)
+        ensured = await ensure_children(client, owner, spec, want, scale, monitoring=ctx.monitoring)
         outcome.changes = ensured.changes
         ctx.ensured[uid] = (key, now)
         outcome.foreign = _unique([*children.foreign, *ensured.foreign])

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.api.rules import narrowed_choices
 from prefixtune.controller.podspec import startup_budget_s
+from prefixtune.controller.render import rolling_subset
 from prefixtune.engines import get_adapter
 from prefixtune.engines.knobs import BY_NAME, KNOB_NAMES
 from prefixtune.metrics.recipe import for_engine, missing_signals, objective_refusal
@@ -72,6 +73,10 @@ def tuning_settings(
     strategy: Strategy = spec.effective_rollout().value
     if strategy == "canary" and spec.replicas < 2:
         strategy = "rolling"  # a canary needs a baseline pod beside it
+    if strategy == "rolling" and rolling_subset(spec) is not None:
+        # maxTrialReplicas below replicas: the trial's pods run beside the stable ones, scored
+        # against them in the same window, exactly as a canary of that many pods.
+        strategy = "canary"
     missing, refusal = release_gaps(spec)
     return TuningSettings(
         mode=mode,
