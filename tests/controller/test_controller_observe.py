@@ -189,6 +189,11 @@ def test_a_rollout_pod_pending_for_a_gpu_is_no_capacity_not_a_failure() -> None:
         obs = rollout_observation(s, deps, pods)  # type: ignore[arg-type]
         assert isinstance(obs, RolloutNoCapacity), (strategy, obs)
         assert obs.config == TRY and "Insufficient nvidia.com/gpu" in obs.reason and "new" in obs.reason
+    # A pod Pending while another of the rollout loads (a surge waiting for a GPU it frees) is not.
+    pods = [pod_view(_pod("old", TRY)), pod_view(_unschedulable("new2", TRY, "baseline")),
+            pod_view(_pod("new1", TRY, ready=False))]  # fmt: skip
+    obs = rollout_observation(_state("rolling", "WaitingReady"), {"baseline": _dep(TRY, 2, 1)}, pods)  # type: ignore[arg-type]
+    assert not isinstance(obs, RolloutNoCapacity)
     # A scheduled pod still loading is not no capacity.
     pods = [pod_view(_pod("old", BASE)), pod_view(_pod("new", TRY, role="canary", ready=False))]
     deps = {"baseline": _dep(BASE), "canary": _dep(TRY, ready=0)}

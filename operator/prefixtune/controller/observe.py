@@ -242,10 +242,12 @@ def rollout_observation(
                     failure=failure_kind(pod, reached_ready=False),
                     reason=_failure_detail(pod),
                 )
-        for pod in mine:
-            if pod.unschedulable and not pod.ready:
-                # No node has the GPUs: the cluster's state, not the config's (never infeasible).
-                return RolloutNoCapacity(config=config, reason=f"pod {pod.name}: {pod.unschedulable}")
+        waiting = [p for p in mine if not p.ready]
+        if waiting and all(p.unschedulable for p in waiting):
+            # No node has the GPUs, and no pod of the rollout is loading that would free one once
+            # ready (a surge waits for that): the cluster's state, not the config's (never infeasible).
+            pod = waiting[0]
+            return RolloutNoCapacity(config=config, reason=f"pod {pod.name}: {pod.unschedulable}")
         dep = deployments.get(role)
         others = [p for p in pods_of(pods, role) if p.config_hash != digest]
         ready_pods = [p for p in mine if p.ready]
