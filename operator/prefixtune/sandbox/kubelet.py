@@ -9,8 +9,9 @@ HTTP (``client.py``); the controllers that create its pods are in ``controller_m
 
 Container lifecycle, in sandbox time (seconds divided by ``speedup``):
 
-* Scheduling: the node has ``gpus`` ``nvidia.com/gpu`` allocatable (``Kubelet.set_gpus`` changes it
-  mid-run, as a node joining or a GPU freed elsewhere would). Pods are bound oldest first while the
+* Scheduling: with ``gpus`` set the node has that many ``nvidia.com/gpu`` allocatable
+  (``Kubelet.set_gpus`` changes it mid-run, as a node joining or a GPU freed elsewhere would; the
+  default None binds every pod, as before). Pods are bound oldest first while the
   GPUs they request fit beside those of the pods already bound (a pod being deleted frees its GPUs
   at once, since its twin stops at once); one that does not fit stays Pending and unbound with the
   scheduler's PodScheduled False / Unschedulable "Insufficient nvidia.com/gpu" condition, and is
@@ -63,6 +64,7 @@ logger = logging.getLogger(__name__)
 PROBE_FAILURE_THRESHOLD = 3  # kube's default failureThreshold of a probe
 
 PROBE_TIMEOUT_S = 2.0  # wall seconds a probe may take
+UNLIMITED_GPUS_SHOWN = 8  # the allocatable a node without GPU accounting advertises
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,9 @@ class KubeletConfig:
     node_name: str = podlib.NODE_NAME
     seed: int = 0
     ip_octet: int = 0  # the second octet of pod addresses (127.S.x.y); 0 picks one at random
-    gpus: int = 8  # the node's nvidia.com/gpu allocatable
+    # The node's nvidia.com/gpu allocatable; None: no GPU accounting (any number of pods is bound, the
+    # node advertises UNLIMITED_GPUS_SHOWN as before), so suites that run many resources need no sizing.
+    gpus: int | None = None
     load_bytes_per_s: float = 0.0  # weight load rate per GPU in sandbox time (0: no size-based load)
 
     def __post_init__(self) -> None:
@@ -96,7 +100,7 @@ class KubeletConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
-        if self.gpus < 0:
+        if self.gpus is not None and self.gpus < 0:
             raise ValueError(f"gpus: must be >= 0, got {self.gpus}")
         if self.load_bytes_per_s < 0:
             raise ValueError(f"load_bytes_per_s: must be >= 0, got {self.load_bytes_per_s}")
@@ -424,12 +428,12 @@ class Kubelet:
         self._probe_session: aiohttp.ClientSession | None = None
         self.metrics_faults: MetricsFaults | None = None  # fault injection on the pods' metrics
         self.knob_overrides: dict[str, object] = {}  # knobs every engine runs regardless of its command
-        self.gpus = config.gpus  # the node's nvidia.com/gpu allocatable now (set_gpus)
+        self.gpus = config.gpus  # the node's nvidia.com/gpu allocatable now (set_gpus; None: no limit)
 
-    async def set_gpus(self, gpus: int) -> None:
+    async def set_gpus(self, gpus: int | None) -> None:
         """Change the node's GPU allocatable (capacity freed or taken elsewhere); Pending pods are
         bound on the next sync if they fit now."""
-        if gpus < 0:
+        if gpus is not None and gpus < 0:
             raise ValueError(f"gpus: must be >= 0, got {gpus}")
         self.gpus = gpus
         await self.register_node()
@@ -480,6 +484,7 @@ class Kubelet:
             return False
 
     async def register_node(self) -> None:
+        gpus = str(UNLIMITED_GPUS_SHOWN if self.gpus is None else self.gpus)
         node = {
             "apiVersion": "v1",
             "kind": "Node",
@@ -501,11 +506,11 @@ class Kubelet:
                 {"type": "InternalIP", "address": "127.0.0.1"},
                 {"type": "Hostname", "address": self.config.node_name},
             ],
-            "capacity": {"cpu": "64", "memory": "512Gi", podlib.GPU_RESOURCE: str(self.gpus), "pods": "110"},
+            "capacity": {"cpu": "64", "memory": "512Gi", podlib.GPU_RESOURCE: gpus, "pods": "110"},
             "allocatable": {
                 "cpu": "64",
                 "memory": "512Gi",
-                podlib.GPU_RESOURCE: str(self.gpus),
+                podlib.GPU_RESOURCE: gpus,
                 "pods": "110",
             },
             "nodeInfo": {"kubeletVersion": "v1.30.0-prefixtune-sandbox", "operatingSystem": "linux"},
@@ -548,7 +553,7 @@ class Kubelet:
             if not node:  # play the scheduler: bind it to this node if its GPUs fit
                 path = f"/api/v1/namespaces/{meta.get('namespace', 'default')}/pods/{meta.get('name')}"
                 wanted = podlib.gpu_request(pod)
-                if used + wanted > self.gpus:
+                if self.gpus is not None and used + wanted > self.gpus:
                     await self._unschedulable(path, pod)
                     continue
                 if await self.api.patch(path, {"spec": {"nodeName": self.config.node_name}}) is None:
