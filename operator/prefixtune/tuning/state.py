@@ -37,7 +37,8 @@ class Trial(_Model):
     outcome: Outcome = "running"
     reason: str = ""
     # infeasible: oom | oom_startup | oom_runtime | crash | timeout; invalidated: too_little_traffic |
-    # no_capacity (a pod Pending for lack of a GPU: the cluster's state, not the config's)
+    # no_capacity (a pod Pending for lack of a GPU: the cluster's state, not the config's);
+    # aborted: "" (an SLO breach) | spec_invalid (the spec turned invalid: not a result of the config)
     failure: str = ""
     started_at: float
     finished_at: float | None = None
@@ -156,6 +157,14 @@ class TrialInvalidated(_Obs):
     reason: str = ""
 
 
+class SpecInvalid(_Obs):
+    """The spec was edited to one that does not validate: the trial in flight is aborted (the state
+    is kept; tuning resumes from it once the spec is fixed)."""
+
+    kind: Literal["spec_invalid"] = "spec_invalid"
+    reason: str = ""  # the validation errors (field names; never a secret's value)
+
+
 class ConfigChecked(_Obs):
     """The effective config read back from the engine after a rollout."""
 
@@ -178,6 +187,7 @@ Observation = Annotated[
     | SpecChanged
     | MetricsUnavailable
     | TrialInvalidated
+    | SpecInvalid
     | ConfigChecked,
     Field(discriminator="kind"),
 ]

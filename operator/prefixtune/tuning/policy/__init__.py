@@ -28,6 +28,8 @@ Safety rules enforced here:
 - A pod deleted mid-measurement invalidates the window: the trial is re-measured, not scored.
 - A trial invalidated for too little traffic counts toward the budget, and the same config starved
   ``MAX_STARVED_REPEATS`` times in an epoch ends the search: exploring always terminates.
+- An invalid spec mid-trial aborts the trial (recorded ``aborted``/``spec_invalid``, not learned) and
+  rolls back to the safe config; the rest of the state waits for the spec to be fixed.
 - A change of what is deployed (model, image, replicas, ...: ``deployment_key``) starts a new epoch.
 - Trial ids are assigned once and RecordTrial is emitted once per finished trial.
 - The best is the config with the best mean over its windows. A best seen in one window only is
@@ -65,6 +67,7 @@ from prefixtune.tuning.state import (
     RolloutNoCapacity,
     RolloutReady,
     SpecChanged,
+    SpecInvalid,
     Tick,
     TrialInvalidated,
     WindowMeasured,
@@ -112,6 +115,9 @@ class _Ctx(Core):
             return
         if isinstance(obs, MetricsUnavailable):
             measurement.on_metrics_unavailable(self, obs)
+            return
+        if isinstance(obs, SpecInvalid):
+            spec_change.on_spec_invalid(self, obs)
             return
         phase = self.s.phase
         if phase in HALTED_PHASES:
