@@ -18,7 +18,7 @@ from prefixtune.controller.drift import (
     owned_drift,
     quantity,
 )
-from prefixtune.controller.observe import Desired
+from prefixtune.controller.observe import Desired, Scale
 from prefixtune.tuning.actions import EmitEvent, SetCondition
 
 OWNER = R.Owner(namespace="team", name="rag", uid="uid-1")
@@ -118,9 +118,10 @@ def test_deployment_drift_names_the_deployment_of_each_role() -> None:
     base, _ = execute._annotated(R.render_deployment(OWNER, SPEC, CONFIG, "baseline", 1))  # 2 - the canary
     can, _ = execute._annotated(R.render_deployment(OWNER, SPEC, canary, "canary", 1))
     live = {"baseline": _as_served(base), "canary": _as_served(can)}
-    assert execute.deployment_drift(OWNER, SPEC, want, live) == []
+    scale = Scale(baseline=1, canary=1)  # the canary's pod ready: the stable gave it a replica
+    assert execute.deployment_drift(OWNER, SPEC, want, scale, live) == []
     live["canary"]["spec"]["template"]["spec"]["containers"][0]["image"] = "other"
-    assert execute.deployment_drift(OWNER, SPEC, want, live) == [
+    assert execute.deployment_drift(OWNER, SPEC, want, scale, live) == [
         Drift("Deployment", "rag-canary", (f"{ENGINE}.image",))
     ]
 

@@ -21,7 +21,7 @@ from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.controller.api_calls import require
 from prefixtune.controller.drift import OWNED_POD_KEYS, Drift, owned_drift
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
-from prefixtune.controller.observe import Desired, PodView, pod_view
+from prefixtune.controller.observe import Desired, PodView, Scale, pod_view
 from prefixtune.controller.ownership import Claim, Foreign, claim, foreign
 from prefixtune.controller.render import (
     ROLES,
@@ -33,7 +33,6 @@ from prefixtune.controller.render import (
     render_deployment,
     render_service,
     render_service_monitor,
-    replicas_for,
     selector_labels,
 )
 from prefixtune.controller.status import iso
@@ -126,15 +125,19 @@ def deployment_drift(
     owner: Owner,
     spec: ServingDeploymentSpec,
     want: Desired,
+    scale: Scale,
     deployments: Mapping[DeploymentRole, Mapping[str, Any] | None],
 ) -> list[Drift]:
-    """Drift in the engine Deployments just read (pure): what ``ensure_children`` will restore."""
+    """Drift in the engine Deployments just read (pure): what ``ensure_children`` will restore,
+    rendered at the replicas of ``scale`` as it renders them (a canary kept while the stable comes
+    back is not rendered, so not compared)."""
     out = []
     for role in ROLES:
         config, live = want.config_of(role), deployments.get(role)
         if config is None or live is None:
             continue
-        body = render_deployment(owner, spec, config, role, replicas_for(spec, role, want.canary is not None))
+        replicas = scale.canary if role == "canary" else scale.baseline
+        body = render_deployment(owner, spec, config, role, replicas)
         fields = live_drift(body, live)
         if fields:
             out.append(Drift("Deployment", deployment_name(owner.name, role), fields))
@@ -213,11 +216,13 @@ async def ensure_children(
     owner: Owner,
     spec: ServingDeploymentSpec,
     want: Desired,
+    scale: Scale,
     *,
     monitoring: bool = False,
 ) -> Ensured:
-    """Make the children match ``want``; objects of our names that are not ours are left alone and
-    reported in ``Ensured.foreign``."""
+    """Make the children match ``want`` at the replicas of ``scale`` (``observe.scale_plan``: canary
+    up first); objects of our names that are not ours are left alone and reported in
+    ``Ensured.foreign``."""
     done = Ensured()
     ns = owner.namespace
 
@@ -239,11 +244,12 @@ async def ensure_children(
         elif result:
             done.changes.append(f"deleted {kind} {path.rsplit('/', 1)[-1]}")
 
-    canary_active = want.canary is not None
     for role in ROLES:
         config = want.config_of(role)
         dep_path = ns_path(APPS, ns, "deployments")
         cm_path = ns_path(CORE, ns, "configmaps")
+        if role == "canary" and config is None and scale.keep_canary:
+            continue  # its pods serve until the stable replicas are back (scale_plan)
         if config is None:
             await delete(
                 f"{dep_path}/{deployment_name(owner.name, role)}", "apps", "deployments", "Deployment"
@@ -254,7 +260,8 @@ async def ensure_children(
         configmap = render_configmap(owner, spec, config, role)
         if configmap is not None:
             await apply(cm_path, configmap, "", "configmaps")
-        deployment = render_deployment(owner, spec, config, role, replicas_for(spec, role, canary_active))
+        replicas = scale.canary if role == "canary" else scale.baseline
+        deployment = render_deployment(owner, spec, config, role, replicas)
         await apply(dep_path, deployment, "apps", "deployments")
     await apply(ns_path(CORE, ns, "services"), render_service(owner, spec), "", "services")
     if monitoring:

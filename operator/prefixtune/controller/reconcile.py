@@ -35,7 +35,7 @@ from prefixtune.controller.execute import (
 )
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
 from prefixtune.controller.measure import Meter
-from prefixtune.controller.observe import Desired, deployment_ready, desired, rollout_observation
+from prefixtune.controller.observe import Desired, deployment_ready, desired, rollout_observation, scale_plan
 from prefixtune.controller.ownership import Foreign, name_errors
 from prefixtune.controller.render import ROLES, Owner, config_hash
 from prefixtune.controller.selfmetrics import SelfMetrics
@@ -192,7 +192,11 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     ensured_want = desired(state)
     # Owned fields of the engine Deployments someone else changed (kubectl scale / set image): the
     # pods are not what the policy thinks they are, so nothing about them is observed this time.
-    drift = deployment_drift(owner, spec, ensured_want, children.deployments)
+    # At the replicas the last ensure applied (``scale_plan`` of the same state and pods; a pod that
+    # became ready since changes the rendering, which reads as an update in flight, not drift).
+    has_canary = children.deployments.get("canary") is not None
+    ensured_scale = scale_plan(spec, ensured_want, children.pods, has_canary)
+    drift = deployment_drift(owner, spec, ensured_want, ensured_scale, children.deployments)
     drift += [d for d in ctx.drift.pop(uid, []) if d not in drift]
     if state.phase == Phase.PENDING:
         # The policy's clock starts once the baseline serves: warm-up must not run on loading pods.
@@ -246,10 +250,11 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     if ctx.monitoring is None:
         ctx.monitoring = await monitoring_installed(client)
     want = desired(state)
-    key = f"{generation}/{want}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
+    scale = scale_plan(spec, want, children.pods, children.deployments.get("canary") is not None)
+    key = f"{generation}/{want}/{scale}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
     last = ctx.ensured.get(uid)
     if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found or drift:
-        ensured = await ensure_children(client, owner, spec, want, monitoring=ctx.monitoring)
+        ensured = await ensure_children(client, owner, spec, want, scale, monitoring=ctx.monitoring)
         outcome.changes = ensured.changes
         ctx.ensured[uid] = (key, now)
         seen = {(d.kind, d.name) for d in drift}
@@ -409,11 +414,14 @@ async def _keep_last_valid(
     path's ensure); drift found here is reported once the spec is valid again."""
     if ctx.monitoring is None:
         ctx.monitoring = await monitoring_installed(ctx.client)
-    key = f"invalid/{generation}/{want}"
+    children = await read_children(ctx.client, owner)
+    # Canary up first here too: the canary goes once the stable pods are back (``scale_plan``).
+    scale = scale_plan(last, want, children.pods, children.deployments.get("canary") is not None)
+    key = f"invalid/{generation}/{want}/{scale}"
     last_ensure = ctx.ensured.get(owner.uid)
     if last_ensure is not None and last_ensure[0] == key and now - last_ensure[1] <= ENSURE_EVERY_S:
         return
-    ensured = await ensure_children(ctx.client, owner, last, want, monitoring=ctx.monitoring)
+    ensured = await ensure_children(ctx.client, owner, last, want, scale, monitoring=ctx.monitoring)
     ctx.ensured[owner.uid] = (key, now)
     outcome.changes, outcome.foreign = ensured.changes, ensured.foreign
     if ensured.drift:

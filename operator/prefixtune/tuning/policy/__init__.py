@@ -20,6 +20,10 @@ Safety rules enforced here:
 - A trial whose partial window breaks the SLO by ``abort_factor`` is aborted and rolled back.
 - A failed rollout (crash, OOM, not ready in time) is infeasible: recorded, rolled back to the best
   known config, and learned by the optimizer's feasibility model.
+- A rollout whose pod cannot be scheduled (no free GPU) is no capacity, never infeasible: the trial
+  ends invalidated (``no_capacity``: not scored, not learned, not counted in the budget), is rolled
+  back, and the same config is tried again after a backoff (``rollout.NO_CAPACITY_BACKOFF_S``,
+  doubling up to ``NO_CAPACITY_BACKOFF_MAX_S``) with a NoCapacity condition and Event meanwhile.
 - Missing data never leads to a rollout: the policy holds with a MetricsUnavailable condition.
 - A pod deleted mid-measurement invalidates the window: the trial is re-measured, not scored.
 - A trial invalidated for too little traffic counts toward the budget, and the same config starved
@@ -60,6 +64,7 @@ from prefixtune.tuning.state import (
     PolicyState,
     RolloutApplied,
     RolloutFailed,
+    RolloutNoCapacity,
     RolloutReady,
     SpecChanged,
     SpecInvalid,
@@ -134,6 +139,8 @@ class _Ctx(Core):
             rollout.on_ready(self, obs)
         elif isinstance(obs, RolloutFailed):
             rollout.on_failed(self, obs.failure or "crash", obs.reason)
+        elif isinstance(obs, RolloutNoCapacity):
+            rollout.on_no_capacity(self, obs)
         elif isinstance(obs, WindowMeasured):
             measurement.on_window(self, obs)
         elif isinstance(obs, TrialInvalidated):
