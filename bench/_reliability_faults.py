@@ -381,7 +381,8 @@ class Run:
         taken off the injected counts, and the injector tries another window."""
         final = await self.state()
         audit = self.api.audit if self.api is not None else []
-        why = "" if final is None else missed(injection, written_states(audit, self.name), final)
+        scrapes = tuple(self.metrics.scrapes) if self.metrics is not None else ()
+        why = "" if final is None else missed(injection, written_states(audit, self.name), final, scrapes)
         if why:
             injection.missed = why
             self.result.injected[injection.kind] -= 1
@@ -488,16 +489,27 @@ WINDOW_FAULTS = ("engine_oom", "engine_crash", "pod_delete", "metrics_unreachabl
                  "metrics_nan", "metrics_reset")  # fmt: skip
 
 
-def missed(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], final: PolicyState) -> str:
+def missed(
+    inj: Injection,
+    states: Sequence[tuple[float, str, PolicyState]],
+    final: PolicyState,
+    scrapes: Sequence[tuple[float, str, str | None]] = (),
+) -> str:
     """Why a fault aimed at a measurement window did not hit it ("" when it did), from what the
     operators wrote: the last status written before the fault had left that window, or the trial was
     scored by a reconcile that began before the fault (its ``finished_at``, on the operators' clock).
     On a busy machine an operator writes late, so an injector that read "Measuring" can act after the
-    operator moved on; such a fault tests nothing and is tried again on another window."""
+    operator moved on; such a fault tests nothing and is tried again on another window.
+
+    A counter reset takes effect at the first scrape served after it (``MetricsFaults``), and the
+    operator takes a window's first scrape in a reconcile after the one that wrote "Measuring". When
+    no scrape (``scrapes``: wall time, pod, fault mode) was served between that write and the reset,
+    the window began from the reset counters: it counts nothing from before the reset, so there is
+    nothing to notice and the fault missed."""
     if inj.kind not in WINDOW_FAULTS:
         return ""
-    before = [s for t, _, s in states if t <= inj.t]
-    last = before[-1] if before else None
+    before = [(t, s) for t, _, s in states if t <= inj.t]
+    last = before[-1][1] if before else None
     if last is None or last.step != Step.MEASURING or last.active != inj.trial:
         where = "none" if last is None else f"{last.phase}/{last.step}, active {last.active}"
         return f"the operator had left the window of trial {inj.trial} ({where})"
@@ -505,7 +517,16 @@ def missed(inj: Injection, states: Sequence[tuple[float, str, PolicyState]], fin
     scored = None if trial is None or trial.outcome != "ok" else trial.finished_at
     if scored is not None and scored <= inj.at:
         return f"trial {inj.trial} was scored at {scored:.2f}, before the fault ({inj.at:.2f})"
+    if inj.kind == "metrics_reset":
+        window = [t for t, s in before if _same_window(s, last)]
+        opened = window[0] if window else inj.t
+        if not any(opened < t <= inj.t and mode is None for t, _, mode in scrapes):
+            return f"trial {inj.trial}'s window had no scrape before the reset: it began from reset counters"
     return ""
+
+
+def _same_window(s: PolicyState, window: PolicyState) -> bool:
+    return s.step == Step.MEASURING and s.active == window.active and s.measure_from == window.measure_from
 
 
 Injector = Callable[[Run, FaultScenario], Awaitable[None]]

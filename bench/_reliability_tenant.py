@@ -30,6 +30,7 @@ from prefixtune.controller.kube import Connection, KubeClient
 from prefixtune.controller.measure import Meter
 from prefixtune.controller.reconcile import OperatorContext, reconcile
 from prefixtune.sandbox.up import Sandbox, SandboxOptions, sandbox
+from prefixtune.sandbox.waiting import wait_until
 from prefixtune.tuning.phases import Phase
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -420,14 +421,28 @@ async def _ingested(client: Any, sel: Any, end: float, timeout_s: float) -> None
 
 
 async def _ready(h: Harness, names: list[str], timeout_s: float) -> None:
-    """Until every resource is measuring (its baseline Deployment serves)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        phases = [(await h.status(n)).get("phase") for n in names]
-        if all(p not in (None, Phase.PENDING) for p in phases):
-            return
-        await asyncio.sleep(0.5)
-    raise TimeoutError(f"not every resource left Pending within {timeout_s:g}s")
+    """Until every resource is measuring (its baseline Deployment serves). On the sandbox's clock,
+    and while the resources make progress (a phase changes, a pod becomes ready): on a busy machine
+    (load 15) the resources had not all left Pending after 60 wall seconds while they were moving."""
+
+    async def phases() -> list[object]:
+        return [(await h.status(n)).get("phase") for n in names]
+
+    async def left() -> bool:
+        return all(p not in (None, Phase.PENDING) for p in await phases())
+
+    async def progress() -> tuple[object, ...]:
+        pods = await h.api.list(f"{CORE}/namespaces/default/pods")
+        ready = sum(
+            1
+            for pod in pods
+            for c in (pod.get("status") or {}).get("conditions") or []
+            if c.get("type") == "Ready" and c.get("status") == "True"
+        )
+        return (*await phases(), ready)
+
+    what = "every resource to leave Pending"
+    await wait_until(left, timeout_s, what, every_s=0.5, clock=h.sb.clock.now, progress=progress)
 
 
 # --- the API calls the operator makes (for the RBAC test) ---------------------------------------------

@@ -165,3 +165,80 @@ async def test_the_meter_requires_the_operators_pod_labels_only_when_the_admin_s
     await meter.observe("u", spec, state, [], 0.0, admin=off, namespace="ns", name="rag")
     await asyncio.sleep(0)
     assert seen == [prometheus_labels("rag"), {}]
+
+
+def _unschedulable(name: str, config: KnobConfig, role: str) -> dict[str, Any]:
+    pod = _pod(name, config, role=role, ready=False)
+    message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        ],
+    }
+    return pod
+
+
+def test_a_rollout_pod_pending_for_a_gpu_is_no_capacity_not_a_failure() -> None:
+    from prefixtune.tuning.state import RolloutNoCapacity
+
+    for strategy, role in (("canary", "canary"), ("rolling", "baseline")):
+        s = _state(strategy, "WaitingReady")
+        pods = [pod_view(_pod("old", BASE)), pod_view(_unschedulable("new", TRY, role))]
+        deps = {"baseline": _dep(BASE if role == "canary" else TRY), "canary": _dep(TRY, ready=0)}
+        obs = rollout_observation(s, deps, pods)  # type: ignore[arg-type]
+        assert isinstance(obs, RolloutNoCapacity), (strategy, obs)
+        assert obs.config == TRY and "Insufficient nvidia.com/gpu" in obs.reason and "new" in obs.reason
+    # A pod Pending while another of the rollout loads (a surge waiting for a GPU it frees) is not.
+    pods = [pod_view(_pod("old", TRY)), pod_view(_unschedulable("new2", TRY, "baseline")),
+            pod_view(_pod("new1", TRY, ready=False))]  # fmt: skip
+    obs = rollout_observation(_state("rolling", "WaitingReady"), {"baseline": _dep(TRY, 2, 1)}, pods)  # type: ignore[arg-type]
+    assert not isinstance(obs, RolloutNoCapacity)
+    # A scheduled pod still loading is not no capacity.
+    pods = [pod_view(_pod("old", BASE)), pod_view(_pod("new", TRY, role="canary", ready=False))]
+    deps = {"baseline": _dep(BASE), "canary": _dep(TRY, ready=0)}
+    obs = rollout_observation(_state("canary", "WaitingReady"), deps, pods)  # type: ignore[arg-type]
+    assert not isinstance(obs, RolloutNoCapacity)
+
+
+def test_scale_plan_brings_the_canary_up_before_the_stable_gives_a_replica() -> None:
+    from prefixtune.controller.observe import Desired, scale_plan
+
+    spec = parse_spec({"engine": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 3})
+    trial = Desired(baseline=BASE, canary=TRY)
+    stable = [pod_view(_pod(f"b{i}", BASE)) for i in range(3)]
+    loading = pod_view(_pod("c", TRY, role="canary", ready=False))
+    serving = pod_view(_pod("c", TRY, role="canary"))
+    assert scale_plan(spec, trial, [*stable, loading], True).baseline == 3  # nothing removed yet
+    assert scale_plan(spec, trial, [*stable, serving], True).baseline == 2  # its replacement serves
+    # The trial is over: the stable is restored first, the canary kept until it is back.
+    done = Desired(baseline=BASE)
+    two = [*stable[:2], serving]
+    plan = scale_plan(spec, done, [*two, pod_view(_pod("b3", BASE, ready=False))], True)
+    assert (plan.baseline, plan.keep_canary) == (3, True)
+    assert not scale_plan(spec, done, [*stable, serving], True).keep_canary
+    assert not scale_plan(spec, done, [*stable[:2], loading], True).keep_canary  # not serving: go
+    # No GPU for the stable pod while the canary holds one and nothing loads: the canary must go.
+    stuck = pod_view(_unschedulable("b3", BASE, "baseline"))
+    assert not scale_plan(spec, done, [*two, stuck], True).keep_canary
+    # ... but not while another stable pod loads (it frees a GPU once ready).
+    assert scale_plan(spec, done, [*two, stuck, pod_view(_pod("b4", BASE, ready=False))], True).keep_canary
+
+
+def test_a_rolling_trial_capped_below_the_replicas_runs_as_that_many_trial_pods() -> None:
+    from prefixtune.controller.render import replicas_for, rolling_subset, trial_replicas
+
+    def spec(**rollout: Any) -> Any:
+        return parse_spec(
+            {"engine": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 4,
+             "tuning": {"rollout": {"strategy": "rolling", **rollout}}}
+        )  # fmt: skip
+
+    capped = spec(maxTrialReplicas=2)
+    assert rolling_subset(capped) == 2 and trial_replicas(capped) == 2
+    assert tuning_settings(capped, "ns", "a").strategy == "canary"
+    assert replicas_for(capped, "canary", True) == 2
+    assert [replicas_for(capped, "baseline", True, n) for n in (0, 1, 2, 5)] == [4, 3, 2, 2]
+    for uncapped in (spec(), spec(maxTrialReplicas=4), spec(maxTrialReplicas=9)):
+        assert rolling_subset(uncapped) is None
+        assert tuning_settings(uncapped, "ns", "a").strategy == "rolling"

@@ -100,3 +100,15 @@ def test_sglang_readiness_uses_ready_not_the_generating_health_endpoint() -> Non
     for engine in ("vllm", "trtllm"):
         _, container = _pod(_spec(engine))
         assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_ready_timeout_grows_with_the_replicas_that_load_in_sequence() -> None:
+
+    def spec(replicas: int, model: str = "meta-llama/Llama-3.3-70B-Instruct") -> Any:
+        return parse_spec({"engine": "vllm", "model": model, "replicas": replicas, "gpu": {"count": 4}})
+
+    one, eight = spec(1), spec(8)
+    per_pod = podspec.startup_budget_s(one)
+    assert ready_timeout_s(eight) == pytest.approx(8 * per_pod)
+    assert ready_timeout_s(eight) > 1800  # no 30-minute cap: 8 replicas x ~11 minutes of loading
+    assert ready_timeout_s(one) >= 600

@@ -300,7 +300,8 @@ async def test_sglang_canary_and_trtllm_rolling_converge_and_beat_their_baseline
     async def canary_gone() -> bool | None:
         return True if await cluster.deployment("chat-canary") is None else None
 
-    await cluster.wait_for(canary_gone, 30, "the SGLang canary Deployment to be deleted", every_s=0.5)
+    # The canary goes only once the stable Deployment is back at full strength (a pod's load time).
+    await cluster.wait_for(canary_gone, 60, "the SGLang canary Deployment to be deleted", every_s=0.5)
     for state, engine, workload, slo in ((chat, "sglang", "rag", 0.15), (agent, "trtllm", "agent", 0.1)):
         _check_history(state, 3)
         _assert_beats_baseline(engine, workload, state, slo, 0.6 if engine == "sglang" else 0.3)

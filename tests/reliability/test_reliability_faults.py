@@ -265,6 +265,21 @@ def test_a_fault_that_came_after_the_operator_left_its_window_is_a_miss_not_a_fa
     assert faults_bench.missed(kill, [(49.0, "op", left)], final) == ""  # not a window fault
 
 
+def test_a_counter_reset_before_the_windows_first_scrape_is_a_miss_not_a_failure() -> None:
+    # Found under load (issue 25): the injector read "Measuring" and reset the counters before the
+    # operator, a reconcile late, took the window's first scrape, so the window began from the reset
+    # counters and was clean: nothing to notice. Only a scrape in between makes it a hit.
+    opening = _state([_trial(0, A, "running", None)], step="Measuring", active=0, measure_from=100.0)
+    final = _state([_trial(0, A).model_copy(update={"finished_at": 110.0})])
+    reset = faults_bench.Injection("metrics_reset", t=50.0, trial=0, at=101.0)
+    states = [(40.0, "op", opening), (45.0, "op", opening)]
+    assert "began from reset counters" in faults_bench.missed(reset, states, final, [(39.0, "x-0", None)])
+    assert "began from reset counters" in faults_bench.missed(reset, states, final, [(50.5, "x-0", "reset")])
+    assert faults_bench.missed(reset, states, final, [(41.0, "x-0", None), (50.5, "x-0", "reset")]) == ""
+    gap = faults_bench.Injection("metrics_gap", t=50.0, trial=0, at=101.0)
+    assert faults_bench.missed(gap, states, final, []) == ""  # a gap is seen whenever it comes
+
+
 def test_invariants_hold_for_a_clean_history() -> None:
     s1 = _state([_trial(0, A)], target=B, step="RollingOut")
     s2 = _state([_trial(0, A), _trial(1, B, "running", None)], target=B, step="RollingOut")

@@ -29,8 +29,11 @@ def vllm_args(memory_fraction: float = 0.9, extra: Sequence[str] = ()) -> list[s
     return list(adapter.render(MODEL, config, extra).argv)
 
 
-def deployment(name: str, argv: Sequence[str], replicas: int = 1, **strategy: Any) -> dict[str, Any]:
+def deployment(
+    name: str, argv: Sequence[str], replicas: int = 1, gpus: int | None = None, **strategy: Any
+) -> dict[str, Any]:
     labels = {"app": name}
+    resources = {} if gpus is None else {"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
     spec: dict[str, Any] = {
         "replicas": replicas,
         "selector": {"matchLabels": labels},
@@ -44,6 +47,7 @@ def deployment(name: str, argv: Sequence[str], replicas: int = 1, **strategy: An
                         "command": list(argv[:2]),
                         "args": list(argv[2:]),
                         "ports": [{"name": "http", "containerPort": 8000}],
+                        **resources,
                     }
                 ]
             },
@@ -396,3 +400,34 @@ async def test_trtllm_reads_its_options_file_from_a_configmap_mount(sb: Sandbox)
 
     await wait_for(port_closed, what="the deleted pod's engine to stop")
     assert not sb.kubelet.workers
+
+
+async def test_a_pod_beyond_the_free_gpus_stays_pending_until_capacity_returns() -> None:
+    cfg = KubeletConfig(startup_delay_s=2.0, probe_period_s=1.0, resync_s=0.2, gpus=1)
+    async with sandbox(SandboxOptions(speedup=SPEEDUP, config=cfg, prometheus="off")) as sb:
+        await sb.api.create(DEPLOYMENTS, deployment("gpu", vllm_args(), replicas=2, gpus=1))
+
+        async def one_ready_one_unschedulable() -> list[dict[str, Any]] | None:
+            pods = await pods_of(sb, "gpu")
+            pending = [p for p in pods if not p["spec"].get("nodeName")]
+            if len(pods) == 2 and any(ready(p) for p in pods) and len(pending) == 1:
+                conds = {c["type"]: c for c in pending[0].get("status", {}).get("conditions", [])}
+                return pods if conds.get("PodScheduled", {}).get("reason") == "Unschedulable" else None
+            return None
+
+        pods = await wait_for(one_ready_one_unschedulable, what="one pod running, one Pending for a GPU")
+        pending = next(p for p in pods if not p["spec"].get("nodeName"))
+        assert pending["status"]["phase"] == "Pending"
+        cond = next(c for c in pending["status"]["conditions"] if c["type"] == "PodScheduled")
+        assert cond["status"] == "False"
+        assert cond["message"] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+        node = await sb.api.get("/api/v1/nodes/sandbox-node")
+        assert node is not None and node["status"]["allocatable"]["nvidia.com/gpu"] == "1"
+
+        await sb.kubelet.set_gpus(2)  # a GPU is freed elsewhere: the Pending pod is bound and starts
+
+        async def two_ready() -> list[dict[str, Any]] | None:
+            pods = await pods_of(sb, "gpu")
+            return pods if len(pods) == 2 and all(ready(p) for p in pods) else None
+
+        await wait_for(two_ready, what="both pods ready once a second GPU exists")

@@ -361,3 +361,35 @@ def test_sandbox_options_refuse_a_speedup_that_is_not_positive() -> None:
         with pytest.raises(ValueError, match="speedup: must be > 0"):
             SandboxOptions(speedup=bad)
     assert SandboxOptions(speedup=20).speedup == 20
+
+
+def test_gpu_request_reads_requests_else_limits_over_all_containers() -> None:
+    pod = {
+        "spec": {
+            "containers": [
+                {"resources": {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "4"}}},
+                {"resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                {"resources": {}},
+            ]
+        }
+    }
+    assert podlib.gpu_request(pod) == 3
+    assert podlib.gpu_request({"spec": {"containers": [{}]}}) == 0
+    status = podlib.unschedulable_status(podlib.insufficient_gpu_message(), "2026-01-01T00:00:00Z")
+    assert podlib.is_unschedulable({"status": status})
+    assert status["conditions"][0]["message"] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+
+
+def test_load_delay_grows_with_the_weights_per_gpu() -> None:
+    from prefixtune.sandbox.kubelet import KubeletConfig
+
+    fixed = KubeletConfig(startup_delay_s=5.0)
+    assert fixed.load_delay_s("meta-llama/Llama-3.3-70B-Instruct", 1) == 5.0  # the default: no load model
+    cfg = KubeletConfig(startup_delay_s=5.0, load_bytes_per_s=1e9)
+    small = cfg.load_delay_s("meta-llama/Llama-3.1-8B-Instruct", 1)
+    big = cfg.load_delay_s("meta-llama/Llama-3.3-70B-Instruct", 1)
+    assert 5.0 < small < big
+    assert cfg.load_delay_s("meta-llama/Llama-3.3-70B-Instruct", 4) - 5.0 == pytest.approx((big - 5.0) / 4)
+    assert cfg.load_delay_s("no/such-model", 1) == 5.0
+    with pytest.raises(ValueError, match="gpus"):
+        KubeletConfig(gpus=-1)

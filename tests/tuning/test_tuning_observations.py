@@ -14,6 +14,7 @@ from prefixtune.tuning.state import (
     Observation,
     RolloutApplied,
     RolloutFailed,
+    RolloutNoCapacity,
     RolloutReady,
     SpecChanged,
     Tick,
@@ -31,6 +32,7 @@ EXAMPLES: list[Observation] = [
     RolloutApplied(config=CONFIG),
     RolloutReady(config=CONFIG),
     RolloutFailed(config=CONFIG, failure="oom_startup", reason="exit 137"),
+    RolloutNoCapacity(config=CONFIG, reason="pod p: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu."),
     WindowMeasured(
         signals=SIGNALS,
         baseline_signals=SIGNALS,
@@ -57,7 +59,7 @@ def test_each_kind_round_trips_through_json_to_its_own_model(obs: Observation) -
 
 def test_every_kind_has_one_model() -> None:
     kinds = [o.kind for o in EXAMPLES]
-    assert len(set(kinds)) == len(kinds) == 9
+    assert len(set(kinds)) == len(kinds) == 10
 
 
 def test_a_kind_carries_only_its_own_fields() -> None:

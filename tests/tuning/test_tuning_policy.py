@@ -593,3 +593,56 @@ def test_starved_trials_count_toward_the_budget() -> None:
             t += 300
     assert r.state.phase == "Converged" and "budget spent" in r.state.note
     assert decisions == settings.max_trials and len(calls) == settings.max_trials
+
+
+def test_no_capacity_is_never_infeasible_and_the_same_config_is_retried() -> None:
+    from prefixtune.tuning.policy.rollout import NO_CAPACITY_BACKOFF_S, no_capacity_backoff_s
+    from prefixtune.tuning.state import RolloutNoCapacity
+
+    r = Run(settings=replace(SETTINGS, min_interval_s=0))
+    now = r.baseline()
+    assert of(r.actions, RollOut)[-1].config == C1
+    why = "pod a-canary-x: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    acts = r(RolloutNoCapacity(config=C1, reason=why), now + 5)
+    rec = of(acts, RecordTrial)
+    assert [(t.trial.outcome, t.trial.failure) for t in rec] == [("invalidated", "no_capacity")]
+    assert of(acts, RollBack)[0].to_config == DEFAULT  # nothing left half-done
+    assert any(e.type == "Warning" and e.reason == "NoCapacity" for e in of(acts, EmitEvent))
+    assert any(c.type == "Tuning" and c.reason == "NoCapacity" for c in of(acts, SetCondition))
+    wait = r.state.capacity_wait
+    assert wait is not None and wait.config == C1 and wait.retry_at == now + 5 + NO_CAPACITY_BACKOFF_S
+    r(RolloutReady(config=DEFAULT), now + 10)
+    assert r.state.step == "Idle"
+    # Neither learned (not in the optimizer's history) nor counted in the budget.
+    from prefixtune.tuning.policy import _core
+
+    core = _core.Core(r.state, now + 10, SUGGEST)
+    assert core.explored() == 0 and all(h.config != C1 for h in core.history())
+    # Backoff: nothing starts before retry_at, not even another config.
+    assert not of(r.tick(now + 20), RollOut)
+    # Still no capacity on the retry: the backoff doubles.
+    acts = r.tick(now + 5 + NO_CAPACITY_BACKOFF_S)
+    assert of(acts, RollOut)[0].config == C1
+    t = now + 5 + NO_CAPACITY_BACKOFF_S
+    r(RolloutNoCapacity(config=C1, reason=why), t + 1)
+    wait = r.state.capacity_wait
+    assert wait is not None and wait.attempts == 2 and wait.retry_at == t + 1 + no_capacity_backoff_s(2)
+    assert no_capacity_backoff_s(2) == 2 * NO_CAPACITY_BACKOFF_S
+    r(RolloutReady(config=DEFAULT), t + 2)
+    # Capacity returns: the same config is tried again and runs, scored as any trial.
+    t = wait.retry_at
+    assert of(r.tick(t), RollOut)[0].config == C1
+    acts = r(RolloutReady(config=C1), t + 30)
+    assert r.state.capacity_wait is None and r.state.step == "WarmingUp"
+    assert any(c.type == "Tuning" and c.reason == "Exploring" for c in of(acts, SetCondition))
+    r.tick(t + 90)
+    acts = r.win(t + 390, goodput=1200.0)
+    assert [x.trial.outcome for x in of(acts, RecordTrial)] == ["ok"]
+    assert not [x for x in of(r.actions, RecordTrial) if x.trial.outcome == "infeasible"]
+
+
+def test_no_capacity_backoff_is_capped() -> None:
+    from prefixtune.tuning.policy.rollout import NO_CAPACITY_BACKOFF_MAX_S, no_capacity_backoff_s
+
+    assert no_capacity_backoff_s(1) < no_capacity_backoff_s(2) < no_capacity_backoff_s(3)
+    assert no_capacity_backoff_s(50) == NO_CAPACITY_BACKOFF_MAX_S

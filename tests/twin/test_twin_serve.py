@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -411,6 +412,21 @@ async def test_loadgen_is_bounded_in_time() -> None:
         records = await run_load(reqs, [url], speedup=20, max_duration_s=0.2)
     assert 0 < len(records) < len(reqs)
     assert max(r.scheduled_s for r in records) < 0.2
+
+
+async def test_loadgen_paces_arrivals_on_the_clock_it_is_given() -> None:
+    # A twin on a sandbox clock that a busy machine slows is offered its load at that clock's pace:
+    # here a clock at a quarter of the wall's speed; no request goes out before it is due on it.
+    reqs = generate("qa", rate=50, duration_s=1.0, seed=1)[:8]
+    start = time.monotonic()
+
+    def slow() -> float:
+        return (time.monotonic() - start) / 4
+
+    async with serving("vllm", MODEL, GPU, (), ServeOptions(speedup=20)) as url:
+        records = await run_load(reqs, [url], speedup=20, clock=slow)
+    assert len(records) == len(reqs)
+    assert all(r.sent_s >= r.scheduled_s for r in records), [(r.scheduled_s, r.sent_s) for r in records]
 
 
 # --- health and OOM --------------------------------------------------------------------------

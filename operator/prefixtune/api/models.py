@@ -359,6 +359,12 @@ class RolloutSpec(_Model):
     min_interval: Duration = Field(
         "15m", validate_default=True, description="Least time between two rollouts (no flapping)."
     )
+    max_trial_replicas: Annotated[StrictInt, Field(ge=1, le=1000)] | None = _omittable(
+        "rolling: the most replicas a trial moves onto the untested config. Below spec.replicas the "
+        "trial runs on that many pods beside the others on the stable config and is scored against "
+        "them in the same window (a canary of that many pods); the best config is then rolled to "
+        "every replica. Default: every replica. A canary trial always moves one."
+    )
 
 
 class DriftSpec(_Model):

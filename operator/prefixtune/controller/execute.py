@@ -19,8 +19,9 @@ from typing import Any
 
 from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.controller.api_calls import require
+from prefixtune.controller.drift import OWNED_POD_KEYS, Drift, owned_drift
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
-from prefixtune.controller.observe import Desired, PodView, pod_view
+from prefixtune.controller.observe import Desired, PodView, Scale, pod_view
 from prefixtune.controller.ownership import Claim, Foreign, claim, foreign
 from prefixtune.controller.render import (
     ROLES,
@@ -32,7 +33,6 @@ from prefixtune.controller.render import (
     render_deployment,
     render_service,
     render_service_monitor,
-    replicas_for,
     selector_labels,
 )
 from prefixtune.controller.status import iso
@@ -61,6 +61,7 @@ class Ensured:
 
     changes: list[str] = field(default_factory=list)
     foreign: list[Foreign] = field(default_factory=list)
+    drift: list[Drift] = field(default_factory=list)  # owned fields someone else changed, restored
 
 
 async def read_children(client: KubeClient, owner: Owner) -> Children:
@@ -101,28 +102,78 @@ class NotOurs(Exception):
         self.found = found
 
 
+def _annotated(body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """``body`` with its rendered-hash annotation, and the hash."""
+    digest = rendered_hash(body)
+    out = {**body, "metadata": {**body["metadata"]}}
+    out["metadata"]["annotations"] = {**(body["metadata"].get("annotations") or {}), RENDERED_HASH: digest}
+    return out, digest
+
+
+def live_drift(body: Mapping[str, Any], existing: Mapping[str, Any]) -> tuple[str, ...]:
+    """The owned fields someone else changed in ``existing``, an object of ours that the operator
+    last wrote with this very rendering (its hash annotation says so). An object the operator last
+    wrote from another rendering is an update in flight (a new trial config, a spec change), not
+    drift: () then, and the caller re-applies it anyway."""
+    have = ((existing.get("metadata") or {}).get("annotations") or {}).get(RENDERED_HASH)
+    if have != rendered_hash(body):
+        return ()
+    return owned_drift(body, existing)
+
+
+def deployment_drift(
+    owner: Owner,
+    spec: ServingDeploymentSpec,
+    want: Desired,
+    scale: Scale,
+    deployments: Mapping[DeploymentRole, Mapping[str, Any] | None],
+) -> list[Drift]:
+    """Drift in the engine Deployments just read (pure): what ``ensure_children`` will restore,
+    rendered at the replicas of ``scale`` as it renders them (a canary kept while the stable comes
+    back is not rendered, so not compared)."""
+    out = []
+    for role in ROLES:
+        config, live = want.config_of(role), deployments.get(role)
+        if config is None or live is None:
+            continue
+        replicas = scale.canary if role == "canary" else scale.baseline
+        body = render_deployment(owner, spec, config, role, replicas)
+        fields = live_drift(body, live)
+        if fields:
+            out.append(Drift("Deployment", deployment_name(owner.name, role), fields))
+    return out
+
+
 async def _apply(
     client: KubeClient, path: str, body: dict[str, Any], group: str, resource: str, owner: Owner
-) -> str | None:
+) -> tuple[str | None, Drift | None]:
     """Create ``body`` at ``path`` or merge-patch the existing object if it is ours (an orphan with
-    our markers is adopted: our controller reference is added); raises ``NotOurs`` otherwise."""
+    our markers is adopted: our controller reference is added); raises ``NotOurs`` otherwise.
+
+    An object of ours is patched when the rendering changed (its hash annotation) or when a field
+    the operator owns was changed by someone else (``live_drift``: returned, to be reported)."""
     name = body["metadata"]["name"]
-    digest = rendered_hash(body)
-    body = {**body, "metadata": {**body["metadata"]}}
-    body["metadata"]["annotations"] = {**(body["metadata"].get("annotations") or {}), RENDERED_HASH: digest}
+    body, digest = _annotated(body)
     require(group, resource, "get")
     existing = await client.get(f"{path}/{name}")
     if existing is None:
         require(group, resource, "create")
         await client.create(path, body)
-        return f"created {body['kind']} {name}"
+        return f"created {body['kind']} {name}", None
     relation = claim(existing, owner)
     if relation is Claim.FOREIGN:
         raise NotOurs(foreign(existing, str(body["kind"]), owner))
     have = ((existing.get("metadata") or {}).get("annotations") or {}).get(RENDERED_HASH)
-    if have == digest and relation is Claim.OURS:
-        return None
+    drifted = live_drift(body, existing) if relation is Claim.OURS else ()
+    if have == digest and relation is Claim.OURS and not drifted:
+        return None, None
     patch: dict[str, Any] = {k: body[k] for k in ("spec", "data") if k in body}
+    pod = ((patch.get("spec") or {}).get("template") or {}).get("spec")
+    if drifted and isinstance(pod, dict):
+        # A merge patch replaces lists but keeps map keys it does not name: owned pod fields that
+        # someone added (an init container, a volume) are removed by naming them null.
+        cleared = {**pod, **{k: None for k in OWNED_POD_KEYS if k not in pod}}
+        patch["spec"] = {**patch["spec"], "template": {**patch["spec"]["template"], "spec": cleared}}
     patch["metadata"] = {"labels": body["metadata"]["labels"], "annotations": body["metadata"]["annotations"]}
     if relation is Claim.ORPHAN:
         refs = list((existing.get("metadata") or {}).get("ownerReferences") or [])
@@ -131,7 +182,9 @@ async def _apply(
         patch["metadata"]["resourceVersion"] = (existing.get("metadata") or {}).get("resourceVersion")
     require(group, resource, "patch")
     await client.merge_patch(f"{path}/{name}", patch)
-    return f"{'adopted' if relation is Claim.ORPHAN else 'updated'} {body['kind']} {name}"
+    if drifted:
+        return f"restored {body['kind']} {name}", Drift(str(body["kind"]), name, drifted)
+    return f"{'adopted' if relation is Claim.ORPHAN else 'updated'} {body['kind']} {name}", None
 
 
 async def _delete(
@@ -163,22 +216,26 @@ async def ensure_children(
     owner: Owner,
     spec: ServingDeploymentSpec,
     want: Desired,
+    scale: Scale,
     *,
     monitoring: bool = False,
 ) -> Ensured:
-    """Make the children match ``want``; objects of our names that are not ours are left alone and
-    reported in ``Ensured.foreign``."""
+    """Make the children match ``want`` at the replicas of ``scale`` (``observe.scale_plan``: canary
+    up first); objects of our names that are not ours are left alone and reported in
+    ``Ensured.foreign``."""
     done = Ensured()
     ns = owner.namespace
 
     async def apply(path: str, body: dict[str, Any], group: str, resource: str) -> None:
         try:
-            change = await _apply(client, path, body, group, resource, owner)
+            change, drift = await _apply(client, path, body, group, resource, owner)
         except NotOurs as err:
             done.foreign.append(err.found)
             return
         if change:
             done.changes.append(change)
+        if drift is not None:
+            done.drift.append(drift)
 
     async def delete(path: str, group: str, resource: str, kind: str) -> None:
         result = await _delete(client, path, group, resource, kind, owner)
@@ -187,11 +244,12 @@ async def ensure_children(
         elif result:
             done.changes.append(f"deleted {kind} {path.rsplit('/', 1)[-1]}")
 
-    canary_active = want.canary is not None
     for role in ROLES:
         config = want.config_of(role)
         dep_path = ns_path(APPS, ns, "deployments")
         cm_path = ns_path(CORE, ns, "configmaps")
+        if role == "canary" and config is None and scale.keep_canary:
+            continue  # its pods serve until the stable replicas are back (scale_plan)
         if config is None:
             await delete(
                 f"{dep_path}/{deployment_name(owner.name, role)}", "apps", "deployments", "Deployment"
@@ -202,7 +260,8 @@ async def ensure_children(
         configmap = render_configmap(owner, spec, config, role)
         if configmap is not None:
             await apply(cm_path, configmap, "", "configmaps")
-        deployment = render_deployment(owner, spec, config, role, replicas_for(spec, role, canary_active))
+        replicas = scale.canary if role == "canary" else scale.baseline
+        deployment = render_deployment(owner, spec, config, role, replicas)
         await apply(dep_path, deployment, "apps", "deployments")
     await apply(ns_path(CORE, ns, "services"), render_service(owner, spec), "", "services")
     if monitoring:

@@ -13,12 +13,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.controller.render import (
     LABEL_CONFIG_HASH,
     LABEL_ROLE,
     DeploymentRole,
     config_hash,
+    replicas_for,
     template_hash,
+    trial_replicas,
 )
 from prefixtune.engines.base import KnobConfig
 from prefixtune.tuning.phases import ROLLOUT_STEPS, TRIAL_STEPS, WINDOW_STEPS, Step
@@ -27,6 +30,7 @@ from prefixtune.tuning.state import (
     PolicyState,
     RolloutApplied,
     RolloutFailed,
+    RolloutNoCapacity,
     RolloutReady,
     TrialInvalidated,
 )
@@ -91,6 +95,7 @@ class PodView:
     phase: str = ""
     started_at: float | None = None  # the running container's start (epoch seconds)
     deleting: bool = False
+    unschedulable: str = ""  # the scheduler's message while the pod cannot be placed (no free GPU)
 
     @property
     def crashed(self) -> bool:
@@ -108,6 +113,16 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     status = pod.get("status") or {}
     labels = meta.get("labels") or {}
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or ()}
+    unschedulable = next(
+        (
+            str(c.get("message") or "Unschedulable")
+            for c in status.get("conditions") or ()
+            if c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+        ),
+        "",
+    )
     statuses = status.get("containerStatuses") or []
     container = statuses[0] if statuses else {}
     state = container.get("state") or {}
@@ -129,6 +144,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         phase=str(status.get("phase") or ""),
         started_at=_epoch(running.get("startedAt")),
         deleting=bool(meta.get("deletionTimestamp")),
+        unschedulable=unschedulable,
     )
 
 
@@ -173,6 +189,39 @@ def pods_of(pods: Sequence[PodView], role: DeploymentRole, digest: str | None = 
     ]
 
 
+@dataclass(frozen=True)
+class Scale:
+    """The replicas of the Deployments now. ``keep_canary``: no canary is wanted any more, but its
+    pods still serve and stay (untouched) until the stable Deployment is back at full strength."""
+
+    baseline: int
+    canary: int
+    keep_canary: bool = False
+
+
+def scale_plan(
+    spec: ServingDeploymentSpec, want: Desired, pods: Sequence[PodView], canary_exists: bool
+) -> Scale:
+    """Canary up first, as Argo Rollouts does: the stable Deployment gives up a replica only for a
+    trial pod that is ready; a canary ends only once the stable pods it gave replicas to are ready
+    again. The exception: stable pods that cannot be scheduled (no free GPU: the canary holds it),
+    with none loading, let the canary go, or the stable could never come back (one replica short
+    while it loads: the cost of running a canary without a spare GPU)."""
+    moved = trial_replicas(spec)
+    if want.canary is not None:
+        ready = sum(1 for p in pods_of(pods, "canary", config_hash(want.canary)) if p.ready)
+        return Scale(replicas_for(spec, "baseline", True, ready), moved)
+    canary_serving = any(p.ready for p in pods_of(pods, "canary"))
+    if not canary_exists or not canary_serving:
+        return Scale(spec.replicas, moved)
+    stable = pods_of(pods, "baseline", config_hash(want.baseline))
+    back = sum(1 for p in stable if p.ready) >= spec.replicas
+    waiting = [p for p in pods_of(pods, "baseline") if not p.ready]
+    # Stuck: a stable pod cannot be placed and none is loading that would free a GPU once ready.
+    stuck = any(p.unschedulable for p in waiting) and all(p.unschedulable for p in waiting)
+    return Scale(spec.replicas, moved, keep_canary=not (back or stuck))
+
+
 def rollout_observation(
     state: PolicyState,
     deployments: Mapping[DeploymentRole, Mapping[str, Any] | None],
@@ -193,6 +242,12 @@ def rollout_observation(
                     failure=failure_kind(pod, reached_ready=False),
                     reason=_failure_detail(pod),
                 )
+        waiting = [p for p in mine if not p.ready]
+        if waiting and all(p.unschedulable for p in waiting):
+            # No node has the GPUs, and no pod of the rollout is loading that would free one once
+            # ready (a surge waits for that): the cluster's state, not the config's (never infeasible).
+            pod = waiting[0]
+            return RolloutNoCapacity(config=config, reason=f"pod {pod.name}: {pod.unschedulable}")
         dep = deployments.get(role)
         others = [p for p in pods_of(pods, role) if p.config_hash != digest]
         ready_pods = [p for p in mine if p.ready]
@@ -227,10 +282,12 @@ def rollout_observation(
 __all__ = [
     "Desired",
     "PodView",
+    "Scale",
     "deployment_ready",
     "desired",
     "failure_kind",
     "pod_view",
     "pods_of",
     "rollout_observation",
+    "scale_plan",
 ]

@@ -23,8 +23,10 @@ from prefixtune.api import validate_spec
 from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL, ServingDeploymentSpec
 from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.api_calls import require
+from prefixtune.controller.drift import Drift, drift_actions
 from prefixtune.controller.execute import (
     Children,
+    deployment_drift,
     ensure_children,
     monitoring_installed,
     post_events,
@@ -33,24 +35,32 @@ from prefixtune.controller.execute import (
 )
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
 from prefixtune.controller.measure import Meter
-from prefixtune.controller.observe import deployment_ready, desired, rollout_observation
+from prefixtune.controller.observe import Desired, deployment_ready, desired, rollout_observation, scale_plan
 from prefixtune.controller.ownership import Foreign, name_errors
-from prefixtune.controller.render import Owner, config_hash
+from prefixtune.controller.render import ROLES, Owner, config_hash
 from prefixtune.controller.selfmetrics import SelfMetrics
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.controller.status import (
     build_status,
     condition_message,
     invalid_status,
+    last_valid_spec,
     merge_conditions,
     patch_changes,
     policy_state_of,
 )
 from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.tuning.actions import Action, EmitEvent
-from prefixtune.tuning.phases import Phase
+from prefixtune.tuning.phases import ROLLOUT_STEPS, Phase
 from prefixtune.tuning.policy import initial_state, step
-from prefixtune.tuning.state import Observation, PolicyState, SpecChanged, Tick
+from prefixtune.tuning.state import (
+    Observation,
+    PolicyState,
+    SpecChanged,
+    SpecInvalid,
+    Tick,
+    TrialInvalidated,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +86,9 @@ class OperatorContext:
     # Objects of a resource's child names that are not its own, found by the last ensure (by uid).
     foreign: dict[str, list[Foreign]] = field(default_factory=dict)
     admin: AdminPolicy = field(default_factory=AdminPolicy)  # the cluster admin's rules for tenants
+    # Drift the last ensure restored in children the next reconcile does not read itself (Service,
+    # ConfigMaps): reported (condition, trial invalidated) by that reconcile.
+    drift: dict[str, list[Drift]] = field(default_factory=dict)
 
     def lock(self, key: str) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
@@ -179,10 +192,25 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
         state = state.model_copy(update={"settings": settings})
 
     children = await read_children(client, owner)
+    ensured_want = desired(state)
+    # Owned fields of the engine Deployments someone else changed (kubectl scale / set image): the
+    # pods are not what the policy thinks they are, so nothing about them is observed this time.
+    # At the replicas the last ensure applied (``scale_plan`` of the same state and pods; a pod that
+    # became ready since changes the rendering, which reads as an update in flight, not drift).
+    has_canary = children.deployments.get("canary") is not None
+    ensured_scale = scale_plan(spec, ensured_want, children.pods, has_canary)
+    drift = deployment_drift(owner, spec, ensured_want, ensured_scale, children.deployments)
+    drift += [d for d in ctx.drift.pop(uid, []) if d not in drift]
     if state.phase == Phase.PENDING:
         # The policy's clock starts once the baseline serves: warm-up must not run on loading pods.
-        if deployment_ready(children.deployments.get("baseline"), config_hash(state.current)):
+        if not drift and deployment_ready(children.deployments.get("baseline"), config_hash(state.current)):
             state = await _advance(state, Tick(), now, actions)
+    elif drift:
+        # A window over pods changed under the trial is not the trial's: re-measured, not scored.
+        changed = "; ".join(d.message() for d in drift)[:300]
+        reason = f"owned fields changed outside the operator ({changed}), restored"
+        state = await _advance(state, TrialInvalidated(reason=reason), now, actions)
+        state = await _advance(state, Tick(), now, actions)
     else:
         rollout = rollout_observation(state, children.deployments, children.pods)
         if rollout is not None:
@@ -196,6 +224,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
         if window is not None:
             state = await _advance(state, window, now, actions)
         state = await _advance(state, Tick(), now, actions)
+    actions.extend(drift_actions(drift, previous.get("conditions") or [], _settled(children, ensured_want)))
 
     signals = ctx.meter.last_signals.get(uid)
     diagnosis = (
@@ -204,7 +233,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     found = _unique([*children.foreign, *ctx.foreign.get(uid, [])])
     status = build_status(
         state, actions, previous, now=now, generation=generation,
-        ready=ready_condition(spec, children, found), diagnosis=diagnosis,
+        ready=ready_condition(spec, children, found), diagnosis=diagnosis, valid_spec=body.get("spec"),
     )  # fmt: skip
     outcome = Reconciled(phase=state.phase, actions=actions)
     written = body
@@ -227,12 +256,17 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     if ctx.monitoring is None:
         ctx.monitoring = await monitoring_installed(client)
     want = desired(state)
-    key = f"{generation}/{want}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
+    scale = scale_plan(spec, want, children.pods, children.deployments.get("canary") is not None)
+    key = f"{generation}/{want}/{scale}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
     last = ctx.ensured.get(uid)
-    if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found:
-        ensured = await ensure_children(client, owner, spec, want, monitoring=ctx.monitoring)
+    if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found or drift:
+        ensured = await ensure_children(client, owner, spec, want, scale, monitoring=ctx.monitoring)
         outcome.changes = ensured.changes
         ctx.ensured[uid] = (key, now)
+        seen = {(d.kind, d.name) for d in drift}
+        late = [d for d in ensured.drift if (d.kind, d.name) not in seen]
+        if late:
+            ctx.drift[uid] = late
         outcome.foreign = _unique([*children.foreign, *ensured.foreign])
         known = set(ctx.foreign.pop(uid, []))
         if outcome.foreign:
@@ -247,6 +281,16 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     best = state.trial(state.best).value if state.best is not None else None
     ctx.metrics.set_state(namespace, name, state.phase, best)
     return outcome
+
+
+def _settled(children: Children, want: Desired) -> bool:
+    """The engine Deployments run what the operator rendered, every replica ready."""
+    configs = {role: want.config_of(role) for role in ROLES}
+    return all(
+        deployment_ready(children.deployments.get(role), config_hash(config))
+        for role, config in configs.items()
+        if config is not None
+    )
 
 
 def _unique(found: list[Foreign]) -> list[Foreign]:
@@ -286,6 +330,17 @@ async def _patch_ready(
             raise
 
 
+def _last_spec(ctx: OperatorContext, name: str, previous: dict[str, Any]) -> ServingDeploymentSpec | None:
+    """The last valid spec recorded in the status, if it still validates and the admin allows it."""
+    raw = last_valid_spec(previous)
+    if raw is None or name_errors(name):
+        return None
+    spec, errors = validate_spec(raw)
+    if spec is None or errors or ctx.admin.spec_problems(spec):
+        return None
+    return spec
+
+
 async def _invalid(
     ctx: OperatorContext,
     body: dict[str, Any],
@@ -294,32 +349,88 @@ async def _invalid(
     now: float,
     generation: int,
 ) -> Reconciled:
-    """An invalid spec: a condition and a Warning Event naming the fields; nothing is rolled out."""
+    """An invalid spec: a condition and a Warning Event naming the fields. Nothing new is rolled
+    out; a trial in flight is aborted and the children are kept at the last valid spec's safe
+    config (the stable config on all its replicas, no canary), so an edit mid-trial never leaves a
+    canary with half the traffic until someone fixes the spec. The policy state is kept: a fixed
+    spec resumes tuning from it."""
     meta = body["metadata"]
     namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
     outcome = Reconciled(phase=str(Phase.FAILED), invalid=errors)
+    message = "; ".join(errors)
+    state = policy_state_of(previous)
+    last = _last_spec(ctx, name, previous) if state is not None else None
+    owner = Owner.of(body)
+    actions: list[Action] = []
+    if state is not None and last is not None:
+        state = await _advance(state, SpecInvalid(reason=message), now, actions)
+        if state.step in ROLLOUT_STEPS:  # the rollback to the safe config: followed to its end
+            children = await read_children(ctx.client, owner)
+            rollout = rollout_observation(state, children.deployments, children.pods)
+            if rollout is not None:
+                state = await _advance(state, rollout, now, actions)
+        outcome.phase, outcome.actions = str(state.phase), actions
     ready: dict[str, Any] = next(
         (c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {}
     )
-    message = "; ".join(errors)
-    if (
+    reported = (
         previous.get("observedGeneration") == generation
         and ready.get("reason") == "InvalidSpec"
         and ready.get("message") == condition_message(message)
-    ):
-        return outcome  # already reported for this generation
-    status = invalid_status(previous, errors, now=now, generation=generation)
-    try:
-        await ctx.client.merge_patch(
-            resource_path(namespace, name) + "/status",
-            {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
-        )
-    except KubeError as err:
-        if err.status == 409:
-            outcome.conflict = True
-            return outcome
-        raise
-    event = EmitEvent("Warning", "InvalidSpec", f"spec rejected, nothing rolled out: {message}")
-    await post_events(ctx.client, body, [event], now)
+    )
+    if not reported or actions:
+        base = previous
+        if state is not None:
+            base = build_status(
+                state, actions, previous, now=now, generation=generation,
+                ready=(False, "InvalidSpec", message),
+            )  # fmt: skip
+        status = invalid_status(base, errors, now=now, generation=generation)
+        try:
+            await ctx.client.merge_patch(
+                resource_path(namespace, name) + "/status",
+                {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
+            )
+        except KubeError as err:
+            if err.status == 409:
+                outcome.conflict = True
+                return outcome
+            raise
+        events = [a for a in actions if isinstance(a, EmitEvent)]
+        if not reported:
+            kept = "the last valid spec keeps running" if last is not None else "nothing rolled out"
+            events.append(EmitEvent("Warning", "InvalidSpec", f"spec rejected, {kept}: {message}"))
+        await post_events(ctx.client, body, events, now)
+    if state is not None and last is not None:
+        await _keep_last_valid(ctx, owner, last, desired(state), now, generation, outcome)
     ctx.metrics.set_state(namespace, name, str(Phase.FAILED), None)
     return outcome
+
+
+async def _keep_last_valid(
+    ctx: OperatorContext,
+    owner: Owner,
+    last: ServingDeploymentSpec,
+    want: Desired,
+    now: float,
+    generation: int,
+    outcome: Reconciled,
+) -> None:
+    """Ensure the children at ``want`` rendered from the last valid spec (cached like the normal
+    path's ensure); drift found here is reported once the spec is valid again."""
+    if ctx.monitoring is None:
+        ctx.monitoring = await monitoring_installed(ctx.client)
+    children = await read_children(ctx.client, owner)
+    # Canary up first here too: the canary goes once the stable pods are back (``scale_plan``).
+    scale = scale_plan(last, want, children.pods, children.deployments.get("canary") is not None)
+    key = f"invalid/{generation}/{want}/{scale}"
+    last_ensure = ctx.ensured.get(owner.uid)
+    if last_ensure is not None and last_ensure[0] == key and now - last_ensure[1] <= ENSURE_EVERY_S:
+        return
+    ensured = await ensure_children(ctx.client, owner, last, want, scale, monitoring=ctx.monitoring)
+    ctx.ensured[owner.uid] = (key, now)
+    outcome.changes, outcome.foreign = ensured.changes, ensured.foreign
+    if ensured.drift:
+        ctx.drift[owner.uid] = ensured.drift
+    for change in ensured.changes:
+        logger.info("%s/%s (invalid spec, last valid one kept): %s", owner.namespace, owner.name, change)

@@ -163,11 +163,34 @@ def render_configmap(
     }
 
 
-def replicas_for(spec: ServingDeploymentSpec, role: DeploymentRole, canary_active: bool) -> int:
-    """The baseline gives one replica to the canary during a canary trial."""
+def rolling_subset(spec: ServingDeploymentSpec) -> int | None:
+    """A rolling trial capped below spec.replicas (``rollout.maxTrialReplicas``): the replicas it
+    moves, which then run beside the stable ones (the canary Deployment); None: no cap applies."""
+    cap = spec.tuning.rollout.max_trial_replicas
+    if spec.effective_rollout().value == "rolling" and cap is not None and cap < spec.replicas:
+        return cap
+    return None
+
+
+def trial_replicas(spec: ServingDeploymentSpec) -> int:
+    """The pods a trial beside the stable ones runs on: one for a canary trial, the capped subset
+    of a rolling one (at least one stable replica stays)."""
+    return rolling_subset(spec) or 1
+
+
+def replicas_for(
+    spec: ServingDeploymentSpec, role: DeploymentRole, canary_active: bool, canary_ready: int | None = None
+) -> int:
+    """During a trial beside the stable pods the baseline gives the trial's pods their replicas, one
+    for each trial pod that is ready (``canary_ready``; None: all of them), never before: a serving
+    pod is not removed before its replacement serves (as Argo Rollouts scales the stable down)."""
+    moved = trial_replicas(spec)
     if role == "canary":
-        return 1
-    return max(spec.replicas - 1, 1) if canary_active else spec.replicas
+        return moved
+    if not canary_active:
+        return spec.replicas
+    given = moved if canary_ready is None else min(max(canary_ready, 0), moved)
+    return max(spec.replicas - given, 1)
 
 
 def render_deployment(

@@ -7,16 +7,20 @@ from collections.abc import Sequence
 from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.api.rules import narrowed_choices
 from prefixtune.controller.podspec import startup_budget_s
+from prefixtune.controller.render import rolling_subset
 from prefixtune.engines import get_adapter
 from prefixtune.engines.knobs import BY_NAME, KNOB_NAMES
 from prefixtune.metrics.recipe import for_engine, missing_signals, objective_refusal
 from prefixtune.tuning.settings import Mode, Objective, Slo, SpaceOverride, Strategy, TuningSettings
 
-# A rollout that is not ready after this long is an infeasible trial. Engines load weights for
-# minutes: 10 minutes by default, longer for trials whose windows are longer than that.
+# A rollout that is not ready after this long is an infeasible trial. It is sized from the pods that
+# must load one after another: the Deployments roll with maxSurge 1 / maxUnavailable 0, so a rollout
+# (and a rollback, and applying the best) of R replicas loads R pods in sequence, each within the
+# startup budget (spec.startupTimeout, else overhead + weights per GPU at a conservative rate:
+# podspec.startup_budget_s). Never shorter than 10 minutes or one trial window; no upper cap (8
+# replicas of a 70B model need the time they need).
 READY_TIMEOUT_WINDOWS = 1.0
 READY_TIMEOUT_MIN_S = 600.0
-READY_TIMEOUT_MAX_S = 1800.0
 
 
 def seed_key(namespace: str, name: str) -> str:
@@ -39,10 +43,11 @@ def space_override(spec: ServingDeploymentSpec) -> SpaceOverride:
 
 
 def ready_timeout_s(spec: ServingDeploymentSpec) -> float:
+    """max(10 min, warmup + measure, replicas x startup budget per pod): see READY_TIMEOUT_MIN_S."""
     trial = spec.tuning.trial
     span = READY_TIMEOUT_WINDOWS * (float(trial.warmup) + float(trial.measure))
-    # Never shorter than the startup probe's budget: a pod still loading is not a failed trial.
-    return max(min(max(span, READY_TIMEOUT_MIN_S), READY_TIMEOUT_MAX_S), startup_budget_s(spec))
+    sequential = spec.replicas * startup_budget_s(spec)
+    return max(READY_TIMEOUT_MIN_S, span, sequential)
 
 
 def engine_version(spec: ServingDeploymentSpec) -> str:
@@ -68,6 +73,10 @@ def tuning_settings(
     strategy: Strategy = spec.effective_rollout().value
     if strategy == "canary" and spec.replicas < 2:
         strategy = "rolling"  # a canary needs a baseline pod beside it
+    if strategy == "rolling" and rolling_subset(spec) is not None:
+        # maxTrialReplicas below replicas: the trial's pods run beside the stable ones, scored
+        # against them in the same window, exactly as a canary of that many pods.
+        strategy = "canary"
     missing, refusal = release_gaps(spec)
     return TuningSettings(
         mode=mode,

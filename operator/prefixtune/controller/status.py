@@ -8,6 +8,7 @@ last trials, the diagnosis and the recommendation.
 from __future__ import annotations
 
 import datetime
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,6 +32,10 @@ MAX_NOTES = 20
 MAX_NOTE = 512
 POLICY_KEY = "state"  # status.policy.state: PolicyState.to_json()
 POLICY_SCHEMA = 1
+# status.policy.spec: the last spec that validated and was rolled out (the raw mapping as JSON text:
+# a merge patch would merge an object with the one before). An invalid edit mid-trial is answered
+# by restoring it (``reconcile._invalid``).
+POLICY_SPEC_KEY = "spec"
 CONDITION_TYPES = ("Ready", "Tuning", "Degraded", "MetricsUnavailable", "SignalsMissing")
 # Diagnosis bounds the API knows; the metrics layer may say more (e.g. "insufficient").
 API_BOUNDS = ("prefill", "decode", "kv-capacity", "queueing", "unknown")
@@ -56,6 +61,19 @@ def policy_state_of(status: Mapping[str, Any] | None) -> PolicyState | None:
         return PolicyState.from_json(text)
     except ValueError:
         return None
+
+
+def last_valid_spec(status: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The last valid spec the operator rolled out, as stored in the status (None if none)."""
+    policy = (status or {}).get("policy") or {}
+    text = policy.get(POLICY_SPEC_KEY) if isinstance(policy, Mapping) else None
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        spec = json.loads(text)
+    except ValueError:
+        return None
+    return spec if isinstance(spec, dict) else None
 
 
 def condition(
@@ -196,8 +214,10 @@ def build_status(
     generation: int,
     ready: tuple[bool, str, str],
     diagnosis: Diagnosis | None = None,
+    valid_spec: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The whole status (for one merge patch). ``ready``: (ready?, reason, message) of the serving pods."""
+    """The whole status (for one merge patch). ``ready``: (ready?, reason, message) of the serving
+    pods; ``valid_spec``: the spec rolled out (None keeps the one recorded before)."""
     prev = dict(previous or {})
     state = state.clipped()
     updates = [(a.type, a.status, a.reason, a.message) for a in actions if isinstance(a, SetCondition)]
@@ -217,6 +237,10 @@ def build_status(
         "recommendation": recommendation_status(actions, prev.get("recommendation")),
         "policy": {"schema": POLICY_SCHEMA, POLICY_KEY: state.to_json()},
     }
+    if valid_spec is not None:
+        status["policy"][POLICY_SPEC_KEY] = json.dumps(valid_spec, sort_keys=True)
+    elif isinstance(prev.get("policy"), Mapping) and POLICY_SPEC_KEY in prev["policy"]:
+        status["policy"][POLICY_SPEC_KEY] = prev["policy"][POLICY_SPEC_KEY]
     return status
 
 

@@ -22,6 +22,7 @@ import json
 import random
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -147,6 +148,9 @@ class MetricsFaults:
     drip_every_s: float = 2.0
     huge_bytes: int = 8 * 1024 * 1024
     _offsets: dict[tuple[str, str], float] = field(default_factory=dict)  # (pod, series) -> reset base
+    # (wall time, pod, fault mode or None) of the latest scrapes served: whether a window's first
+    # scrape came before a fault or after it (a counter reset before it leaves nothing to notice)
+    scrapes: deque[tuple[float, str, MetricsMode | None]] = field(default_factory=lambda: deque(maxlen=4096))
 
     def set(self, mode: str, pods: frozenset[str] | None = None) -> None:
         if mode not in METRICS_MODES:
@@ -174,6 +178,7 @@ class MetricsFaults:
     def transform(self, pod: str, text: str) -> str | None:
         """The exposition a pod serves now (None: drop the connection)."""
         mode = self.active_for(pod)
+        self.scrapes.append((time.time(), pod, mode))
         if mode is not None:
             self.served[mode] = self.served.get(mode, 0) + 1
         if mode == "unreachable":

@@ -9,7 +9,16 @@ HTTP (``client.py``); the controllers that create its pods are in ``controller_m
 
 Container lifecycle, in sandbox time (seconds divided by ``speedup``):
 
-* ``ContainerCreating`` -> running, not ready, for ``startup_delay_s`` (weights loading), then the
+* Scheduling: with ``gpus`` set the node has that many ``nvidia.com/gpu`` allocatable
+  (``Kubelet.set_gpus`` changes it mid-run, as a node joining or a GPU freed elsewhere would; the
+  default None binds every pod, as before). Pods are bound oldest first while the
+  GPUs they request fit beside those of the pods already bound (a pod being deleted frees its GPUs
+  at once, since its twin stops at once); one that does not fit stays Pending and unbound with the
+  scheduler's PodScheduled False / Unschedulable "Insufficient nvidia.com/gpu" condition, and is
+  bound on a later sync once GPUs are free.
+* ``ContainerCreating`` -> running, not ready, for the start-up delay (weights loading): a fixed
+  ``startup_delay_s`` plus, with ``load_bytes_per_s`` set, the model's weights per GPU (the twin
+  catalog's size) at that rate, so a 70B model loads longer than an 8B one; then the
   twin boots and binds; the pod turns Ready when its readiness probe passes (the container's
   ``readinessProbe.httpGet`` if any, else the engine's health path), probed every probe period, and
   NotReady after ``failureThreshold`` (kube's default 3) failures in a row; a probe that timed out
@@ -55,6 +64,7 @@ logger = logging.getLogger(__name__)
 PROBE_FAILURE_THRESHOLD = 3  # kube's default failureThreshold of a probe
 
 PROBE_TIMEOUT_S = 2.0  # wall seconds a probe may take
+UNLIMITED_GPUS_SHOWN = 8  # the allocatable a node without GPU accounting advertises
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,10 @@ class KubeletConfig:
     node_name: str = podlib.NODE_NAME
     seed: int = 0
     ip_octet: int = 0  # the second octet of pod addresses (127.S.x.y); 0 picks one at random
+    # The node's nvidia.com/gpu allocatable; None: no GPU accounting (any number of pods is bound, the
+    # node advertises UNLIMITED_GPUS_SHOWN as before), so suites that run many resources need no sizing.
+    gpus: int | None = None
+    load_bytes_per_s: float = 0.0  # weight load rate per GPU in sandbox time (0: no size-based load)
 
     def __post_init__(self) -> None:
         if not self.speedup > 0:
@@ -86,11 +100,29 @@ class KubeletConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.gpus is not None and self.gpus < 0:
+            raise ValueError(f"gpus: must be >= 0, got {self.gpus}")
+        if self.load_bytes_per_s < 0:
+            raise ValueError(f"load_bytes_per_s: must be >= 0, got {self.load_bytes_per_s}")
         if not 0 <= self.ip_octet <= 254:
             raise ValueError(f"ip_octet: must be 1..254 (0: random), got {self.ip_octet}")
 
     def wall(self, sandbox_s: float) -> float:
         return sandbox_s / self.speedup
+
+    def load_delay_s(self, model: str, gpus: int) -> float:
+        """Sandbox seconds from the container's start to the engine binding its port: the fixed
+        delay plus the weights per GPU at ``load_bytes_per_s`` (a model the catalog does not know
+        loads in the fixed delay; it fails at boot anyway)."""
+        if self.load_bytes_per_s <= 0:
+            return self.startup_delay_s
+        from prefixtune.twin.catalog import get_model
+
+        try:
+            weights = float(get_model(model).weight_bytes)
+        except (KeyError, ValueError):
+            return self.startup_delay_s
+        return self.startup_delay_s + weights / max(gpus, 1) / self.load_bytes_per_s
 
 
 class AddressPool:
@@ -259,7 +291,8 @@ class PodWorker:
             # merge of kv_cache_config, a page size a backend forces); its metrics report what it runs.
             parsed = replace(parsed, config=parsed.config.with_(**self.kubelet.knob_overrides))
         await self._report(running)
-        await self.kubelet.clock.sleep(cfg.wall(cfg.startup_delay_s))
+        delay = cfg.load_delay_s(parsed.model, podlib.gpu_request(self.pod))
+        await self.kubelet.clock.sleep(cfg.wall(delay))
         try:
             server = TwinServer(
                 plan.engine,
@@ -395,6 +428,16 @@ class Kubelet:
         self._probe_session: aiohttp.ClientSession | None = None
         self.metrics_faults: MetricsFaults | None = None  # fault injection on the pods' metrics
         self.knob_overrides: dict[str, object] = {}  # knobs every engine runs regardless of its command
+        self.gpus = config.gpus  # the node's nvidia.com/gpu allocatable now (set_gpus; None: no limit)
+
+    async def set_gpus(self, gpus: int | None) -> None:
+        """Change the node's GPU allocatable (capacity freed or taken elsewhere); Pending pods are
+        bound on the next sync if they fit now."""
+        if gpus is not None and gpus < 0:
+            raise ValueError(f"gpus: must be >= 0, got {gpus}")
+        self.gpus = gpus
+        await self.register_node()
+        self.wakeup.set()
 
     def crash(self, namespace: str, name: str, *, oom: bool, message: str = "") -> bool:
         """Make a running pod's engine die as if under load: a CUDA OOM (``oom``) or a crash (exit 1
@@ -441,6 +484,7 @@ class Kubelet:
             return False
 
     async def register_node(self) -> None:
+        gpus = str(UNLIMITED_GPUS_SHOWN if self.gpus is None else self.gpus)
         node = {
             "apiVersion": "v1",
             "kind": "Node",
@@ -462,8 +506,13 @@ class Kubelet:
                 {"type": "InternalIP", "address": "127.0.0.1"},
                 {"type": "Hostname", "address": self.config.node_name},
             ],
-            "capacity": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "110"},
-            "allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "110"},
+            "capacity": {"cpu": "64", "memory": "512Gi", podlib.GPU_RESOURCE: gpus, "pods": "110"},
+            "allocatable": {
+                "cpu": "64",
+                "memory": "512Gi",
+                podlib.GPU_RESOURCE: gpus,
+                "pods": "110",
+            },
             "nodeInfo": {"kubeletVersion": "v1.30.0-prefixtune-sandbox", "operatingSystem": "linux"},
         }
         await self.api.patch(f"/api/v1/nodes/{self.config.node_name}/status", {"status": status})
@@ -483,7 +532,17 @@ class Kubelet:
     async def sync(self) -> None:
         pods = await self.api.list("/api/v1/pods")
         live: set[str] = set()
-        for pod in pods:
+        used = sum(
+            podlib.gpu_request(p)
+            for p in pods
+            if (p.get("spec") or {}).get("nodeName") == self.config.node_name
+            and not (p.get("metadata") or {}).get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        )
+        oldest_first = sorted(
+            pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or "")
+        )
+        for pod in oldest_first:
             meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
             uid = str(meta.get("uid", ""))
             node = spec.get("nodeName")
@@ -491,10 +550,15 @@ class Kubelet:
                 continue
             if meta.get("deletionTimestamp"):
                 continue  # terminating: its worker stops below
-            if not node:  # play the scheduler: bind it to this node
+            if not node:  # play the scheduler: bind it to this node if its GPUs fit
                 path = f"/api/v1/namespaces/{meta.get('namespace', 'default')}/pods/{meta.get('name')}"
+                wanted = podlib.gpu_request(pod)
+                if self.gpus is not None and used + wanted > self.gpus:
+                    await self._unschedulable(path, pod)
+                    continue
                 if await self.api.patch(path, {"spec": {"nodeName": self.config.node_name}}) is None:
                     continue
+                used += wanted
             live.add(uid)
             if uid not in self.workers:
                 worker = PodWorker(self, pod)
@@ -503,6 +567,13 @@ class Kubelet:
                 self.workers[uid] = (worker, task)
         for uid in [u for u in self.workers if u not in live]:
             await self._stop(uid)
+
+    async def _unschedulable(self, path: str, pod: Mapping[str, Any]) -> None:
+        """Say why the pod stays Pending, as the scheduler does (written once, not every sync)."""
+        if podlib.is_unschedulable(pod):
+            return
+        status = podlib.unschedulable_status(podlib.insufficient_gpu_message(), self.stamp())
+        await self.api.patch(f"{path}/status", {"status": status})  # None: deleted in between
 
     async def _stop(self, uid: str) -> None:
         _, task = self.workers.pop(uid)

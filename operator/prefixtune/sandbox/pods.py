@@ -15,6 +15,12 @@ Reading a pod (``launch_plan``):
   ``NVIDIA-H100-80GB-HBM3``) or ``prefixtune.io/gpu-type``, the same labels on the sandbox node,
   else ``H100-80GB``. Values are resolved by the twin's GPU catalog (its names and aliases).
 
+Scheduling (``gpu_request``, ``unschedulable_status``): a pod asks for the ``nvidia.com/gpu`` of its
+containers' requests (else limits, as Kubernetes defaults an extended resource's request to its
+limit); one that asks for more than the node has free stays Pending, unbound, with the scheduler's
+condition: PodScheduled False, reason Unschedulable, "0/1 nodes are available: 1 Insufficient
+nvidia.com/gpu."
+
 Writing a pod's status (``pod_status``): phase, the PodScheduled/Initialized/ContainersReady/Ready
 conditions, one containerStatus (state running / waiting ContainerCreating or CrashLoopBackOff /
 terminated, lastState, restartCount) and the loopback podIP, as the real kubelet reports them.
@@ -35,6 +41,7 @@ GPU_ANNOTATION = "prefixtune.io/sandbox-gpu"
 GPU_LABELS = ("nvidia.com/gpu.product", "prefixtune.io/gpu-type")
 DEFAULT_GPU = "H100-80GB"
 NODE_NAME = "sandbox-node"
+GPU_RESOURCE = "nvidia.com/gpu"
 
 # Entrypoints of the engines' images, for containers that set only ``args``.
 _IMAGE_ENTRYPOINTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -329,6 +336,50 @@ def backoff_message(delay_s: float, container: str, pod: Mapping[str, Any]) -> s
     )
 
 
+def gpu_request(pod: Mapping[str, Any]) -> int:
+    """The GPUs a pod asks for: the sum over its containers of ``requests`` (else ``limits``)."""
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or ():
+        resources = container.get("resources") or {}
+        value = (resources.get("requests") or {}).get(GPU_RESOURCE)
+        if value is None:
+            value = (resources.get("limits") or {}).get(GPU_RESOURCE)
+        try:
+            total += int(str(value)) if value is not None else 0
+        except ValueError:
+            continue  # the API server would have refused it; the sandbox asks for nothing
+    return total
+
+
+def insufficient_gpu_message(nodes: int = 1) -> str:
+    """The default scheduler's message for a pod no node has the GPUs for."""
+    return f"0/{nodes} nodes are available: {nodes} Insufficient {GPU_RESOURCE}."
+
+
+def unschedulable_status(message: str, since: str) -> dict[str, Any]:
+    """The status the scheduler writes on a pod it cannot place: Pending, PodScheduled False."""
+    return {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastTransitionTime": since,
+            }
+        ],
+    }
+
+
+def is_unschedulable(pod: Mapping[str, Any]) -> bool:
+    """The pod carries the scheduler's PodScheduled False / Unschedulable condition."""
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or ()
+    )
+
+
 def is_ready(pod: Mapping[str, Any]) -> bool:
     """The pod's Ready condition is True (and it is not being deleted)."""
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
@@ -356,6 +407,7 @@ __all__ = [
     "DEFAULT_GPU",
     "GPU_ANNOTATION",
     "GPU_LABELS",
+    "GPU_RESOURCE",
     "NODE_NAME",
     "ContainerState",
     "LaunchError",
@@ -365,9 +417,12 @@ __all__ = [
     "container_status",
     "detect_engine",
     "engine_container",
+    "gpu_request",
     "gpu_type",
+    "insufficient_gpu_message",
     "is_active",
     "is_ready",
+    "is_unschedulable",
     "launch_plan",
     "mounted_files",
     "now_iso",
@@ -375,4 +430,5 @@ __all__ = [
     "port_flag",
     "restart_count",
     "terminated",
+    "unschedulable_status",
 ]

@@ -48,7 +48,9 @@ class Trial(_Model):
     config: KnobConfig
     outcome: Outcome = "running"
     reason: str = ""
-    # infeasible: oom | oom_startup | oom_runtime | crash | timeout; invalidated: too_little_traffic
+    # infeasible: oom | oom_startup | oom_runtime | crash | timeout; invalidated: too_little_traffic |
+    # no_capacity (a pod Pending for lack of a GPU: the cluster's state, not the config's);
+    # aborted: "" (an SLO breach) | spec_invalid (the spec turned invalid: not a result of the config)
     failure: str = ""
     started_at: float
     finished_at: float | None = None
@@ -135,6 +137,14 @@ class RolloutFailed(_Obs):
     reason: str = ""
 
 
+class RolloutNoCapacity(_Obs):
+    """A pod of the rollout cannot be scheduled: no node has the GPUs (or other resources) free."""
+
+    kind: Literal["rollout_no_capacity"] = "rollout_no_capacity"
+    config: KnobConfig | None = None
+    reason: str = ""  # the scheduler's message, with the pod's name
+
+
 class WindowMeasured(_Obs):
     """A measurement window (or, ``partial``, part of one for the early-abort check)."""
 
@@ -171,6 +181,14 @@ class TrialInvalidated(_Obs):
     reason: str = ""
 
 
+class SpecInvalid(_Obs):
+    """The spec was edited to one that does not validate: the trial in flight is aborted (the state
+    is kept; tuning resumes from it once the spec is fixed)."""
+
+    kind: Literal["spec_invalid"] = "spec_invalid"
+    reason: str = ""  # the validation errors (field names; never a secret's value)
+
+
 class ConfigChecked(_Obs):
     """The effective config read back from the engine after a rollout."""
 
@@ -188,10 +206,12 @@ Observation = Annotated[
     | RolloutApplied
     | RolloutReady
     | RolloutFailed
+    | RolloutNoCapacity
     | WindowMeasured
     | SpecChanged
     | MetricsUnavailable
     | TrialInvalidated
+    | SpecInvalid
     | ConfigChecked,
     Field(discriminator="kind"),
 ]
@@ -201,6 +221,16 @@ _OBSERVATION: TypeAdapter[Observation] = TypeAdapter(Observation)
 def parse_observation(text: str | bytes) -> Observation:
     """An observation from its JSON (``model_dump_json()``), by its ``kind``."""
     return _OBSERVATION.validate_json(text)
+
+
+class CapacityWait(_Model):
+    """A trial paused for lack of capacity: its config is tried again at ``retry_at`` (backoff)."""
+
+    config: KnobConfig
+    epoch: int  # a new epoch (drift, spec change) drops the wait: its search starts afresh
+    attempts: int = 1  # trials of this config that found no capacity in a row
+    retry_at: float
+    reason: str = ""
 
 
 class PolicyState(_Model):
@@ -231,6 +261,7 @@ class PolicyState(_Model):
     reference: Signals | None = None  # the signals the best was measured under (drift reference)
     reference_rps: float | None = None
     recommendation: KnobConfig | None = None  # last recommendation made (observe mode)
+    capacity_wait: CapacityWait | None = None  # a trial that found no capacity, to retry
     note: str = ""  # why the phase is what it is (converged reason, failure)
 
     def to_json(self) -> str:

@@ -23,7 +23,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -106,8 +106,11 @@ async def run_load(
     timeout_s: float = 600.0,
     output_identity: bool = True,
     session: aiohttp.ClientSession | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[Record]:
-    """Send ``requests`` (sorted by arrival) and return the records of those sent."""
+    """Send ``requests`` (sorted by arrival) and return the records of those sent. Arrivals are
+    paced on ``clock`` (seconds): the wall clock, or the clock a twin runs on (a sandbox clock that
+    drops a busy machine's stalls), so that a slowed twin is offered its load at its own pace."""
     if not speedup > 0:
         raise ValueError(f"speedup must be > 0; got {speedup}")
     if max_requests is not None and max_requests < 0:
@@ -127,11 +130,11 @@ async def run_load(
     records: list[Record] = []
     tasks: list[asyncio.Task[Record]] = []
     in_flight = 0
-    t0 = time.monotonic()
+    t0 = clock()
 
     async def send(req: Request, target: str, due: float) -> Record:
         nonlocal in_flight
-        sent = time.monotonic() - t0
+        sent = clock() - t0
         try:
             async with sess.post(
                 f"{target}/v1/completions", json=completion_body(req, model, output_identity)
@@ -147,12 +150,12 @@ async def run_load(
                 due,
                 sent,
                 0,
-                time.monotonic() - t0 - sent,
+                clock() - t0 - sent,
                 error=f"{type(err).__name__}: {err}",
             )
         finally:
             in_flight -= 1
-        latency = time.monotonic() - t0 - sent
+        latency = clock() - t0 - sent
         if status != 200 or not isinstance(data, dict):
             message = error_message(data)
             return Record(
@@ -179,10 +182,9 @@ async def run_load(
             due = req.arrival_s / speedup
             if due >= horizon:
                 break
-            delay = due - (time.monotonic() - t0)
-            if delay > 0:
+            while (delay := due - (clock() - t0)) > 0:  # a clock slower than the wall: sleep again
                 await asyncio.sleep(delay)
-            if time.monotonic() - t0 >= horizon:
+            if clock() - t0 >= horizon:
                 break
             target = picker.pick()
             if in_flight >= max_in_flight:
@@ -193,7 +195,7 @@ async def run_load(
                         req.kind,
                         target,
                         due,
-                        time.monotonic() - t0,
+                        clock() - t0,
                         0,
                         0.0,
                         error="dropped",

@@ -20,10 +20,16 @@ Safety rules enforced here:
 - A trial whose partial window breaks the SLO by ``abort_factor`` is aborted and rolled back.
 - A failed rollout (crash, OOM, not ready in time) is infeasible: recorded, rolled back to the best
   known config, and learned by the optimizer's feasibility model.
+- A rollout whose pod cannot be scheduled (no free GPU) is no capacity, never infeasible: the trial
+  ends invalidated (``no_capacity``: not scored, not learned, not counted in the budget), is rolled
+  back, and the same config is tried again after a backoff (``rollout.NO_CAPACITY_BACKOFF_S``,
+  doubling up to ``NO_CAPACITY_BACKOFF_MAX_S``) with a NoCapacity condition and Event meanwhile.
 - Missing data never leads to a rollout: the policy holds with a MetricsUnavailable condition.
 - A pod deleted mid-measurement invalidates the window: the trial is re-measured, not scored.
 - A trial invalidated for too little traffic counts toward the budget, and the same config starved
   ``MAX_STARVED_REPEATS`` times in an epoch ends the search: exploring always terminates.
+- An invalid spec mid-trial aborts the trial (recorded ``aborted``/``spec_invalid``, not learned) and
+  rolls back to the safe config; the rest of the state waits for the spec to be fixed.
 - A change of what is deployed (model, image, replicas, ...: ``deployment_key``) starts a new epoch.
 - Trial ids are assigned once and RecordTrial is emitted once per finished trial.
 - The history is bounded (``history.py``): the current epoch and the latest earlier trials in full,
@@ -61,8 +67,10 @@ from prefixtune.tuning.state import (
     PolicyState,
     RolloutApplied,
     RolloutFailed,
+    RolloutNoCapacity,
     RolloutReady,
     SpecChanged,
+    SpecInvalid,
     Tick,
     TrialInvalidated,
     WindowMeasured,
@@ -111,6 +119,9 @@ class _Ctx(Core):
         if isinstance(obs, MetricsUnavailable):
             measurement.on_metrics_unavailable(self, obs)
             return
+        if isinstance(obs, SpecInvalid):
+            spec_change.on_spec_invalid(self, obs)
+            return
         phase = self.s.phase
         if phase in HALTED_PHASES:
             return
@@ -131,6 +142,8 @@ class _Ctx(Core):
             rollout.on_ready(self, obs)
         elif isinstance(obs, RolloutFailed):
             rollout.on_failed(self, obs.failure or "crash", obs.reason)
+        elif isinstance(obs, RolloutNoCapacity):
+            rollout.on_no_capacity(self, obs)
         elif isinstance(obs, WindowMeasured):
             measurement.on_window(self, obs)
         elif isinstance(obs, TrialInvalidated):

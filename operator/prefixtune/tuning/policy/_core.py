@@ -25,6 +25,7 @@ Suggester = Callable[[SearchSpace, list[TrialResult], int, TuningSettings], Sugg
 RECOMMEND_MARGIN = 1.02  # observe mode: recommend a what-if config only when it beats the current by 2%
 LOW_HIT_RATE = 0.05  # field notes: hit rate stably this low -> the cache holds memory for nothing
 TOO_LITTLE_TRAFFIC = "too_little_traffic"  # Trial.failure of a trial invalidated for too few requests
+SPEC_INVALID = "spec_invalid"  # Trial.failure of a trial aborted because the spec turned invalid
 MAX_STARVED_REPEATS = 2  # invalidations of one config for too little traffic before the search stops
 
 
@@ -96,12 +97,14 @@ class Core:
 
     def explored(self) -> int:
         """Trials spent from the budget: all finished ones but those invalidated by a pod restart or a
-        spec change (re-run at no cost); a trial starved of traffic counts, so a light workload
-        cannot keep the search going forever."""
+        spec change or aborted by an invalid spec (re-run at no cost); a trial starved of traffic
+        counts, so a light workload cannot keep the search going forever."""
         return sum(
             1
             for t in self.epoch_trials()
-            if t.role == "trial" and (t.outcome != "invalidated" or t.failure == TOO_LITTLE_TRAFFIC)
+            if t.role == "trial"
+            and (t.outcome != "invalidated" or t.failure == TOO_LITTLE_TRAFFIC)
+            and t.failure != SPEC_INVALID
         )
 
     def rate_limited_until(self) -> float | None:
@@ -142,6 +145,8 @@ class Core:
         for t in self.all_kept():
             if t.outcome in ("infeasible", "not_applied"):
                 out.append(TrialResult(t.config, None, t.failure))
+            elif t.outcome == "aborted" and t.failure == SPEC_INVALID:
+                continue  # stopped by the spec, not by the config: nothing to learn
             elif t.outcome == "aborted":
                 out.append(TrialResult(t.config, t.value, "aborted"))
             elif t.outcome == "ok" and t.value is not None:

@@ -25,6 +25,8 @@ def decide(self: Core) -> None:
         return
     if self.rate_limited_until() is not None:
         return  # wait; the next tick decides again
+    if rollout.retry_after_no_capacity(self):
+        return
     unconfirmed = self.unconfirmed_best()
     if unconfirmed is not None and settings.n_initial < self.explored() == settings.max_trials - 1:
         # The last trial of the budget confirms the best rather than exploring once more (not in

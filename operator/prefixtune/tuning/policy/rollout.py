@@ -15,7 +15,18 @@ from prefixtune.tuning.policy import (
 )
 from prefixtune.tuning.policy._core import Core
 from prefixtune.tuning.policy.messages import config_label
-from prefixtune.tuning.state import ConfigChecked, RolloutReady, Trial
+from prefixtune.tuning.state import CapacityWait, ConfigChecked, RolloutNoCapacity, RolloutReady, Trial
+
+# A trial that found no capacity is tried again after this, doubling per attempt up to the max: a
+# GPU freed by another workload is seen within minutes, and a full cluster is not polled every tick.
+NO_CAPACITY_BACKOFF_S = 60.0
+NO_CAPACITY_BACKOFF_MAX_S = 900.0
+NO_CAPACITY = "no_capacity"
+
+
+def no_capacity_backoff_s(attempts: int) -> float:
+    """Seconds to wait after the ``attempts``-th trial in a row that found no capacity."""
+    return float(min(NO_CAPACITY_BACKOFF_S * 2 ** max(attempts - 1, 0), NO_CAPACITY_BACKOFF_MAX_S))
 
 
 def on_ready(self: Core, obs: RolloutReady) -> None:
@@ -32,6 +43,14 @@ def on_ready(self: Core, obs: RolloutReady) -> None:
         trial = self.active()
         if trial is not None and self.s.settings.strategy == "rolling":
             self.s.current = trial.config
+        wait = self.s.capacity_wait
+        if trial is not None and wait is not None and wait.config == trial.config:
+            self.s.capacity_wait = None
+            self.condition(
+                "Tuning", True, "Exploring",
+                f"capacity returned: trial {trial.id} {config_label(trial.config)} is running "
+                f"after {wait.attempts} attempt(s) without",
+            )  # fmt: skip
         self.s.target = None
         self.goto(step=Step.WARMING_UP)
         self.s.warm_until = self.now + self.s.settings.warmup_s
@@ -89,6 +108,59 @@ def on_failed(self: Core, failure: str, detail: str) -> None:
         + "; recorded as infeasible, the optimizer will avoid it; rolling back",
     )
     rollout.rollback(self, self.best_config(), f"trial {trial.id} infeasible ({failure})")
+
+
+def on_no_capacity(self: Core, obs: RolloutNoCapacity) -> None:
+    """A pod of the rollout is Pending for lack of capacity: end the trial unscored (the config is
+    not infeasible), roll back so nothing is left half-done, retry the same config after a backoff."""
+    st = self.s.step
+    if st not in (Step.ROLLING_OUT, Step.WAITING_READY):
+        return  # a rollback waits for its pods (its timeout applies); nothing else is rolling out
+    if obs.config is not None and self.s.target is not None and obs.config != self.s.target:
+        return  # a stale report about an earlier rollout
+    trial = self.active()
+    if trial is None or trial.role != "trial":
+        # Converged, applying the best: back to what runs; apply_best tries again after minInterval.
+        self.event(
+            "Warning", "NoCapacity", f"applying the best config: {obs.reason}; rolling back, retrying later"
+        )
+        rollback(self, self.s.current, f"no capacity to apply the best config ({obs.reason})")
+        return
+    before = self.s.capacity_wait
+    attempts = before.attempts + 1 if before is not None and before.config == trial.config else 1
+    delay = no_capacity_backoff_s(attempts)
+    self.s.capacity_wait = CapacityWait(
+        config=trial.config,
+        epoch=trial.epoch,
+        attempts=attempts,
+        retry_at=self.now + delay,
+        reason=obs.reason,
+    )
+    measurement.finish_trial(
+        self, trial, "invalidated", reason=f"no capacity: {obs.reason}", failure=NO_CAPACITY
+    )
+    message = (
+        f"trial {trial.id} {config_label(trial.config)} paused: {obs.reason}; not a property of the "
+        f"config (not recorded infeasible), rolled back; trying it again in {delay:g}s (attempt {attempts})"
+    )
+    self.event("Warning", "NoCapacity", message)
+    self.condition("Tuning", False, "NoCapacity", message)
+    rollback(self, self.s.current, f"trial {trial.id}: no capacity")
+
+
+def retry_after_no_capacity(self: Core) -> bool:
+    """Exploring and idle with a trial waiting for capacity: True while it waits (nothing else may
+    start), or after starting it again once the backoff is over."""
+    wait = self.s.capacity_wait
+    if wait is not None and wait.epoch != self.s.epoch:
+        self.s.capacity_wait = wait = None
+    if wait is None:
+        return False
+    if self.now >= wait.retry_at:
+        start_trial(
+            self, wait.config, f"retry after no capacity (attempt {wait.attempts + 1}): {wait.reason}"
+        )
+    return True
 
 
 def rollback(self: Core, to: KnobConfig, reason: str) -> None:

@@ -2,14 +2,45 @@
 
 from __future__ import annotations
 
-from prefixtune.tuning.phases import TRIAL_STEPS, Phase, Step
+from prefixtune.tuning.phases import HALTED_PHASES, TRIAL_STEPS, Phase, Step
 from prefixtune.tuning.policy import (
     exploration,
     measurement,
     rollout,
 )
-from prefixtune.tuning.policy._core import Core
-from prefixtune.tuning.state import SpecChanged
+from prefixtune.tuning.policy._core import SPEC_INVALID, Core
+from prefixtune.tuning.policy.messages import config_label
+from prefixtune.tuning.state import SpecChanged, SpecInvalid
+
+
+def on_spec_invalid(self: Core, obs: SpecInvalid) -> None:
+    """An invalid spec mid-trial: abort the trial and roll back to the safe config (what the stable
+    pods ran before it), so no canary keeps half the traffic and no replica stays on an untested
+    config while nobody can fix the resource but its owner. The trial is recorded aborted
+    (``spec_invalid``: not learned, not counted); the rest of the state is kept, and the policy
+    resumes from it when the spec is fixed (a spec change like any other)."""
+    trial = self.active()
+    if (
+        self.s.phase in HALTED_PHASES
+        or trial is None
+        or trial.role != "trial"
+        or self.s.step not in TRIAL_STEPS
+    ):
+        return
+    # Rolling: ``current`` is the trial's config once its pods were ready; the best measured one
+    # is the safe config then (as after an abort for an SLO breach).
+    safe = self.s.current if self.s.current != trial.config else self.best_config()
+    why = (obs.reason or "the spec does not validate")[:300]
+    reason = f"the spec became invalid during the trial: {why}"
+    measurement.finish_trial(self, trial, "aborted", reason=reason, failure=SPEC_INVALID)
+    self.event(
+        "Warning",
+        "TrialAborted",
+        f"trial {trial.id} {config_label(trial.config)} aborted: the spec became invalid ({why}); "
+        f"restoring {config_label(safe)} with the last valid spec's replicas; tuning resumes when "
+        "the spec is fixed",
+    )
+    rollout.rollback(self, safe, f"trial {trial.id} aborted: invalid spec")
 
 
 def on_spec_changed(self: Core, obs: SpecChanged) -> None:

@@ -1,0 +1,200 @@
+"""In the sandbox: the engine Deployment changed under a trial (``kubectl scale`` to 0 and ``set
+image``) is restored and the trial re-measured; a spec edited to an invalid value mid-canary aborts
+the trial, restores the stable config on every replica, and tuning resumes once it is fixed.
+
+Short on purpose: each test stops once it has seen what it checks, not at convergence. The waits
+follow the sandbox's clock (``Cluster.wait_for``), so a busy machine makes them slower, not wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.e2e.test_e2e_tuning import MODEL, SDEP, SPEEDUP, Cluster, Operator, resource
+
+from prefixtune.api.crd import build_crd
+from prefixtune.controller.drift import DRIFT_REASON, RESTORED_REASON
+from prefixtune.controller.render import LABEL_CONFIG_HASH, config_hash
+from prefixtune.controller.status import policy_state_of
+from prefixtune.sandbox.clock import HANG_GUARD_S
+from prefixtune.sandbox.kubelet import KubeletConfig
+from prefixtune.sandbox.up import SandboxOptions, sandbox
+from prefixtune.tuning.phases import TRIAL_STEPS, Step
+from prefixtune.tuning.policy._core import SPEC_INVALID
+from prefixtune.tuning.state import PolicyState
+
+pytestmark = pytest.mark.timeout(HANG_GUARD_S)
+DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+
+
+@pytest.fixture
+async def live_cluster() -> AsyncIterator[Cluster]:
+    cfg = KubeletConfig(startup_delay_s=10.0, probe_period_s=1.0, backoff_initial_s=10.0)
+    keep = os.environ.get("PREFIXTUNE_E2E_LOGS")
+    with tempfile.TemporaryDirectory(prefix="prefixtune-e2e-") as tmp:
+        log_dir = Path(keep) if keep else Path(tmp)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        async with sandbox(SandboxOptions(speedup=SPEEDUP, crds=[build_crd()], config=cfg)) as sb:
+            operator = Operator(str(sb.kubeconfig), log_dir, sb.clock_file)
+            operator.start()
+            try:
+                yield Cluster(sb, operator)
+            finally:
+                operator.stop()
+
+
+def _tuning(strategy: str, max_trials: int, measure: str) -> dict[str, Any]:
+    return {
+        "slo": {"ttftP99": "2s", "itlP99": "100ms"},
+        "space": {"memoryFraction": {"min": 0.8, "max": 0.85}, "blockSize": [16, 32]},
+        "trial": {"warmup": "1s", "measure": measure, "minRequests": 4},
+        "budget": {"maxTrials": max_trials},
+        "rollout": {"minInterval": "0s", "strategy": strategy},
+        "drift": {"threshold": 1.0},
+    }
+
+
+def _container(dep: dict[str, Any] | None) -> dict[str, Any]:
+    return dict(((dep or {}).get("spec") or {})["template"]["spec"]["containers"][0])
+
+
+def _template_hash(dep: dict[str, Any] | None) -> str | None:
+    labels = (((dep or {}).get("spec") or {}).get("template") or {}).get("metadata", {}).get("labels") or {}
+    return labels.get(LABEL_CONFIG_HASH)
+
+
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
+
+
+async def _trial_in_flight(cluster: Cluster, name: str, steps: frozenset[Step]) -> PolicyState | None:
+    state = policy_state_of(await cluster.status(name))
+    if state is None or state.active is None or state.step not in steps:
+        return None
+    return state if state.trial(state.active).role == "trial" else None
+
+
+async def test_an_engine_deployment_scaled_to_zero_with_another_image_is_restored_and_remeasured(
+    live_cluster: Cluster,
+) -> None:
+    cluster = live_cluster
+    spec = {
+        "engine": "vllm", "model": MODEL, "replicas": 1,
+        "config": {"memoryFraction": 0.9, "blockSize": 16, "prefixCaching": True},
+        "tuning": _tuning("rolling", 1, "12s"),
+    }  # fmt: skip
+    await cluster.apply(resource("live", spec, "rag", rate=0.3))
+
+    async def early_in_a_trial_window() -> PolicyState | None:
+        state = await _trial_in_flight(cluster, "live", frozenset({Step.WARMING_UP, Step.MEASURING}))
+        if state is None or (
+            state.step == Step.MEASURING and (state.measure_until or 0) - cluster.sb.clock.now() < 6
+        ):
+            return None  # too near its end to be sure the operator sees the change first
+        return state
+
+    before = await cluster.wait_for(early_in_a_trial_window, 150, "a trial early in its window", every_s=0.3)
+    trial_id = before.active
+    assert trial_id is not None
+    # The operator's own rollouts (the trial's rolling update) never read as drift.
+    assert not [e for e in await cluster.events("live") if e.get("reason") == DRIFT_REASON]
+    dep = await cluster.deployment("live")
+    image = _container(dep)["image"]
+    container = {**_container(dep), "image": "registry.example/other-engine:latest"}
+    # What `kubectl scale --replicas=0` and `kubectl set image` write to the Deployment.
+    await cluster.sb.api.merge_patch(
+        f"{DEPLOYMENTS}/live", {"spec": {"replicas": 0, "template": {"spec": {"containers": [container]}}}}
+    )
+
+    async def restored_and_remeasured() -> PolicyState | None:
+        dep = await cluster.deployment("live")
+        state = policy_state_of(await cluster.status("live"))
+        if dep is None or state is None or dep["spec"]["replicas"] != 1 or _container(dep)["image"] != image:
+            return None
+        return state if state.trial(trial_id).invalidations >= 1 else None
+
+    state = await cluster.wait_for(
+        restored_and_remeasured, 60, "the Deployment restored, the trial invalidated"
+    )
+    assert state.trial(trial_id).outcome == "running"  # re-measured on the restored pods, not scored
+    events = await cluster.events("live")
+    drift = [e for e in events if e.get("reason") == DRIFT_REASON]
+    assert drift and drift[0]["type"] == "Warning"
+    assert "spec.replicas" in drift[0]["message"] and "containers[engine].image" in drift[0]["message"]
+    assert "registry.example" not in drift[0]["message"]  # field names, not the values someone wrote
+    remeasured = [e for e in events if e.get("reason") == "TrialRemeasured"]
+    assert any("changed outside the operator" in e["message"] for e in remeasured)
+
+    async def condition_cleared() -> dict[str, Any] | None:
+        degraded = _condition(await cluster.status("live"), "Degraded")
+        return degraded if degraded.get("reason") == RESTORED_REASON else None
+
+    # Degraded=True (LiveDrift) while it lasted; cleared once the pods run the rendering again
+    # (only a LiveDrift condition is ever cleared with this reason).
+    degraded = await cluster.wait_for(condition_cleared, 60, "the Degraded condition to clear")
+    assert degraded["status"] == "False"
+
+
+async def test_an_invalid_spec_mid_canary_restores_the_baseline_and_tuning_resumes_once_fixed(
+    live_cluster: Cluster,
+) -> None:
+    cluster = live_cluster
+    spec = {
+        "engine": "vllm", "model": MODEL, "replicas": 2,
+        "config": {"memoryFraction": 0.9, "blockSize": 16, "prefixCaching": True},
+        "tuning": _tuning("canary", 2, "8s"),
+    }  # fmt: skip
+    await cluster.apply(resource("can", spec, "rag", rate=0.4))
+
+    async def canary_trial() -> PolicyState | None:
+        state = await _trial_in_flight(cluster, "can", TRIAL_STEPS)
+        if state is None or await cluster.deployment("can-canary") is None:
+            return None
+        base = await cluster.deployment("can")
+        return state if base is not None and base["spec"]["replicas"] == 1 else None
+
+    before = await cluster.wait_for(canary_trial, 150, "a canary trial", every_s=0.3)
+    aborted_id, safe = before.active, config_hash(before.current)
+    assert aborted_id is not None
+    path = f"{SDEP}/namespaces/default/servingdeployments/can"
+    await cluster.sb.api.merge_patch(path, {"spec": {"config": {"blockSize": 7}}})
+
+    async def restored() -> dict[str, Any] | None:
+        status = await cluster.status("can")
+        ready = _condition(status, "Ready")
+        base = await cluster.deployment("can")
+        if ready.get("reason") != "InvalidSpec" or await cluster.deployment("can-canary") is not None:
+            return None
+        if base is None or base["spec"]["replicas"] != 2 or _template_hash(base) != safe:
+            return None
+        return status
+
+    status = await cluster.wait_for(restored, 60, "the canary removed and the baseline restored")
+    assert _condition(status, "Ready")["status"] == "False"
+    assert "spec.config.blockSize" in _condition(status, "Ready")["message"]
+    state = policy_state_of(status)
+    assert state is not None
+    aborted = state.trial(aborted_id)
+    assert aborted.outcome == "aborted" and aborted.failure == SPEC_INVALID and aborted.value is None
+    reasons = {e.get("reason") for e in await cluster.events("can")}
+    assert {"InvalidSpec", "TrialAborted"} <= reasons
+    assert DRIFT_REASON not in reasons  # the canary's creation, the scale-down and back: none is drift
+
+    await cluster.sb.api.merge_patch(path, {"spec": {"config": {"blockSize": 16}}})
+
+    async def resumed() -> PolicyState | None:
+        status = await cluster.status("can")
+        state = policy_state_of(status)
+        if state is None or _condition(status, "Ready").get("reason") == "InvalidSpec":
+            return None
+        later = [t for t in state.trials if t.role == "trial" and t.id > aborted_id]
+        return state if later else None
+
+    state = await cluster.wait_for(resumed, 90, "tuning to resume with a new trial", follow="can")
+    assert state.trial(aborted_id) == aborted  # kept as it was: recorded once, as aborted
+    assert state.epoch == before.epoch  # the same search, resumed
