@@ -10,7 +10,7 @@ from prefixtune.tuning.actions import EmitEvent, Recommend, SetCondition
 from prefixtune.tuning.phases import Phase
 from prefixtune.tuning.policy import initial_state
 from prefixtune.tuning.settings import TuningSettings
-from prefixtune.tuning.state import Trial
+from prefixtune.tuning.state import MAX_TEXT, Trial
 
 BASE = KnobConfig(0.9, 16, True, "fcfs")
 
@@ -88,3 +88,59 @@ def test_invalid_spec_status_names_the_field_and_is_failed() -> None:
     assert "spec.config.blockSize" in ready["message"]
     assert status["phase"] == "Failed" and status["observedGeneration"] == 3
     S.validate_status(status)
+
+
+def test_every_free_text_and_list_field_is_bounded() -> None:
+    """A huge message (a pod's, an engine's, a metrics source's) must not push the status past the
+    API server's request limit: that would fail every patch and freeze the resource."""
+    import json
+
+    huge = "x" * 100_000
+    state = _state_with_trials(60)
+    trials = [t.model_copy(update={"reason": huge}) for t in state.trials]  # type: ignore[attr-defined]
+    state = state.model_copy(update={"trials": trials})  # type: ignore[attr-defined]
+    old = {
+        "type": "Degraded",
+        "status": "True",
+        "reason": "X",
+        "message": huge,
+        "lastTransitionTime": S.iso(1.0),
+    }
+    previous = {"conditions": [old]}
+    actions = [
+        SetCondition("MetricsUnavailable", "True", "MetricsUnavailable", huge),
+        Recommend(BASE.with_(block_size=32), huge),
+    ]
+    diagnosis = diagnose(Signals(window_s=60, requests=200, hit_rate=0.01, kv_usage_mean=0.99))
+    status = S.build_status(
+        state,
+        actions,
+        previous,
+        now=2000.0,
+        generation=1,
+        ready=(False, "NotReady", huge),
+        diagnosis=diagnosis,
+    )
+    assert len(
+        json.dumps(S.build_status(state, [], None, now=1.0, generation=1, ready=(True, "R", "m")))
+    ) < len(json.dumps(status))
+    conditions = status["conditions"]
+    assert [c["type"] for c in conditions] == ["Ready", "Degraded", "MetricsUnavailable"]
+    assert all(len(c["message"]) <= S.MAX_CONDITION_MESSAGE for c in conditions)
+    assert conditions[0]["message"].endswith("(truncated)")
+    assert all(len(t["reason"]) <= MAX_TEXT for t in status["trials"]) and len(status["trials"]) == 50
+    assert len(status["recommendation"]["reason"]) <= MAX_TEXT
+    assert all(len(n) <= S.MAX_NOTE for n in status["diagnosis"]["notes"])
+    assert len(json.dumps(status)) < 256 * 1024
+    S.validate_status(status)
+    stored = S.policy_state_of(status)
+    assert stored is not None and all(len(t.reason) <= MAX_TEXT for t in stored.trials)
+
+
+def test_conditions_other_tools_added_are_capped() -> None:
+    previous = [{"type": f"Custom{i:02}", "status": "True", "message": "m" * 100_000} for i in range(40)]
+    merged = S.merge_conditions(previous, [("Ready", "True", "R", "ok")], now=1.0, generation=1)
+    assert (
+        len(merged) == S.MAX_CONDITIONS and merged[0]["type"] == "Ready" and merged[1]["type"] == "Custom00"
+    )
+    assert all(len(c["message"]) <= S.MAX_CONDITION_MESSAGE for c in merged)

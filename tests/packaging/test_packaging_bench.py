@@ -24,7 +24,8 @@ def test_bench_is_the_checkouts_package_and_load_bench_is_a_plain_import() -> No
 def test_bench_help_lists_the_benchmarks(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     listed = capsys.readouterr().out.split("benchmarks: ")[1].strip().split(", ")
-    assert listed == ["client", "reliability", "tuner", "twin"]  # private modules (_*) are not listed
+    # private modules (_*) are not listed
+    assert listed == ["client", "reliability", "state", "tuner", "twin"]
     assert main(["nope"]) == 2
     assert "unknown benchmark 'nope'" in capsys.readouterr().err
 

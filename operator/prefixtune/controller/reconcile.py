@@ -42,9 +42,11 @@ from prefixtune.controller.selfmetrics import SelfMetrics
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.controller.status import (
     build_status,
+    condition_message,
     invalid_status,
     last_valid_spec,
     merge_conditions,
+    patch_changes,
     policy_state_of,
 )
 from prefixtune.metrics.diagnosis import diagnose
@@ -106,6 +108,7 @@ class Reconciled:
     foreign: list[Foreign] = field(default_factory=list)  # objects of our names left alone
     conflict: bool = False
     invalid: list[str] = field(default_factory=list)
+    status_patched: bool = False  # False: the status built equals the stored one, nothing was written
 
 
 def deployment_key(spec: ServingDeploymentSpec) -> str:
@@ -233,12 +236,15 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
         ready=ready_condition(spec, children, found), diagnosis=diagnosis, valid_spec=body.get("spec"),
     )  # fmt: skip
     outcome = Reconciled(phase=state.phase, actions=actions)
+    written = body
     try:
-        require(API_GROUP, f"{PLURAL}/status", "patch")
-        written = await client.merge_patch(
-            resource_path(namespace, name) + "/status",
-            {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
-        )
+        if patch_changes(previous, status):  # nothing changed (most ticks): no write, no watch event
+            require(API_GROUP, f"{PLURAL}/status", "patch")
+            written = await client.merge_patch(
+                resource_path(namespace, name) + "/status",
+                {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
+            )
+            outcome.status_patched = True
     except KubeError as err:
         if err.status == 409:  # somebody wrote in between: decide again on fresh data next time
             outcome.conflict = True
@@ -370,7 +376,7 @@ async def _invalid(
     reported = (
         previous.get("observedGeneration") == generation
         and ready.get("reason") == "InvalidSpec"
-        and ready.get("message") == message
+        and ready.get("message") == condition_message(message)
     )
     if not reported or actions:
         base = previous

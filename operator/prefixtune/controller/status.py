@@ -20,9 +20,16 @@ from prefixtune.metrics.diagnosis import Diagnosis
 from prefixtune.tuning.actions import Action, Recommend, SetCondition
 from prefixtune.tuning.objective import confidence_better
 from prefixtune.tuning.phases import Phase
-from prefixtune.tuning.state import PolicyState, Trial
+from prefixtune.tuning.state import PolicyState, Trial, clip
 
 MAX_TRIALS_IN_STATUS = 50
+# Every free-text and list field of the status is bounded, so that no message (a pod's, an engine's,
+# a metrics source's) can push the status past the API server's request limit and freeze the
+# resource: condition messages, trial reasons, diagnosis notes, the recommendation's reason.
+MAX_CONDITION_MESSAGE = 2048  # characters (the API allows 32768: five such conditions are 160 KB)
+MAX_CONDITIONS = 10  # own types first; others a user or tool added are kept up to this many
+MAX_NOTES = 20
+MAX_NOTE = 512
 POLICY_KEY = "state"  # status.policy.state: PolicyState.to_json()
 POLICY_SCHEMA = 1
 # status.policy.spec: the last spec that validated and was rolled out (the raw mapping as JSON text:
@@ -85,10 +92,15 @@ def condition(
         "type": type_,
         "status": status,
         "reason": reason,
-        "message": message[:32768],
+        "message": condition_message(message),
         "lastTransitionTime": since or iso(now),
         "observedGeneration": int(generation),
     }
+
+
+def condition_message(message: str) -> str:
+    """A condition's message as the status stores it (bounded)."""
+    return clip(message, MAX_CONDITION_MESSAGE)
 
 
 def merge_conditions(
@@ -107,8 +119,10 @@ def merge_conditions(
         if type_ in by_type:
             c = by_type[type_]
             c["observedGeneration"] = int(generation)
+            if isinstance(c.get("message"), str):
+                c["message"] = condition_message(c["message"])
             out.append(c)
-    return out
+    return out[:MAX_CONDITIONS]
 
 
 def finite(value: float | None) -> float | None:
@@ -122,9 +136,11 @@ def trial_record(trial: Trial) -> dict[str, Any]:
         "index": int(trial.id),
         "config": knob_values(trial.config),
         "outcome": trial.outcome,
-        "reason": (f"[{trial.role}] " if trial.role == "baseline" else "")
-        + (f"{trial.failure}: " if trial.failure and not trial.reason.startswith(trial.failure) else "")
-        + trial.reason,
+        "reason": clip(
+            (f"[{trial.role}] " if trial.role == "baseline" else "")
+            + (f"{trial.failure}: " if trial.failure and not trial.reason.startswith(trial.failure) else "")
+            + trial.reason
+        ),
         "startedAt": iso(trial.started_at),
         "signals": {}
         if trial.signals is None
@@ -169,7 +185,10 @@ def beats_baseline_confidence(state: PolicyState, best: Trial) -> float | None:
 
 def diagnosis_status(diag: Diagnosis) -> dict[str, Any]:
     bound = diag.bound if diag.bound in API_BOUNDS else "unknown"
-    out: dict[str, Any] = {"bound": bound, "notes": [n for n in diag.notes() if n][:20]}
+    out: dict[str, Any] = {
+        "bound": bound,
+        "notes": [clip(n, MAX_NOTE) for n in diag.notes() if n][:MAX_NOTES],
+    }
     if diag.hit_rate is not None:
         out["hitRate"] = min(max(float(diag.hit_rate), 0.0), 1.0)
     if diag.prefill_reduction is not None:
@@ -182,7 +201,7 @@ def recommendation_status(
 ) -> dict[str, Any] | None:
     latest = [a for a in actions if isinstance(a, Recommend)]
     if latest:
-        return {"config": knob_values(latest[-1].config), "reason": latest[-1].reason}
+        return {"config": knob_values(latest[-1].config), "reason": clip(latest[-1].reason)}
     return dict(previous) if previous else None
 
 
@@ -200,6 +219,7 @@ def build_status(
     """The whole status (for one merge patch). ``ready``: (ready?, reason, message) of the serving
     pods; ``valid_spec``: the spec rolled out (None keeps the one recorded before)."""
     prev = dict(previous or {})
+    state = state.clipped()
     updates = [(a.type, a.status, a.reason, a.message) for a in actions if isinstance(a, SetCondition)]
     ok, reason, message = ready
     updates.append(("Ready", "True" if ok else "False", reason, message))
@@ -242,6 +262,23 @@ def invalid_status(
         "observedGeneration": int(generation),
         "conditions": conditions,
     }
+
+
+def patch_changes(current: Any, patch: Any) -> bool:
+    """Whether a JSON merge patch (RFC 7386: null deletes, objects merge, the rest replaces) of
+    ``current`` would change it. The reconcile skips a status patch that would not: one write per
+    tick of every resource, each a new resourceVersion and a watch event, for nothing."""
+    if not isinstance(patch, Mapping):
+        return bool(current != patch)
+    if not isinstance(current, Mapping):
+        return True
+    for key, value in patch.items():
+        if value is None:
+            if key in current:
+                return True
+        elif key not in current or patch_changes(current[key], value):
+            return True
+    return False
 
 
 def validate_status(status: Mapping[str, Any]) -> ServingDeploymentStatus:

@@ -89,10 +89,10 @@ def drive(
     runs = 0
     stuck = 0
     while now <= horizon_s:
-        before = (now, state.step, state.phase, len(state.trials))
+        before = (now, state.step, state.phase, state.next_trial_id)
         state, actions = step(state, obs, now, suggester)
         stuck = (
-            stuck + 1 if (now, state.step, state.phase, len(state.trials)) == before and not actions else 0
+            stuck + 1 if (now, state.step, state.phase, state.next_trial_id) == before and not actions else 0
         )
         if stuck > MAX_IDLE_STEPS:
             raise RuntimeError(f"policy made no progress at t={now} in {state.phase}/{state.step}")

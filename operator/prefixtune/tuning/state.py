@@ -18,6 +18,18 @@ from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.phases import Phase, Step
 from prefixtune.tuning.settings import TuningSettings
 
+MAX_TEXT = 512  # characters of a free-text field kept in the state (a trial's reason): bounded status
+
+
+def clip(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` cut to at most ``limit`` characters, marked when cut (free text from pods, engines
+    and metrics sources must not grow the status without bound)."""
+    if len(text) <= limit:
+        return text
+    marker = " ... (truncated)"
+    return text[: limit - len(marker)] + marker if limit > len(marker) else text[:limit]
+
+
 Outcome = Literal["running", "ok", "infeasible", "aborted", "invalidated", "not_applied"]
 
 
@@ -70,6 +82,18 @@ class Trial(_Model):
             "basis": self.basis or None,
             "kvTokens": self.kv_tokens,
         }
+
+
+class PriorPoint(_Model):
+    """An earlier epoch's trial folded out of ``PolicyState.trials`` (``tuning/history.py``): only
+    what the optimizer's warm start and feasibility model read."""
+
+    id: int
+    epoch: int
+    config: KnobConfig
+    outcome: Literal["ok", "infeasible", "aborted", "not_applied"]
+    value: float | None = None
+    failure: str = ""
 
 
 class WhatIf(_Model):
@@ -221,7 +245,10 @@ class PolicyState(_Model):
     spec_config: KnobConfig  # what the resource's spec.config says
     current: KnobConfig  # what the stable pods run
     target: KnobConfig | None = None  # what a rollout in flight is bringing up
+    # The current epoch's trials and the latest earlier ones in full; older trials are summarized
+    # into ``prior`` (bounded: ``tuning/history.py``), so the state's size does not grow with age.
     trials: list[Trial] = Field(default_factory=list)
+    prior: list[PriorPoint] = Field(default_factory=list)
     next_trial_id: int = 0
     active: int | None = None  # id of the trial in flight
     warm_until: float | None = None
@@ -239,6 +266,17 @@ class PolicyState(_Model):
 
     def to_json(self) -> str:
         return self.model_dump_json()
+
+    def clipped(self) -> PolicyState:
+        """The state with every free-text field within ``MAX_TEXT`` (``self`` when it already is): the
+        policy clips what it writes, this also bounds a state written by an older release."""
+        if all(len(t.reason) <= MAX_TEXT for t in self.trials) and len(self.note) <= MAX_TEXT:
+            return self
+        trials = [
+            t.model_copy(update={"reason": clip(t.reason)}) if len(t.reason) > MAX_TEXT else t
+            for t in self.trials
+        ]
+        return self.model_copy(update={"trials": trials, "note": clip(self.note)})
 
     @classmethod
     def from_json(cls, text: str) -> PolicyState:

@@ -32,6 +32,8 @@ Safety rules enforced here:
   rolls back to the safe config; the rest of the state waits for the spec to be fixed.
 - A change of what is deployed (model, image, replicas, ...: ``deployment_key``) starts a new epoch.
 - Trial ids are assigned once and RecordTrial is emitted once per finished trial.
+- The history is bounded (``history.py``): the current epoch and the latest earlier trials in full,
+  older epochs as a prior of bounded size, so neither the state nor a decision grows with age.
 - The best is the config with the best mean over its windows. A best seen in one window only is
   measured again before the policy converges on it (near a capacity limit one lucky arrival sequence
   can make a config look best); with a budget larger than the initial design the budget's last trial
@@ -55,6 +57,7 @@ from prefixtune.tuning.policy import (
 )
 from prefixtune.tuning.policy._core import Core, Suggester, space_of
 from prefixtune.tuning.policy.drift_watch import drift
+from prefixtune.tuning.policy.history import bound as bound_history
 from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.space import SearchSpace
 from prefixtune.tuning.state import (
@@ -105,7 +108,7 @@ def step(
     """One transition. ``state`` is not modified; the new state is returned with the actions."""
     ctx = _Ctx(state.model_copy(deep=True), now, suggester or _default_suggester)
     ctx.handle(obs)
-    return ctx.s, ctx.actions
+    return bound_history(ctx.s), ctx.actions
 
 
 class _Ctx(Core):

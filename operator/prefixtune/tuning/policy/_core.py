@@ -19,7 +19,7 @@ from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.phases import Phase, Step
 from prefixtune.tuning.settings import SpaceOverride, TuningSettings
 from prefixtune.tuning.space import SearchSpace, build_space
-from prefixtune.tuning.state import PolicyState, Trial
+from prefixtune.tuning.state import PolicyState, PriorPoint, Trial
 
 Suggester = Callable[[SearchSpace, list[TrialResult], int, TuningSettings], Suggestion]
 RECOMMEND_MARGIN = 1.02  # observe mode: recommend a what-if config only when it beats the current by 2%
@@ -138,10 +138,11 @@ class Core:
         return None
 
     def history(self) -> list[TrialResult]:
-        """Finished trials for the optimizer: this epoch as measured, earlier epochs rescaled."""
+        """Finished trials for the optimizer: this epoch as measured, earlier epochs rescaled; the
+        bounded prior of older epochs (``history.py``) first."""
         out: list[TrialResult] = []
         base = next((t for t in self.epoch_trials() if t.role == "baseline" and t.value is not None), None)
-        for t in self.s.trials:
+        for t in self.all_kept():
             if t.outcome in ("infeasible", "not_applied"):
                 out.append(TrialResult(t.config, None, t.failure))
             elif t.outcome == "aborted" and t.failure == SPEC_INVALID:
@@ -153,14 +154,25 @@ class Core:
                     out.append(TrialResult(t.config, t.value))
                 elif base is not None and base.value is not None:
                     # Warm start: the new baseline re-measured the old best, which rescales old values.
-                    old = self.epoch_best(t.epoch)
-                    if old is not None and old.value:
-                        out.append(TrialResult(t.config, t.value * base.value / old.value))
+                    old = self.epoch_best_value(t.epoch)
+                    if old:
+                        out.append(TrialResult(t.config, t.value * base.value / old))
         return out
 
-    def epoch_best(self, epoch: int) -> Trial | None:
-        ok = [t for t in self.s.trials if t.epoch == epoch and t.outcome == "ok" and t.value is not None]
-        return max(ok, key=lambda t: (t.value or 0.0, -t.id)) if ok else None
+    def all_kept(self) -> list[Trial | PriorPoint]:
+        """The prior (older epochs, summarized) then the trials kept in full, oldest first."""
+        return [*self.s.prior, *self.s.trials]
+
+    def kept_trials(self) -> int:
+        """Earlier trials the warm start has: those kept in full and the prior's (``history.py``)."""
+        return len(self.s.trials) + len(self.s.prior)
+
+    def epoch_best_value(self, epoch: int) -> float | None:
+        """The best scored value of an epoch, over its trials kept in full and in the prior."""
+        values = [
+            t.value for t in self.all_kept() if t.epoch == epoch and t.outcome == "ok" and t.value is not None
+        ]
+        return max(values) if values else None
 
     def unconfirmed_best(self) -> Trial | None:
         """The best trial when its config was measured in one window only (and not the baseline's):

@@ -33,7 +33,7 @@ def check_drift(self: Core, obs: WindowMeasured) -> None:
         "DriftDetected",
         "workload moved since the best config was measured: "
         + "; ".join(moved)
-        + f"; re-tuning (epoch {self.s.epoch + 1}) with the {len(self.s.trials)} earlier trials "
+        + f"; re-tuning (epoch {self.s.epoch + 1}) with the {self.kept_trials()} earlier trials "
         "as warm start",
     )
     self.s.epoch += 1

@@ -26,7 +26,7 @@ from prefixtune.tuning.policy import (
 )
 from prefixtune.tuning.policy._core import MAX_STARVED_REPEATS, TOO_LITTLE_TRAFFIC, Core, all_missing
 from prefixtune.tuning.policy.messages import config_label, evidence, score_text
-from prefixtune.tuning.state import MetricsUnavailable, Trial, TrialInvalidated, WindowMeasured
+from prefixtune.tuning.state import MetricsUnavailable, Trial, TrialInvalidated, WindowMeasured, clip
 
 
 def begin_baseline(self: Core, warm: bool) -> None:
@@ -259,7 +259,7 @@ def finish_trial(
 ) -> None:
     trial.outcome = outcome  # type: ignore[assignment]
     trial.value = value
-    trial.reason = reason
+    trial.reason = clip(reason)
     trial.failure = failure
     trial.finished_at = self.now
     self.s.active = None

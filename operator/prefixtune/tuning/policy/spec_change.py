@@ -107,7 +107,7 @@ def on_spec_changed(self: Core, obs: SpecChanged) -> None:
                 "DeploymentChanged",
                 (obs.reason or "the deployment changed (engine, model, image, replicas, GPUs or extra args)")
                 + f": earlier measurements do not describe it; re-tuning (epoch {self.s.epoch}) from a "
-                f"fresh baseline with the {len(self.s.trials)} earlier trials as warm start",
+                f"fresh baseline with the {self.kept_trials()} earlier trials as warm start",
             )
         measurement.begin_baseline(
             self, warm=config_changed or deployment_changed or self.s.phase in (Phase.PENDING,)
