@@ -8,22 +8,17 @@ follow the sandbox's clock (``Cluster.wait_for``), so a busy machine makes them 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.test_e2e_tuning import MODEL, SDEP, SPEEDUP, Cluster, Operator, resource
+from tests.e2e.test_e2e_tuning import MODEL, SDEP, Cluster, resource, running_cluster
 
-from prefixtune.api.crd import build_crd
 from prefixtune.controller.drift import DRIFT_REASON, RESTORED_REASON
 from prefixtune.controller.render import LABEL_CONFIG_HASH, config_hash
 from prefixtune.controller.status import policy_state_of
 from prefixtune.sandbox.clock import HANG_GUARD_S
 from prefixtune.sandbox.kubelet import KubeletConfig
-from prefixtune.sandbox.up import SandboxOptions, sandbox
 from prefixtune.tuning.phases import TRIAL_STEPS, Step
 from prefixtune.tuning.policy._core import SPEC_INVALID
 from prefixtune.tuning.state import PolicyState
@@ -35,17 +30,8 @@ DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
 @pytest.fixture
 async def live_cluster() -> AsyncIterator[Cluster]:
     cfg = KubeletConfig(startup_delay_s=10.0, probe_period_s=1.0, backoff_initial_s=10.0)
-    keep = os.environ.get("PREFIXTUNE_E2E_LOGS")
-    with tempfile.TemporaryDirectory(prefix="prefixtune-e2e-") as tmp:
-        log_dir = Path(keep) if keep else Path(tmp)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        async with sandbox(SandboxOptions(speedup=SPEEDUP, crds=[build_crd()], config=cfg)) as sb:
-            operator = Operator(str(sb.kubeconfig), log_dir, sb.clock_file)
-            operator.start()
-            try:
-                yield Cluster(sb, operator)
-            finally:
-                operator.stop()
+    async with running_cluster(cfg) as running:
+        yield running
 
 
 def _tuning(strategy: str, max_trials: int, measure: str) -> dict[str, Any]:

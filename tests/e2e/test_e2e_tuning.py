@@ -12,6 +12,7 @@ seconds while the machine keeps up: ``sandbox.clock``), a light load so that a 2
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -149,6 +150,14 @@ def resource(
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
     cfg = KubeletConfig(startup_delay_s=20.0, probe_period_s=2.0, backoff_initial_s=10.0)
+    async with running_cluster(cfg) as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def running_cluster(cfg: KubeletConfig) -> AsyncIterator[Cluster]:
+    """A sandbox with the kubelet ``cfg`` and an operator process on its clock (logs kept in
+    $PREFIXTUNE_E2E_LOGS when set)."""
     keep = os.environ.get("PREFIXTUNE_E2E_LOGS")
     with tempfile.TemporaryDirectory(prefix="prefixtune-e2e-") as tmp:
         log_dir = Path(keep) if keep else Path(tmp)
