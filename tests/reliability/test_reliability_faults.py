@@ -27,7 +27,7 @@ from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.exposition import Snapshot, parse
 from prefixtune.sandbox.clock import HANG_GUARD_S
 from prefixtune.sandbox.emulator import RealisticEmulator, serve_emulator
-from prefixtune.sandbox.faults import ApiFaults, AuditEntry, MetricsFaults
+from prefixtune.sandbox.faults import ApiFaults, AuditEntry, MetricsFaults, install_metrics_faults
 from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.state import PolicyState, Trial
 
@@ -447,6 +447,25 @@ async def test_the_meter_remeasures_a_window_whose_counters_reset() -> None:
     obs = await meter.observe("u", spec, state, [POD], 104.0)
     assert obs is not None and obs.kind == "trial_invalidated", obs
     assert "reset" in obs.reason
+
+
+async def test_the_metrics_proxy_logs_every_scrape_it_serves_healthy_ones_too() -> None:
+    # `missed` reads this log to tell whether a window's first scrape came before a counter reset;
+    # a healthy scrape is answered without `transform`, and went unlogged (every reset in three
+    # reliability runs was then judged a miss, although the operator had noticed it).
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    class Server:
+        async def _metrics(self, request: web.Request) -> web.Response:
+            return web.Response(body=EXPOSITION.encode(), content_type="text/plain")
+
+    faults, server = MetricsFaults(), Server()
+    install_metrics_faults(server, faults, "pod-a")
+    await server._metrics(make_mocked_request("GET", "/metrics"))
+    faults.set("reset")
+    await server._metrics(make_mocked_request("GET", "/metrics"))
+    assert [(pod, mode) for _, pod, mode in faults.scrapes] == [("pod-a", None), ("pod-a", "reset")]
 
 
 # ------------------------------------------------- a hold that outlives its window (found here)

@@ -178,7 +178,6 @@ class MetricsFaults:
     def transform(self, pod: str, text: str) -> str | None:
         """The exposition a pod serves now (None: drop the connection)."""
         mode = self.active_for(pod)
-        self.scrapes.append((time.time(), pod, mode))
         if mode is not None:
             self.served[mode] = self.served.get(mode, 0) + 1
         if mode == "unreachable":
@@ -235,6 +234,7 @@ def install_metrics_faults(server: Any, faults: MetricsFaults, pod: str) -> None
             faults.served[hostile] = faults.served.get(hostile, 0) + 1
             served: web.StreamResponse = await _hostile(request, response, hostile, faults)
             return served
+        faults.scrapes.append((time.time(), pod, faults.active_for(pod)))  # healthy ones too
         if faults.active_for(pod) is None and not faults._offsets:
             return response
         body = response.body.decode() if isinstance(response.body, bytes | bytearray) else ""
