@@ -130,12 +130,12 @@ def test_demo_resource_table_and_summary() -> None:
 
 
 def test_kopf_settings_bound_the_workers_for_many_objects() -> None:
-    from prefixtune.controller.operator import POSTING_WORKERS, WORKER_LIMIT
+    from prefixtune.controller.operator import POSTING_WORKERS
 
     settings = operator_settings(OperatorOptions())
-    assert settings.queueing.worker_limit == WORKER_LIMIT == 64
+    assert settings.queueing.worker_limit is None  # a limit below N starves resources (bench scale)
     assert settings.posting.worker_limit == POSTING_WORKERS == 4
-    assert settings.queueing.idle_timeout >= 30.0 and settings.execution.max_workers == 4
+    assert settings.execution.max_workers == 4
 
 
 def test_decisions_run_on_their_own_bounded_pool() -> None:
