@@ -127,3 +127,43 @@ def test_demo_resource_table_and_summary() -> None:
     assert "RESOURCE" in table(rows)
     text = summary([res])
     assert "+50% vs baseline" in text and "infeasible" in text
+
+
+def test_kopf_settings_bound_the_workers_for_many_objects() -> None:
+    from prefixtune.controller.operator import POSTING_WORKERS
+
+    settings = operator_settings(OperatorOptions())
+    assert settings.queueing.worker_limit is None  # a limit below N starves resources (bench scale)
+    assert settings.posting.worker_limit == POSTING_WORKERS == 4
+    assert settings.execution.max_workers == 4
+
+
+def test_decisions_run_on_their_own_bounded_pool() -> None:
+    from prefixtune.controller import reconcile
+
+    assert reconcile.DECISION_POOL._max_workers == reconcile.DECISION_WORKERS == 2
+
+
+def test_aggregate_phase_counts_follow_moves_without_a_recount() -> None:
+    m = SelfMetrics()
+    for name in ("a", "b", "c"):
+        m.set_state("ns", name, "Exploring", None)
+    m.set_state("ns", "a", "Converged", None)
+    m.set_state("ns", "a", "Converged", None)  # no move: nothing changes
+    m.forget("ns", "b")
+    m.forget("ns", "gone")  # never seen: nothing to take away
+
+    def count(phase: str) -> float | None:
+        return m.registry.get_sample_value("prefixtune_phase", {"phase": phase})
+
+    assert (count("Exploring"), count("Converged"), count("Pending")) == (1.0, 1.0, 0.0)
+    m._phases.clear()  # the counts are kept as resources move, not recounted from every resource
+    m.set_state("ns", "d", "Exploring", None)
+    assert count("Exploring") == 2.0
+
+
+def test_self_metrics_serve_the_policy_time_beside_the_reconcile_time() -> None:
+    m = SelfMetrics()
+    m.policy_seconds.observe(0.004)
+    assert m.registry.get_sample_value("prefixtune_policy_seconds_bucket", {"le": "0.005"}) == 1.0
+    assert m.registry.get_sample_value("prefixtune_decision_seconds_count") == 0.0

@@ -18,6 +18,7 @@ from urllib.parse import quote, urlencode
 import aiohttp
 
 MERGE_PATCH = "application/merge-patch+json"
+USER_AGENT = "prefixtune-operator"  # how the API server's audit log (and the sandbox) tells its calls
 
 
 class KubeError(Exception):
@@ -83,7 +84,7 @@ class KubeClient:
 
     async def _ensure(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            headers = {"Accept": "application/json"}
+            headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
             if self.connection.token:
                 headers["Authorization"] = f"Bearer {self.connection.token}"
             self._session = aiohttp.ClientSession(

@@ -11,11 +11,13 @@ except the start scrape of a window in progress (see ``measure.py``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import json
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,25 +131,48 @@ def deployment_key(spec: ServingDeploymentSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# The policy's own threads: a decision that fits a Gaussian process never waits behind blocking
+# work of another purpose in the default executor (kopf's sync handlers, the heartbeat), and at
+# most this many decisions run at once, however many resources are due.
+DECISION_WORKERS = 2
+DECISION_POOL = ThreadPoolExecutor(max_workers=DECISION_WORKERS, thread_name_prefix="prefixtune-decision")
+
+
 async def _advance(state: PolicyState, obs: Observation, now: float, actions: list[Action]) -> PolicyState:
     # The policy is pure but may fit a Gaussian process: keep kopf's event loop responsive.
-    new, acts = await asyncio.to_thread(step, state, obs, now)
+    began = time.perf_counter()
+    try:
+        new, acts = await asyncio.get_running_loop().run_in_executor(DECISION_POOL, step, state, obs, now)
+    finally:
+        spent = _POLICY_SECONDS.get(None)
+        if spent is not None:
+            spent[0] += time.perf_counter() - began
     actions.extend(acts)
     return new
+
+
+# The policy time of the reconcile in progress (per task: concurrent reconciles do not mix).
+_POLICY_SECONDS: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
+    "prefixtune_policy_seconds", default=None
+)
 
 
 async def reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconciled | None:
     """Reconcile once; None when the resource is gone."""
     async with ctx.lock(f"{namespace}/{name}"):
         started = time.perf_counter()
+        spent = [0.0]
+        token = _POLICY_SECONDS.set(spent)
         try:
             return await _reconcile(ctx, namespace, name)
         except Exception:
             ctx.metrics.error(namespace, name)
             raise
         finally:
+            _POLICY_SECONDS.reset(token)
             took = time.perf_counter() - started
             ctx.metrics.decision_seconds.observe(took)
+            ctx.metrics.policy_seconds.observe(spent[0])
             if took > SLOW_RECONCILE_S:
                 logger.warning("reconcile of %s/%s took %.1fs", namespace, name, took)
 

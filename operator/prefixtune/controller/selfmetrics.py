@@ -35,6 +35,10 @@ from prefixtune.tuning.phases import Phase
 
 PHASES = tuple(str(phase) for phase in Phase)
 HEARTBEAT_S = 2.0
+# Seconds; fine enough below 1 s for p50/p99 read from the buckets (``prefixtune bench scale``).
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
+)  # fmt: skip
 STALE_AFTER_S = 60.0
 
 
@@ -97,7 +101,14 @@ class SelfMetrics:
         self.decision_seconds = Histogram(
             "prefixtune_decision_seconds",
             "Time of one reconcile (observe, decide, persist, apply).",
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.policy_seconds = Histogram(
+            "prefixtune_policy_seconds",
+            "Time of the policy's decision in one reconcile (its steps, the optimizer's fit and ask, "
+            "including the wait for a thread of the decision pool).",
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.reconcile_errors = Counter(
@@ -107,6 +118,7 @@ class SelfMetrics:
             registry=self.registry,
         )
         self._phases: dict[tuple[str, str], str] = {}
+        self._counts: dict[str, int] = {p: 0 for p in PHASES}  # resources per phase (aggregate mode)
         if not per_resource:
             for p in PHASES:
                 self.phase.labels(p).set(0.0)
@@ -128,26 +140,28 @@ class SelfMetrics:
                 _child(self.rollbacks, key).inc()
 
     def set_state(self, namespace: str, name: str, phase: str, best: float | None) -> None:
+        before = self._phases.get((namespace, name))
         self._phases[(namespace, name)] = phase
         if self.per_resource:
             for p in PHASES:
                 self.phase.labels(namespace, name, p).set(1.0 if p == phase else 0.0)
             if best is not None and self.best_score is not None:
                 self.best_score.labels(namespace, name).set(float(best))
-        else:
-            self._count_phases()
+        elif before != phase:
+            self._move(before, phase)
 
-    def _count_phases(self) -> None:
-        counts = {p: 0 for p in PHASES}
-        for phase in self._phases.values():
-            counts[phase] = counts.get(phase, 0) + 1
-        for p, n in counts.items():
-            self.phase.labels(p).set(float(n))
+    def _move(self, before: str | None, after: str | None) -> None:
+        """One resource moved between phases: two gauges change, whatever the number of resources
+        (a recount of every resource on each reconcile was O(N) per reconcile)."""
+        for p, delta in ((before, -1), (after, 1)):
+            if p is not None:
+                self._counts[p] = self._counts.get(p, 0) + delta
+                self.phase.labels(p).set(float(self._counts[p]))
 
     def forget(self, namespace: str, name: str) -> None:
-        self._phases.pop((namespace, name), None)
+        before = self._phases.pop((namespace, name), None)
         if not self.per_resource:
-            self._count_phases()
+            self._move(before, None)
             return
         for p in PHASES:
             if (namespace, name, p) in self._phase_keys():

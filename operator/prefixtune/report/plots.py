@@ -220,3 +220,29 @@ def whatif_plot(
 def _key(value: Any) -> Any:
     """Hashable key that keeps True and 1 apart."""
     return (type(value).__name__, value)
+
+
+def scale_plot(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Reconcile and decision latency (p50, p99) against the number of resources (``bench scale``):
+    ``rows`` of ``n`` and the four figures in seconds (None: not measured)."""
+    fig = Figure(figsize=SIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ns = [int(r["n"]) for r in rows]
+    for key, label, style in (
+        ("reconcile_p50_s", "reconcile p50", "o-"),
+        ("reconcile_p99_s", "reconcile p99", "o--"),
+        ("decision_p50_s", "decision p50", "s-"),
+        ("decision_p99_s", "decision p99", "s--"),
+    ):
+        points = [
+            (n, v) for n, v in zip(ns, (_number(r.get(key)) for r in rows), strict=True) if v is not None
+        ]
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], style, label=label)
+    ax.set_xlabel("ServingDeployments (N)")
+    ax.set_ylabel("seconds")
+    ax.set_title("prefixtune operator: latency against the number of resources")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left")
+    return _save(fig, path)

@@ -57,6 +57,7 @@ from prefixtune.sandbox import pods as podlib
 from prefixtune.sandbox.client import ApiClient, ApiStatusError
 from prefixtune.sandbox.clock import SandboxClock
 from prefixtune.sandbox.faults import MetricsFaults, install_metrics_faults
+from prefixtune.sandbox.standin import StandInPod, StandInServer
 from prefixtune.sandbox.tasks import Wakeup, log_failure, stop_task
 
 logger = logging.getLogger(__name__)
@@ -87,6 +88,9 @@ class KubeletConfig:
     # node advertises UNLIMITED_GPUS_SHOWN as before), so suites that run many resources need no sizing.
     gpus: int | None = None
     load_bytes_per_s: float = 0.0  # weight load rate per GPU in sandbox time (0: no size-based load)
+    # Light stand-ins instead of live twins (``standin.py``: a recorded /metrics exposition whose
+    # counters advance, health and ready; no OpenAI API, no DCGM): the scale benchmark's pods.
+    stand_in: bool = False
 
     def __post_init__(self) -> None:
         if not self.speedup > 0:
@@ -293,6 +297,8 @@ class PodWorker:
         await self._report(running)
         delay = cfg.load_delay_s(parsed.model, podlib.gpu_request(self.pod))
         await self.kubelet.clock.sleep(cfg.wall(delay))
+        if cfg.stand_in:
+            return await self._run_stand_in(parsed, running, started)
         try:
             server = TwinServer(
                 plan.engine,
@@ -334,6 +340,35 @@ class PodWorker:
         reason = server.oom_reason or "the engine exited"
         return _Exit(server.exit_code or 1, "Error", f"torch.OutOfMemoryError: {reason}", started)
 
+    async def _run_stand_in(self, parsed: Any, running: podlib.ContainerState, started: str) -> _Exit:
+        """The container as a stand-in (``KubeletConfig.stand_in``): probed and stopped as a twin."""
+        from prefixtune.sandbox.standin import StandInPod
+
+        cfg = self.kubelet.config
+        pod = StandInPod(
+            self.kubelet.stand_ins,
+            self.ip,
+            int(parsed.port),
+            parsed,
+            speedup=cfg.speedup,
+            clock=self.kubelet.clock.now,
+            exit_delay_s=cfg.wall(cfg.exit_delay_s),
+        )
+        try:
+            await pod.start()
+        except OSError as err:
+            reason = "address already in use" if err.errno == errno.EADDRINUSE else str(err)
+            return _Exit(1, "Error", f"OSError: cannot bind {self.ip}:{parsed.port}: {reason}", started)
+        self.server = pod
+        try:
+            await self._probe_until_exit(pod, running, parsed.engine.value)
+        finally:
+            await self._stop_server()
+        if self.injected_exit:
+            message, self.injected_exit = self.injected_exit, ""
+            return _Exit(1, "Error", message, started)
+        return _Exit(pod.exit_code or 1, "Error", f"torch.OutOfMemoryError: {pod.oom_reason}", started)
+
     async def _probe_until_exit(self, server: Any, running: podlib.ContainerState, engine: str) -> None:
         """Probe readiness every period until the twin's process exits (after a runtime OOM)."""
         cfg = self.kubelet.config
@@ -369,7 +404,9 @@ class PodWorker:
 
     async def _stop_server(self) -> None:
         server, self.server = self.server, None
-        if server is not None:
+        if isinstance(server, StandInPod):
+            await server.stop()
+        elif server is not None:
             await stop_twin(server)
 
     async def _report(self, state: podlib.ContainerState) -> None:
@@ -429,6 +466,7 @@ class Kubelet:
         self.metrics_faults: MetricsFaults | None = None  # fault injection on the pods' metrics
         self.knob_overrides: dict[str, object] = {}  # knobs every engine runs regardless of its command
         self.gpus = config.gpus  # the node's nvidia.com/gpu allocatable now (set_gpus; None: no limit)
+        self.stand_ins = StandInServer()  # every stand-in pod's endpoints (``KubeletConfig.stand_in``)
 
     async def set_gpus(self, gpus: int | None) -> None:
         """Change the node's GPU allocatable (capacity freed or taken elsewhere); Pending pods are
@@ -585,6 +623,7 @@ class Kubelet:
         if self._probe_session is not None:
             await self._probe_session.close()
             self._probe_session = None
+        await self.stand_ins.close()
 
     def close(self) -> None:
         """Release what outlives the pods: the claim on the address octet."""

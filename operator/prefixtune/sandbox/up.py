@@ -19,6 +19,7 @@ foreground.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import tempfile
@@ -117,8 +118,14 @@ class SandboxEmulator(RealisticEmulator):
         super().__attrs_post_init__()
         self._requests = _InFlightRequests()
         self._handled = 0
+        # Requests served per client (the User-Agent's product name: kopf, prefixtune-operator, the
+        # sandbox's own aiohttp clients as "Python"): the scale benchmark's API requests per second.
+        self.requests_by_agent: collections.Counter[str] = collections.Counter()
 
     async def _handle(self, request: Any) -> Any:
+        headers = getattr(request, "headers", None) or {}
+        agent = next((str(v) for k, v in headers.items() if str(k).lower() == "user-agent"), "")
+        self.requests_by_agent[agent.split("/", 1)[0] or "unknown"] += 1
         try:
             return await super()._handle(request)
         finally:

@@ -1,0 +1,343 @@
+"""``prefixtune bench scale``: the real operator against the sandbox with N ServingDeployments.
+
+For each N: the sandbox (emulated API server, controllers, the kubelet with light stand-in pods,
+``sandbox/standin.py``: a recorded vLLM /metrics exposition whose counters advance, no twins) runs in
+this process; the operator is its own ``prefixtune run`` process (its RSS and CPU are its own) on
+the sandbox's clock. N resources are created, each tuning on a short cadence (warm-up 2 s, windows of
+6 s, no rollout interval, a tick of 1 s). After ``--settle`` seconds the measured window of
+``--duration`` seconds begins; over it:
+
+* reconcile and decision latency: p50/p99 from the operator's own histograms
+  (``prefixtune_decision_seconds``: one reconcile; ``prefixtune_policy_seconds``: the policy's
+  decision within it), the difference of two scrapes of its /metrics, read as histogram_quantile does;
+* API requests per second: the emulator's count of the operator's requests (User-Agent kopf and
+  prefixtune-operator) over the window;
+* CPU seconds per resource-hour and RSS: the operator process's (``/proc``), RSS at the end and its
+  peak (VmHWM);
+* trials finished in the window, and how far the resources got (phases at the end).
+
+Watch-event lag (the emulator's write to the operator's handler) is not measured: nothing in the
+operator stamps when a handler saw an event yet (``watch_lag``: null, with the reason).
+
+``machine_busy`` comes from ``bench.twin``'s helpers: a CPU-bound probe process spun for a second in
+the middle of the window gets less than ``BUSY_SHARE`` of a core when the machine (the sandbox and
+the operator included) is saturated.
+
+    prefixtune bench scale [--n 50,200,500] [--duration 120] [--settle 60] [--json] [--out F] [--png F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.twin import cpu_share, machine_busy
+
+TARGETS = {"decision_p99_s": 1.0, "reconcile_p99_s": 2.0, "rss_mb": 300.0}  # at N = 500
+SDEP = "/apis/prefixtune.io/v1alpha1"
+NAMESPACE = "scale"
+OPERATOR_AGENTS = ("kopf", "prefixtune-operator")
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+TICK_S = 1.0
+
+
+def resource(i: int) -> dict[str, Any]:
+    """One vLLM resource tuning on a short cadence (a stand-in's windows all score alike)."""
+    return {
+        "apiVersion": "prefixtune.io/v1alpha1",
+        "kind": "ServingDeployment",
+        "metadata": {"name": f"sdep-{i:04d}", "namespace": NAMESPACE},
+        "spec": {
+            "engine": "vllm",
+            "model": MODEL,
+            "replicas": 1,
+            "tuning": {
+                "trial": {"warmup": "2s", "measure": "6s", "minRequests": 5},
+                "budget": {"maxTrials": 200},
+                "rollout": {"minInterval": "0s"},
+                "drift": {"threshold": 1.0},
+                "metrics": {"source": "scrape"},
+            },
+        },
+    }
+
+
+def histograms(text: str) -> dict[str, dict[float, float]]:
+    """Cumulative bucket counts per histogram of a text exposition: {name: {le: count}}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.type != "histogram":
+            continue
+        for s in family.samples:
+            if s.name.endswith("_bucket"):
+                out.setdefault(family.name, {})[float(s.labels["le"])] = float(s.value)
+    return out
+
+
+def delta(after: Mapping[float, float], before: Mapping[float, float]) -> dict[float, float]:
+    """The buckets of the observations made between two scrapes."""
+    return {le: count - before.get(le, 0.0) for le, count in after.items()}
+
+
+def quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """histogram_quantile over cumulative buckets (the operator's metric, read as Prometheus does)."""
+    from prefixtune.metrics.histogram import buckets_from
+    from prefixtune.metrics.histogram import quantile as hq
+
+    return hq(q, buckets_from(buckets))
+
+
+def proc_stats(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system), RSS and peak RSS (MB) of a process, from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    mem: dict[str, float] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":", 1)
+                mem[key] = int(value.split()[0]) / 1024.0
+    return {"cpu_s": cpu, "rss_mb": mem.get("VmRSS", 0.0), "peak_rss_mb": mem.get("VmHWM", 0.0)}
+
+
+def busy_probe(seconds: float = 1.0) -> float:
+    """The CPU share a CPU-bound process gets for ``seconds`` now (1.0: a core to itself)."""
+    code = (
+        "import time\nw=time.perf_counter();c=time.process_time()\n"
+        f"while time.perf_counter()-w<{seconds}: pass\n"
+        "print(time.process_time()-c, time.perf_counter()-w)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    cpu, wall = (float(x) for x in out.stdout.split())
+    return cpu_share(cpu, wall)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _scrape(url: str) -> str:
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
+        return await resp.text()
+
+
+def _agents(sb: Any) -> Mapping[str, int]:
+    """The emulator's requests per client (``SandboxEmulator.requests_by_agent``)."""
+    from prefixtune.sandbox.up import SandboxEmulator
+
+    assert isinstance(sb.emulator, SandboxEmulator)
+    return sb.emulator.requests_by_agent
+
+
+def _operator_requests(counts: Mapping[str, int]) -> int:
+    return sum(n for agent, n in counts.items() if agent in OPERATOR_AGENTS)
+
+
+def summarize(
+    n: int,
+    wall_s: float,
+    before: Mapping[str, Any],
+    after: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The figures of one run from the snapshots at the window's start and end."""
+    rec = delta(
+        after["hist"].get("prefixtune_decision_seconds", {}),
+        before["hist"].get("prefixtune_decision_seconds", {}),
+    )
+    pol = delta(
+        after["hist"].get("prefixtune_policy_seconds", {}),
+        before["hist"].get("prefixtune_policy_seconds", {}),
+    )
+    cpu = after["proc"]["cpu_s"] - before["proc"]["cpu_s"]
+    requests = after["requests"] - before["requests"]
+
+    def r(x: float | None, nd: int = 4) -> float | None:
+        return None if x is None else round(x, nd)
+
+    reconciles = rec.get(float("inf"), 0.0)
+    return {
+        "n": n,
+        "window_s": round(wall_s, 1),
+        "reconciles": int(reconciles),
+        "reconciles_per_s": r(reconciles / wall_s if wall_s > 0 else None, 2),
+        "reconcile_p50_s": r(quantile(0.5, rec)),
+        "reconcile_p99_s": r(quantile(0.99, rec)),
+        "decision_p50_s": r(quantile(0.5, pol)),
+        "decision_p99_s": r(quantile(0.99, pol)),
+        "api_requests": int(requests),
+        "api_requests_per_s": r(requests / wall_s if wall_s > 0 else None, 1),
+        "watch_lag": None,
+        "operator_cpu_s": r(cpu, 2),
+        "cpu_s_per_resource_hour": r(cpu / (n * wall_s / 3600.0) if n and wall_s > 0 else None, 2),
+        "operator_cpu_share": r(cpu_share(cpu, wall_s), 3),
+        "rss_mb": r(after["proc"]["rss_mb"], 1),
+        "peak_rss_mb": r(after["proc"]["peak_rss_mb"], 1),
+        "trials_finished": after["trials"] - before["trials"],
+    }
+
+
+async def _snapshot(sb: Any, metrics_url: str, pid: int) -> dict[str, Any]:
+    text = await _scrape(metrics_url)
+    objs = await sb.api.list(f"{SDEP}/namespaces/{NAMESPACE}/servingdeployments")
+    trials = sum(
+        1
+        for o in objs
+        for t in ((o.get("status") or {}).get("trials") or [])
+        if t.get("outcome") not in (None, "running")
+    )
+    phases: dict[str, int] = {}
+    for o in objs:
+        phase = str((o.get("status") or {}).get("phase") or "none")
+        phases[phase] = phases.get(phase, 0) + 1
+    return {
+        "t": time.monotonic(),
+        "hist": histograms(text),
+        "proc": proc_stats(pid),
+        "requests": _operator_requests(_agents(sb)),
+        "trials": trials,
+        "phases": phases,
+    }
+
+
+async def run_one(n: int, duration_s: float, settle_s: float, log_dir: Path) -> dict[str, Any]:
+    from prefixtune.api.crd import build_crd
+    from prefixtune.controller.operator import operator_argv, spawn_operator
+    from prefixtune.sandbox.kubelet import KubeletConfig
+    from prefixtune.sandbox.up import SandboxOptions, sandbox
+
+    cfg = KubeletConfig(stand_in=True, startup_delay_s=2.0, probe_period_s=10.0, dcgm_port=None, resync_s=5.0)
+    opts = SandboxOptions(speedup=1.0, crds=[build_crd()], config=cfg, load=False)
+    async with sandbox(opts) as sb:
+        await sb.api.create(
+            "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+        )
+        port = _free_port()
+        argv = operator_argv(
+            str(sb.kubeconfig), tick_s=TICK_S, ready_timeout_s=120.0, clock_file=sb.clock_file,
+            metrics_port=port, namespaces=[NAMESPACE],
+        )  # fmt: skip
+        log = log_dir / f"operator-{n}.log"
+        proc = spawn_operator(argv, str(log))
+        try:
+            t0 = time.monotonic()
+            for i in range(n):
+                await sb.api.create(f"{SDEP}/namespaces/{NAMESPACE}/servingdeployments", resource(i))
+            created_s = time.monotonic() - t0
+            await asyncio.sleep(settle_s)
+            if proc.poll() is not None:
+                raise RuntimeError(f"the operator exited with {proc.returncode}; see {log}")
+            url = f"http://127.0.0.1:{port}/metrics"
+            before = await _snapshot(sb, url, proc.pid)
+            await asyncio.sleep(duration_s / 2)
+            share = await asyncio.to_thread(busy_probe)
+            await asyncio.sleep(max(0.0, duration_s / 2 - 1.0))
+            after = await _snapshot(sb, url, proc.pid)
+            row = summarize(n, after["t"] - before["t"], before, after)
+            row.update(
+                create_s=round(created_s, 1),
+                phases_at_end=after["phases"],
+                probe_cpu_share=round(share, 3),
+                machine_busy=machine_busy(share),
+                sandbox_pace=sb.pace(),
+                api_requests_by_agent=dict(_agents(sb)),
+            )
+            return row
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def verdict(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The must-show at N = 500, as measured (never assumed)."""
+    row = next((r for r in rows if r["n"] == 500), None)
+    if row is None:
+        return {"n": 500, "measured": False, "targets": TARGETS}
+    met = {k: row.get(k) is not None and row[k] < limit for k, limit in TARGETS.items()}
+    return {"n": 500, "measured": True, "targets": TARGETS, "met": met, "all_met": all(met.values())}
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="prefixtune bench scale", description=__doc__.splitlines()[0])
+    p.add_argument("--n", default="50,200,500", help="resource counts, comma-separated")
+    p.add_argument("--duration", type=float, default=120.0, help="seconds of the measured window")
+    p.add_argument("--settle", type=float, default=60.0, help="seconds after creation before measuring")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", default=None, help="also write the JSON here")
+    p.add_argument("--png", default=None, help="plot latency against N here")
+    ns = p.parse_args(list(argv))
+    try:
+        counts = [int(x) for x in ns.n.split(",") if x.strip()]
+    except ValueError:
+        print(f"bench scale: --n must be a comma list of integers, got {ns.n!r}", file=sys.stderr)
+        return 2
+    if not counts or min(counts) < 1 or not ns.duration >= 2 or ns.settle < 0:
+        print("bench scale: --n >= 1, --duration >= 2, --settle >= 0", file=sys.stderr)
+        return 2
+    load_before = list(os.getloadavg())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="prefixtune-scale-") as tmp:
+        for n in counts:
+            row = asyncio.run(run_one(n, ns.duration, ns.settle, Path(tmp)))
+            print(f"bench scale: {json.dumps(row)}", file=sys.stderr, flush=True)
+            rows.append(row)
+    report: dict[str, Any] = {
+        "setup": {
+            "counts": counts,
+            "duration_s": ns.duration,
+            "settle_s": ns.settle,
+            "tick_s": TICK_S,
+            "resource": "vllm, 1 replica, warm-up 2s, measure 6s, minInterval 0s, scrape",
+            "pods": "stand-ins: a recorded vLLM exposition (sandbox/standin.py), one aiohttp server",
+            "operator": "prefixtune run, its own process, on the sandbox clock",
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_before": load_before,
+            "loadavg_after": list(os.getloadavg()),
+        },
+        "machine_busy": any(r["machine_busy"] for r in rows),
+        "watch_lag_note": "not measured: the operator does not stamp when its handlers see an event",
+        "target": verdict(rows),
+        "runs": rows,
+    }
+    text = json.dumps(report, indent=2)
+    if ns.out:
+        Path(ns.out).write_text(text + "\n")
+    if ns.png:
+        from prefixtune.report.plots import scale_plot
+
+        scale_plot(rows, Path(ns.png))
+    if ns.json:
+        print(text)
+    else:
+        for r in rows:
+            print(
+                f"N={r['n']:4d}  reconcile p50/p99 {r['reconcile_p50_s']}/{r['reconcile_p99_s']} s  "
+                f"decision p50/p99 {r['decision_p50_s']}/{r['decision_p99_s']} s  "
+                f"{r['api_requests_per_s']} req/s  {r['cpu_s_per_resource_hour']} cpu-s/res-h  "
+                f"RSS {r['rss_mb']} MB{'  (machine busy)' if r['machine_busy'] else ''}"
+            )
+    return 0

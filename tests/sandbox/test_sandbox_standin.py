@@ -1,0 +1,72 @@
+"""The kubelet's light stand-in pods (``sandbox/standin.py``): recorded metrics whose counters advance."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from prefixtune.controller import applied
+from prefixtune.engines import get_adapter
+from prefixtune.metrics.exposition import parse
+from prefixtune.sandbox.kubelet import AddressPool
+from prefixtune.sandbox.standin import Recording, StandInPod, StandInServer, split_families
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def _parsed(engine: str, block_size: int):  # type: ignore[no-untyped-def]
+    adapter = get_adapter(engine)
+    rendered = adapter.render(MODEL, adapter.default_config().with_(block_size=block_size))
+    return adapter.parse(rendered.argv, rendered.files)
+
+
+def test_every_engine_has_a_recording_whose_counters_advance() -> None:
+    for engine in ("vllm", "sglang", "trtllm"):
+        families = Recording.load(engine).cumulative()
+        rates = [s.per_s for f in families for s in f.samples]
+        assert families and any(r > 0 for r in rates) and all(r >= 0 for r in rates)
+
+
+def test_split_families_keeps_headers_with_their_samples() -> None:
+    text = "# HELP a_total A.\n# TYPE a_total counter\na_total 1.0\n# HELP g G.\n# TYPE g gauge\ng 2.0\n"
+    assert split_families(text) == [
+        ("a_total", "counter", ["# HELP a_total A.", "# TYPE a_total counter"], ["a_total 1.0"]),
+        ("g", "gauge", ["# HELP g G.", "# TYPE g gauge"], ["g 2.0"]),
+    ]
+
+
+async def test_one_server_answers_each_pod_on_its_address_with_its_own_config() -> None:
+    now = [1000.0]
+    server = StandInServer()
+    pool = AddressPool.claim()
+    pods = [
+        StandInPod(server, pool.allocate(), 8000, _parsed("vllm", bs), speedup=1.0, clock=lambda: now[0],
+                   exit_delay_s=0.0)
+        for bs in (16, 32)
+    ]  # fmt: skip
+    try:
+        for pod in pods:
+            await pod.start()
+        adapter = get_adapter("vllm")
+        async with aiohttp.ClientSession() as session:
+            texts = []
+            for pod in pods:
+                async with session.get(pod.url + "/health") as resp:
+                    assert resp.status == 200
+                async with session.get(pod.url + "/metrics") as resp:
+                    texts.append(await resp.text())
+            now[0] += 10.0
+            async with session.get(pods[0].url + "/metrics") as resp:
+                later = await resp.text()
+            pods[0].on_oom("CUDA out of memory")
+            async with session.get(pods[0].url + "/health") as resp:
+                assert resp.status == 503
+        snaps = [parse(t, target="pod", t=0.0) for t in texts]
+        reads = [applied.read_back(adapter, f"p{i}", s) for i, s in enumerate(snaps)]
+        assert [r.effective.get("block_size") for r in reads] == [16, 32]
+        key = next(
+            k for k in snaps[0].values if k[0] == "vllm:request_success_total" and snaps[0].values[k] > 0
+        )
+        assert parse(later, target="pod", t=10.0).values[key] > snaps[0].values[key]
+    finally:
+        await server.close()
+        pool.close()
