@@ -342,8 +342,6 @@ class PodWorker:
 
     async def _run_stand_in(self, parsed: Any, running: podlib.ContainerState, started: str) -> _Exit:
         """The container as a stand-in (``KubeletConfig.stand_in``): probed and stopped as a twin."""
-        from prefixtune.sandbox.standin import StandInPod
-
         cfg = self.kubelet.config
         pod = StandInPod(
             self.kubelet.stand_ins,
