@@ -222,6 +222,10 @@ async def test_no_capacity_is_retried_when_a_gpu_appears_and_the_canary_comes_up
     retried = [t for t in state.trials if t.role == "trial" and t.config == first.config and t.id != first.id]
     assert retried and retried[0].outcome == "ok", [(t.id, t.outcome, t.failure) for t in state.trials]
     assert not [t for t in state.trials if t.outcome == "infeasible"]
+    # The GPU that came free is the one spare: each later canary fits in it (the last trial's canary
+    # serves until the stable is back, then goes before the next config's pod), none waits again.
+    waits = [(t.id, t.config) for t in state.trials if t.failure == "no_capacity"]
+    assert waits == [(first.id, first.config)], waits
     assert "NoCapacity" in reasons and "TrialInfeasible" not in reasons
     # Never fewer than 2 ready pods once both first served: the canary came up before the baseline
     # gave up its replica, and the baseline was back before the canary went.
