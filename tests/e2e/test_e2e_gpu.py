@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,7 +25,7 @@ from typing import Any, TypeVar
 import pytest
 
 from prefixtune.api.crd import build_crd
-from prefixtune.controller.operator import operator_argv, spawn_operator
+from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
 from prefixtune.controller.render import config_hash
 from prefixtune.controller.status import policy_state_of
 from prefixtune.sandbox.clock import HANG_GUARD_S
@@ -91,11 +90,7 @@ async def env(gpus: int) -> AsyncIterator[Env]:
                 yield e
             finally:
                 for proc in e.procs:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        proc.wait(10)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
+                    stop_operator(proc)
 
 
 def resource(name: str, replicas: int, rollout: dict[str, Any], rate: float) -> dict[str, Any]:
