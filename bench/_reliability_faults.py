@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 import yaml
 
 from prefixtune.api.crd import build_crd
-from prefixtune.controller.operator import operator_argv, spawn_operator
+from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
 from prefixtune.controller.render import LABEL_CONFIG_HASH, LABEL_RESOURCE, config_hash
 from prefixtune.controller.status import policy_state_of
 from prefixtune.sandbox.emulator import kubeconfig
@@ -248,13 +248,7 @@ class Operators:
 
     def stop(self) -> None:
         for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+            stop_operator(proc)
 
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.workdir.glob("operator-*.log")))

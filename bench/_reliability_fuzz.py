@@ -740,7 +740,7 @@ def live_cases(n: int, seed: int) -> list[FuzzCase]:
 async def fuzz_live(n: int, seed: int) -> dict[str, Any]:
     """At least ``n`` fuzzed specs through a running operator in the sandbox (see the module doc)."""
     from prefixtune.api.crd import build_crd
-    from prefixtune.controller.operator import operator_argv, spawn_operator
+    from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
     from prefixtune.sandbox.kubelet import KubeletConfig
     from prefixtune.sandbox.up import SandboxOptions, sandbox
 
@@ -842,13 +842,7 @@ async def fuzz_live(n: int, seed: int) -> dict[str, Any]:
                     ][:MAX_EXAMPLES],
                 }
             finally:
-                if proc.poll() is None:
-                    proc.terminate()
-                    try:
-                        proc.wait(10)
-                    except Exception:
-                        proc.kill()
-                        proc.wait(5)
+                stop_operator(proc)
         errors = _log_errors(Path(tmp))
         result["operator_log_errors"] = len(errors)
         result["problems"] += [{"log": line} for line in errors[:MAX_EXAMPLES]]

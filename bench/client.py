@@ -276,7 +276,7 @@ async def _scrape(http: aiohttp.ClientSession, urls: Sequence[str], path: str) -
 
 async def run(opts: argparse.Namespace) -> dict[str, Any]:
     from prefixtune.api.crd import build_crd
-    from prefixtune.controller.operator import operator_argv, spawn_operator
+    from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
     from prefixtune.sandbox import controllers as ctl
     from prefixtune.sandbox.kubelet import KubeletConfig
     from prefixtune.sandbox.up import SandboxOptions, sandbox
@@ -332,11 +332,7 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
                     x for srv, n in zip(servers, seen, strict=True) for x in list(srv.first_chunk_s)[n:]
                 ]
             finally:
-                operator.terminate()
-                try:
-                    operator.wait(10)
-                except subprocess.TimeoutExpired:
-                    operator.kill()
+                stop_operator(operator)
         if rc != 0:
             tail = (work / "aiperf.log").read_text(errors="replace")[-3000:]
             raise RuntimeError(f"aiperf exited {rc}:\n{tail}")

@@ -221,7 +221,7 @@ async def _snapshot(sb: Any, metrics_url: str, pid: int) -> dict[str, Any]:
 
 async def run_one(n: int, duration_s: float, settle_s: float, log_dir: Path) -> dict[str, Any]:
     from prefixtune.api.crd import build_crd
-    from prefixtune.controller.operator import operator_argv, spawn_operator
+    from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
     from prefixtune.sandbox.kubelet import KubeletConfig
     from prefixtune.sandbox.up import SandboxOptions, sandbox
 
@@ -263,12 +263,7 @@ async def run_one(n: int, duration_s: float, settle_s: float, log_dir: Path) -> 
             )
             return row
         finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            stop_operator(proc, 15.0)
 
 
 def verdict(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import copy
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -126,7 +125,7 @@ def summary(objs: Sequence[Mapping[str, Any]]) -> str:
 
 async def _run(args: argparse.Namespace) -> int:
     from prefixtune.api.crd import build_crd
-    from prefixtune.controller.operator import operator_argv, spawn_operator
+    from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
     from prefixtune.sandbox.kubelet import KubeletConfig
     from prefixtune.sandbox.up import SandboxOptions, sandbox
 
@@ -194,11 +193,7 @@ async def _run(args: argparse.Namespace) -> int:
             await write_reports(sb.api, objs, Path(args.report_dir))
             return 0 if converged == len(objs) else 1
         finally:
-            operator.terminate()
-            try:
-                operator.wait(10)
-            except subprocess.TimeoutExpired:
-                operator.kill()
+            stop_operator(operator)
 
 
 async def write_reports(api: Any, objs: Sequence[Mapping[str, Any]], out: Path) -> None:

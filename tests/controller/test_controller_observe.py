@@ -15,6 +15,7 @@ from prefixtune.tuning.state import PolicyState, Trial
 
 BASE = KnobConfig(0.9, 16, True, "fcfs")
 TRY = KnobConfig(0.85, 32, True, "fcfs")
+NEXT = KnobConfig(0.8, 16, False, "fcfs")
 
 
 def _state(strategy: str = "rolling", step: str = "RollingOut", role: str = "trial") -> PolicyState:
@@ -202,7 +203,7 @@ def test_a_rollout_pod_pending_for_a_gpu_is_no_capacity_not_a_failure() -> None:
 
 
 def test_scale_plan_brings_the_canary_up_before_the_stable_gives_a_replica() -> None:
-    from prefixtune.controller.observe import Desired, scale_plan
+    from prefixtune.controller.observe import Desired, Scale, scale_plan
 
     spec = parse_spec({"engine": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 3})
     trial = Desired(baseline=BASE, canary=TRY)
@@ -223,6 +224,17 @@ def test_scale_plan_brings_the_canary_up_before_the_stable_gives_a_replica() -> 
     assert not scale_plan(spec, done, [*two, stuck], True).keep_canary
     # ... but not while another stable pod loads (it frees a GPU once ready).
     assert scale_plan(spec, done, [*two, stuck, pod_view(_pod("b4", BASE, ready=False))], True).keep_canary
+    # The next trial's config while the last trial's canary serves: the stable comes back first
+    # (at full strength), the canary is kept as it is until then, and only then moves to the next
+    # config (recreated: its old pod frees the GPU the new one takes).
+    after = Desired(baseline=BASE, canary=NEXT)
+    plan = scale_plan(spec, after, [*two, pod_view(_pod("b3", BASE, ready=False))], True)
+    assert (plan.baseline, plan.keep_canary) == (3, True)
+    assert not scale_plan(spec, after, [*stable, serving], True).keep_canary
+    assert not scale_plan(spec, after, [*two, stuck], True).keep_canary
+    assert not scale_plan(spec, after, [*stable[:2], loading], True).keep_canary  # not serving: go
+    nxt = pod_view(_pod("c2", NEXT, role="canary"))
+    assert scale_plan(spec, after, [*stable[:2], nxt], True) == Scale(2, 1)  # the next trial's serves
 
 
 def test_a_rolling_trial_capped_below_the_replicas_runs_as_that_many_trial_pods() -> None:

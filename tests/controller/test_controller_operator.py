@@ -167,3 +167,30 @@ def test_self_metrics_serve_the_policy_time_beside_the_reconcile_time() -> None:
     m.policy_seconds.observe(0.004)
     assert m.registry.get_sample_value("prefixtune_policy_seconds_bucket", {"le": "0.005"}) == 1.0
     assert m.registry.get_sample_value("prefixtune_decision_seconds_count") == 0.0
+
+
+def test_stop_operator_terminates_and_kills_a_child_that_ignores_sigterm() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from prefixtune.controller.operator import stop_operator
+
+    def child(ignore_term: bool) -> subprocess.Popen[bytes]:
+        code = (
+            "import signal, sys, time\n"
+            + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "")
+            + "print('ready', flush=True)\ntime.sleep(600)\n"
+        )
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"  # its handler is set
+        return proc
+
+    polite = child(ignore_term=False)
+    assert stop_operator(polite, grace_s=30.0) == -signal.SIGTERM
+    stubborn = child(ignore_term=True)
+    assert stop_operator(stubborn, grace_s=0.5) == -signal.SIGKILL
+    assert stop_operator(stubborn) == -signal.SIGKILL  # already gone: its status again, no signal
+    for proc in (polite, stubborn):
+        assert proc.stdout is not None
+        proc.stdout.close()

@@ -73,6 +73,11 @@ def test_canary_has_its_own_name_selector_and_one_replica_and_baseline_gives_one
     assert canary["spec"]["selector"]["matchLabels"][R.LABEL_ROLE] == "canary"
     assert R.replicas_for(spec, "baseline", True) == 2
     assert R.replicas_for(spec, "baseline", False) == 3
+    # The stable pods roll one at a time, never below the replicas; the canary is recreated (its
+    # next config needs no GPU beyond its own).
+    assert canary["spec"]["strategy"] == {"type": "Recreate"}
+    stable = R.render_deployment(OWNER, spec, spec.knob_config(), "baseline", 2)
+    assert stable["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     service = R.render_service(OWNER, spec)
     # The Service selects both roles, so the canary takes its share of the same traffic.
     assert service["spec"]["selector"] == {R.LABEL_RESOURCE: "rag"}

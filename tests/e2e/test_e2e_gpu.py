@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,7 +25,7 @@ from typing import Any, TypeVar
 import pytest
 
 from prefixtune.api.crd import build_crd
-from prefixtune.controller.operator import operator_argv, spawn_operator
+from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
 from prefixtune.controller.render import config_hash
 from prefixtune.controller.status import policy_state_of
 from prefixtune.sandbox.clock import HANG_GUARD_S
@@ -91,11 +90,7 @@ async def env(gpus: int) -> AsyncIterator[Env]:
                 yield e
             finally:
                 for proc in e.procs:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        proc.wait(10)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
+                    stop_operator(proc)
 
 
 def resource(name: str, replicas: int, rollout: dict[str, Any], rate: float) -> dict[str, Any]:
@@ -222,6 +217,10 @@ async def test_no_capacity_is_retried_when_a_gpu_appears_and_the_canary_comes_up
     retried = [t for t in state.trials if t.role == "trial" and t.config == first.config and t.id != first.id]
     assert retried and retried[0].outcome == "ok", [(t.id, t.outcome, t.failure) for t in state.trials]
     assert not [t for t in state.trials if t.outcome == "infeasible"]
+    # The GPU that came free is the one spare: each later canary fits in it (the last trial's canary
+    # serves until the stable is back, then goes before the next config's pod), none waits again.
+    waits = [(t.id, t.config) for t in state.trials if t.failure == "no_capacity"]
+    assert waits == [(first.id, first.config)], waits
     assert "NoCapacity" in reasons and "TrialInfeasible" not in reasons
     # Never fewer than 2 ready pods once both first served: the canary came up before the baseline
     # gave up its replica, and the baseline was back before the canary went.

@@ -26,7 +26,7 @@ import aiohttp
 import pytest
 
 from prefixtune.api.crd import build_crd
-from prefixtune.controller.operator import operator_argv, spawn_operator
+from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
 from prefixtune.controller.render import config_hash
 from prefixtune.controller.status import policy_state_of
 from prefixtune.engines import get_adapter
@@ -73,12 +73,7 @@ class Operator:
 
     def stop(self) -> None:
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_operator(proc)
 
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("operator-*.log")))

@@ -38,7 +38,7 @@ from prefixtune.api.crd import build_crd
 from prefixtune.api.validation import validate_spec
 from prefixtune.controller.api_calls import API_CALLS
 from prefixtune.controller.kube import Connection
-from prefixtune.controller.operator import operator_argv, spawn_operator
+from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
 from prefixtune.controller.redaction import install_log_redaction, redact
 from prefixtune.sandbox import cli as sandbox_cli
 from prefixtune.sandbox import emulator, prometheus, up
@@ -282,8 +282,7 @@ async def test_a_running_operator_never_logs_or_posts_its_token() -> None:
                     raise AssertionError("the operator did not handle both resources in 60 s")
                 statuses = [await sb.api.get(f"{sdep}/{n}") for n in ("good", "bad")]
             finally:
-                proc.terminate()
-                proc.wait(15)
+                stop_operator(proc, 15.0)
             log = log_path.read_text(errors="replace")
     assert "DEBUG" in log or "INFO" in log  # the log was written, verbosely
     assert TOKEN not in log

@@ -134,7 +134,7 @@ def deployment_drift(
     out = []
     for role in ROLES:
         config, live = want.config_of(role), deployments.get(role)
-        if config is None or live is None:
+        if config is None or live is None or (role == "canary" and scale.keep_canary):
             continue
         replicas = scale.canary if role == "canary" else scale.baseline
         body = render_deployment(owner, spec, config, role, replicas)
@@ -248,8 +248,8 @@ async def ensure_children(
         config = want.config_of(role)
         dep_path = ns_path(APPS, ns, "deployments")
         cm_path = ns_path(CORE, ns, "configmaps")
-        if role == "canary" and config is None and scale.keep_canary:
-            continue  # its pods serve until the stable replicas are back (scale_plan)
+        if role == "canary" and scale.keep_canary:
+            continue  # its earlier pods serve until the stable replicas are back (scale_plan)
         if config is None:
             await delete(
                 f"{dep_path}/{deployment_name(owner.name, role)}", "apps", "deployments", "Deployment"

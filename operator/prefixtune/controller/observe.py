@@ -191,8 +191,10 @@ def pods_of(pods: Sequence[PodView], role: DeploymentRole, digest: str | None = 
 
 @dataclass(frozen=True)
 class Scale:
-    """The replicas of the Deployments now. ``keep_canary``: no canary is wanted any more, but its
-    pods still serve and stay (untouched) until the stable Deployment is back at full strength."""
+    """The replicas of the Deployments now. ``keep_canary``: the canary Deployment is left as it is
+    (not re-rendered, not deleted): its pods of an earlier config still serve and stay until the
+    stable Deployment is back at full strength, whether no canary is wanted any more or the next
+    trial's config is (it is applied then, and the old pods go first: ``render.deployment_strategy``)."""
 
     baseline: int
     canary: int
@@ -203,23 +205,27 @@ def scale_plan(
     spec: ServingDeploymentSpec, want: Desired, pods: Sequence[PodView], canary_exists: bool
 ) -> Scale:
     """Canary up first, as Argo Rollouts does: the stable Deployment gives up a replica only for a
-    trial pod that is ready; a canary ends only once the stable pods it gave replicas to are ready
-    again. The exception: stable pods that cannot be scheduled (no free GPU: the canary holds it),
-    with none loading, let the canary go, or the stable could never come back (one replica short
-    while it loads: the cost of running a canary without a spare GPU)."""
+    trial pod that is ready; a canary ends, or moves to the next trial's config, only once the
+    stable pods it gave replicas to are ready again. The exception: stable pods that cannot be
+    scheduled (no free GPU: the canary holds it), with none loading, let the canary go, or the
+    stable could never come back (one replica short while it loads: the cost of running a canary
+    without a spare GPU)."""
     moved = trial_replicas(spec)
-    if want.canary is not None:
-        ready = sum(1 for p in pods_of(pods, "canary", config_hash(want.canary)) if p.ready)
-        return Scale(replicas_for(spec, "baseline", True, ready), moved)
-    canary_serving = any(p.ready for p in pods_of(pods, "canary"))
-    if not canary_exists or not canary_serving:
-        return Scale(spec.replicas, moved)
+    if want.canary is None:
+        wanted, baseline = None, spec.replicas
+    else:
+        wanted = config_hash(want.canary)
+        ready = sum(1 for p in pods_of(pods, "canary", wanted) if p.ready)
+        baseline = replicas_for(spec, "baseline", True, ready)
+    earlier = [p for p in pods_of(pods, "canary") if p.config_hash != wanted]
+    if not canary_exists or not any(p.ready for p in earlier):
+        return Scale(baseline, moved)
     stable = pods_of(pods, "baseline", config_hash(want.baseline))
     back = sum(1 for p in stable if p.ready) >= spec.replicas
     waiting = [p for p in pods_of(pods, "baseline") if not p.ready]
     # Stuck: a stable pod cannot be placed and none is loading that would free a GPU once ready.
     stuck = any(p.unschedulable for p in waiting) and all(p.unschedulable for p in waiting)
-    return Scale(spec.replicas, moved, keep_canary=not (back or stuck))
+    return Scale(baseline, moved, keep_canary=not (back or stuck))
 
 
 def rollout_observation(

@@ -356,3 +356,18 @@ def spawn_operator(argv: Sequence[str], log_path: str) -> subprocess.Popen[bytes
     """Start ``prefixtune run`` (``operator_argv``) as a child process logging to ``log_path``."""
     with open(log_path, "wb") as log:
         return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+
+
+def stop_operator(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> int | None:
+    """Stop a ``spawn_operator`` child: SIGTERM (kopf ends its handlers and exits), SIGKILL when it
+    has not exited within ``grace_s``. Its exit status; None if even SIGKILL left it unreaped."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            return proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    try:
+        return proc.wait(5)
+    except subprocess.TimeoutExpired:
+        return None

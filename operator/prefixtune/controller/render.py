@@ -193,6 +193,17 @@ def replicas_for(
     return max(spec.replicas - given, 1)
 
 
+def deployment_strategy(role: DeploymentRole) -> dict[str, Any]:
+    """The stable pods roll one at a time, a new one ready before an old one goes (maxSurge 1,
+    maxUnavailable 0). The canary is recreated: its next config is applied only once the stable
+    Deployment is back at full strength (``observe.scale_plan``), and a surge pod would need a GPU
+    beyond the replicas and the canary's own (with one spare GPU, every second trial would wait
+    for capacity); its old pods go first and free their GPUs for the new ones."""
+    if role == "canary":
+        return {"type": "Recreate"}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+
+
 def render_deployment(
     owner: Owner, spec: ServingDeploymentSpec, config: KnobConfig, role: DeploymentRole, replicas: int
 ) -> dict[str, Any]:
@@ -249,7 +260,7 @@ def render_deployment(
         "spec": {
             "replicas": int(replicas),
             "selector": {"matchLabels": selector_labels(owner.name, role)},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": deployment_strategy(role),
             "template": {"metadata": {"labels": labels, "annotations": pod_annotations}, "spec": pod_spec},
         },
     }

@@ -14,8 +14,10 @@ from prefixtune.metrics.recipe import for_engine, missing_signals, objective_ref
 from prefixtune.tuning.settings import Mode, Objective, Slo, SpaceOverride, Strategy, TuningSettings
 
 # A rollout that is not ready after this long is an infeasible trial. It is sized from the pods that
-# must load one after another: the Deployments roll with maxSurge 1 / maxUnavailable 0, so a rollout
-# (and a rollback, and applying the best) of R replicas loads R pods in sequence, each within the
+# must load one after another: the stable Deployment rolls with maxSurge 1 / maxUnavailable 0, so a
+# rollout (and a rollback, and applying the best) of R replicas loads R pods in sequence, and a canary
+# trial waits for the stable pods the last trial had (at most R - 1, in sequence) before its own load
+# at once (render.deployment_strategy): at most R loads in sequence either way, each within the
 # startup budget (spec.startupTimeout, else overhead + weights per GPU at a conservative rate:
 # podspec.startup_budget_s). Never shorter than 10 minutes or one trial window; no upper cap (8
 # replicas of a 70B model need the time they need).

@@ -193,6 +193,21 @@ def _measured(cfg: KnobConfig, seen: Sequence[KnobConfig]) -> bool:
     return any(categorical_key(s) == key and abs(memory_of(s) - memory_of(cfg)) < SAME_FRACTION for s in seen)
 
 
+class _Measured:
+    """``_measured`` against one fixed list, indexed by categorical key: each of the hundreds of
+    candidates of a decision is checked against the configs of its own key only (scanning the whole
+    history per candidate was a fifth of a decision's time at 50 trials)."""
+
+    def __init__(self, seen: Sequence[KnobConfig]) -> None:
+        self._fractions: dict[Key, list[float]] = {}
+        for s in seen:
+            self._fractions.setdefault(categorical_key(s), []).append(memory_of(s))
+
+    def __contains__(self, cfg: KnobConfig) -> bool:
+        f = memory_of(cfg)
+        return any(abs(g - f) < SAME_FRACTION for g in self._fractions.get(categorical_key(cfg), ()))
+
+
 def _candidates(space: SearchSpace, seed: int, first: Sequence[KnobConfig] = ()) -> list[KnobConfig]:
     from skopt.space import Space
 
@@ -284,10 +299,10 @@ def _suggest_bo(
     with warnings.catch_warnings(), threadpool_limits(limits=1):
         warnings.simplefilter("ignore")
         asked = space.to_config(opt.ask())
-    seen = [space.normalize(t.config) for t in history if t.value is not None]
+    seen = _Measured([space.normalize(t.config) for t in history if t.value is not None])
     candidates = _candidates(space, seed, first=[asked])
     probs = feas.p_feasible(candidates)
-    open_ = [(c, p) for c, p in zip(candidates, probs, strict=True) if p >= 0.5 and not _measured(c, seen)]
+    open_ = [(c, p) for c, p in zip(candidates, probs, strict=True) if p >= 0.5 and c not in seen]
     open_ = [(c, p) for c, p in open_ if not feas.known_infeasible(c)]
     if not open_:
         return Suggestion(None, "every candidate is measured or known infeasible", converged=True)
