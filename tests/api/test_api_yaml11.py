@@ -3,7 +3,9 @@ message says to quote it, and an enum value of any field that YAML reads as a bo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -90,3 +92,40 @@ def test_every_enum_value_yaml_reads_as_a_boolean_gets_the_advice_to_quote_it() 
         _, errors = validate_spec(raw)
         messages = [e.message for e in errors if e.path == "spec." + ".".join(path)]
         assert messages and f'{path[-1]}: "{word}"' in messages[0], (path, word, errors)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+USER_FACING = ("README.md", "docs", "examples", "charts", "bench")
+
+
+def _user_facing_files() -> Iterator[Path]:
+    for name in USER_FACING:
+        path = ROOT / name
+        candidates = [path] if path.is_file() else sorted(path.rglob("*"))
+        yield from (p for p in candidates if p.suffix in {".md", ".yaml", ".yml", ".py", ".txt", ".tpl"})
+
+
+def test_no_user_facing_file_writes_such_an_enum_value_unquoted() -> None:
+    schema = structural_schema(ServingDeploymentSpec)
+    words = {
+        (path[-1], v)
+        for path, values in _enums(schema)
+        for v in values
+        if isinstance(v, str) and read_as(v) is not None
+    }
+    assert ("mode", "off") in words
+    patterns = [re.compile(rf"\b{field}:\s*{word}\b") for field, word in sorted(words)]
+    files = list(_user_facing_files())
+    assert any(p.name == "README.md" for p in files) and any(p.parent.name == "examples" for p in files)
+    found = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in files
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), start=1)
+        if any(pattern.search(line) for pattern in patterns)
+    ]
+    assert found == []
+
+
+def test_the_scan_sees_an_unquoted_value() -> None:
+    pattern = re.compile(r"\bmode:\s*off\b")
+    assert pattern.search("  tuning: {mode: off}") and not pattern.search('  tuning: {mode: "off"}')
