@@ -3,8 +3,10 @@ starting config, from its own render functions, and the operator's messages for 
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,14 @@ from prefixtune.api.validation import validate_spec
 from prefixtune.controller import dryrun_cli
 from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.dryrun import UID_PLACEHOLDER, render_objects
-from prefixtune.controller.execute import RENDERED_HASH, rendered_hash
+from prefixtune.controller.execute import RENDERED_HASH, ensure_children, rendered_hash
+from prefixtune.controller.observe import desired, scale_plan
 from prefixtune.controller.operator import options_from_args
+from prefixtune.controller.reconcile import deployment_key
+from prefixtune.controller.render import Owner
+from prefixtune.controller.settings import tuning_settings
 from prefixtune.engines import get_adapter
+from prefixtune.tuning.policy import initial_state
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -231,3 +238,36 @@ def test_odd_metadata_is_not_a_crash() -> None:
     assert problems == [] and {o["metadata"]["namespace"] for o in objects} == {"default"}
     objects, problems = render_objects({**_doc(), "metadata": "rag"})
     assert objects == [] and problems[0].startswith("metadata.name: required")
+
+
+class _EmptyCluster:
+    """A cluster without any object of the resource's: every create is recorded."""
+
+    def __init__(self) -> None:
+        self.created: list[dict[str, Any]] = []
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        return None
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.created.append(dict(body))
+        return dict(body)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_the_dry_run_prints_what_the_operators_first_ensure_creates(engine: str) -> None:
+    doc = _doc(engine=engine, replicas=2)
+    doc["metadata"]["uid"] = "1f0c3f5e-0000-4000-8000-000000000002"
+    spec = parse_spec(doc["spec"])
+    # As the first reconcile of a new resource does (reconcile._reconcile): the initial policy
+    # state, its desired configs, the scale for no pods, then ensure_children.
+    settings = tuning_settings(spec, "team", "rag")
+    state = initial_state(engine, settings, spec.knob_config(), 1, deployment_key(spec))
+    want = desired(state)
+    client = _EmptyCluster()
+    scale = scale_plan(spec, want, [], False)
+    owner = Owner.of(doc)
+    asyncio.run(ensure_children(client, owner, spec, want, scale, monitoring=True))  # type: ignore[arg-type]
+    objects, problems = render_objects(doc, monitoring=True)
+    assert problems == []
+    assert objects == client.created
