@@ -9,7 +9,7 @@ ServingDeployment through its Service, and its report is compared with the twin'
 
 The sandbox runs in this process (speedup 1: the twin's simulated seconds are wall seconds, so the
 client's clock and the twin's agree), the operator as a ``prefixtune run`` process; the resource has
-``tuning.mode: off`` (nothing restarts mid-run) and no sandbox load. When the Service's Endpoints
+``tuning.mode: "off"`` (quoted; nothing restarts mid-run) and no sandbox load. When the Service's Endpoints
 list the ready pods, AIPerf (its own virtualenv: it is heavy) runs ``aiperf profile`` against them
 (``--url`` per ready endpoint: the Service's round robin), on the chat endpoint, streaming, with
 synthetic prompts behind a shared system prompt. AIPerf needs a tokenizer to build prompts of a given

@@ -11,6 +11,11 @@ from collections.abc import Callable, Sequence
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "crd": ("prefixtune.api.crd", "main", "print the ServingDeployment CustomResourceDefinition"),
     "args": ("prefixtune.engines.cli", "main", "print an engine's rendered command line as JSON"),
+    "render": (
+        "prefixtune.controller.dryrun_cli",
+        "main",
+        "dry run: the Deployment, Service, ConfigMap the operator would create",
+    ),
     "twin": ("prefixtune.twin.cli", "main", "digital twin: run | serve | cache | whatif"),
     "bench": ("prefixtune.benchcli", "main", "run a benchmark from bench/ (twin | tuner | ...)"),
     "run": ("prefixtune.controller.operator", "main", "run the operator (kopf) against a cluster"),

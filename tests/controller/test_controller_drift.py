@@ -31,7 +31,7 @@ ENGINE = "spec.template.spec.containers[engine]"
 
 
 def _rendered(replicas: int = 2) -> dict[str, Any]:
-    body, _ = execute._annotated(R.render_deployment(OWNER, SPEC, CONFIG, "baseline", replicas))
+    body, _ = execute.annotated(R.render_deployment(OWNER, SPEC, CONFIG, "baseline", replicas))
     return body
 
 
@@ -115,8 +115,8 @@ def test_an_update_of_our_own_in_flight_is_not_drift() -> None:
 def test_deployment_drift_names_the_deployment_of_each_role() -> None:
     canary = CONFIG.with_(block_size=32)
     want = Desired(baseline=CONFIG, canary=canary)
-    base, _ = execute._annotated(R.render_deployment(OWNER, SPEC, CONFIG, "baseline", 1))  # 2 - the canary
-    can, _ = execute._annotated(R.render_deployment(OWNER, SPEC, canary, "canary", 1))
+    base, _ = execute.annotated(R.render_deployment(OWNER, SPEC, CONFIG, "baseline", 1))  # 2 - the canary
+    can, _ = execute.annotated(R.render_deployment(OWNER, SPEC, canary, "canary", 1))
     live = {"baseline": _as_served(base), "canary": _as_served(can)}
     scale = Scale(baseline=1, canary=1)  # the canary's pod ready: the stable gave it a replica
     assert execute.deployment_drift(OWNER, SPEC, want, scale, live) == []

@@ -394,7 +394,9 @@ class MetricsSpec(_Model):
 
 class TuningSpec(_Model):
     mode: TuningMode = Field(
-        TuningMode.AUTO, description="off, observe (measure and recommend only) or auto (tune and roll out)."
+        TuningMode.AUTO,
+        description='"off" (deploy only; quote it in YAML: a bare off is the boolean false), '
+        "observe (measure and recommend only) or auto (tune and roll out).",
     )
     objective: Objective = Field(Objective.GOODPUT, description="What the tuner maximises.")
     slo: SloSpec = _section(SloSpec, "Latency objectives.")

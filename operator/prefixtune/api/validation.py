@@ -30,6 +30,7 @@ from prefixtune.api.models import (
 from prefixtune.api.rules import COLLECT_KEY, show
 from prefixtune.api.schema import lookup, structural_schema
 from prefixtune.api.secret_flags import SECRET_WORDS
+from prefixtune.api.yaml11 import STRING_HINT, quote_hint
 
 _MAX_SHOWN = 80
 # Words of a flag name that carry a credential (vLLM and SGLang --api-key; --hf-token and the like).
@@ -276,12 +277,17 @@ def _translate(err: ErrorDetails, model: type[BaseModel], prefix: tuple[str, ...
         message = f"unknown field {name!r}{hint}; allowed fields: {', '.join(fields)}"
     elif kind in {"enum", "literal_error"}:
         message = f"{_shown(value)} is not allowed; allowed: {allowed}"
+        quoting = _boolean_hint(loc, value, node)
+        if quoting:
+            message = f"{message}; {quoting}"
     elif kind == "timezone_aware":
         message = f"{_shown(value)} has no time zone; allowed: {allowed}"
     elif kind in _TYPE_ERRORS:
         # A scalar is shown ("got string 'x'"); null, lists and objects by their type alone.
         shown = f" {_shown(value)}" if isinstance(value, str | int | float) else ""
         message = f"expected {allowed}, got {_type_name(value)}{shown}"
+        if isinstance(value, bool) and (node or {}).get("type") == "string":
+            message = f"{message}; {STRING_HINT}"
         if kind == "finite_number":
             message = f"must be a finite number; allowed: {allowed}"
     elif kind in _BOUND_ERRORS:
@@ -297,3 +303,12 @@ def _translate(err: ErrorDetails, model: type[BaseModel], prefix: tuple[str, ...
     else:
         message = f"{err['msg']}; allowed: {allowed}"
     return FieldError(path, message)
+
+
+def _boolean_hint(loc: tuple[str | int, ...], value: object, node: Mapping[str, Any] | None) -> str | None:
+    """A boolean where an enum allows a word YAML 1.1 reads as that boolean (``mode: off`` is
+    ``mode: false``): the advice to quote it."""
+    if not isinstance(value, bool) or node is None or "enum" not in node:
+        return None
+    field = next((str(part) for part in reversed(loc) if isinstance(part, str)), "value")
+    return quote_hint(field, value, node["enum"])

@@ -14,6 +14,8 @@ and the checks of a tenant's spec against it. One place for these facts:
 
 from __future__ import annotations
 
+import argparse
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -80,3 +82,42 @@ class AdminPolicy:
 def parse_list(values: Sequence[str]) -> tuple[str, ...]:
     """Repeatable or comma-separated flag values."""
     return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
+
+
+# The admin's Prometheus: an http(s) URL without credentials, query or fragment.
+PROMETHEUS_URL = re.compile(r"^https?://[^\s/?#@]+[^\s?#@]*$")
+
+
+def add_spec_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """The admin flags a tenant's spec is checked against (``spec_problems``): ``prefixtune run``
+    takes them, and ``prefixtune render`` takes the same to check a spec as that operator would."""
+    parser.add_argument(
+        "--allowed-images",
+        action="append",
+        default=[],
+        help="registries/repositories engine pods may run, comma-separated or repeated "
+        f"(default: the engines' own: {', '.join(engine_repositories())})",
+    )
+    parser.add_argument(
+        "--prometheus-url", default=None, help="the Prometheus queried for metrics.source: prometheus"
+    )
+    parser.add_argument(
+        "--prometheus-allowed-hosts",
+        action="append",
+        default=[],
+        help="host[:port]s a spec's metrics.url may name (default: none; the operator's own URL is used)",
+    )
+
+
+def spec_policy_from_args(args: argparse.Namespace) -> AdminPolicy:
+    """The policy of ``add_spec_policy_arguments``' flags; raises ValueError for a bad URL."""
+    if args.prometheus_url is not None and not PROMETHEUS_URL.match(args.prometheus_url):
+        raise ValueError(
+            "--prometheus-url must be an http(s) URL without credentials, query or fragment, "
+            f"got {args.prometheus_url!r}"
+        )
+    return AdminPolicy(
+        allowed_images=parse_list(args.allowed_images) or engine_repositories(),
+        prometheus_url=args.prometheus_url,
+        prometheus_hosts=parse_list(args.prometheus_allowed_hosts),
+    )

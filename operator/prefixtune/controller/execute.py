@@ -102,7 +102,7 @@ class NotOurs(Exception):
         self.found = found
 
 
-def _annotated(body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+def annotated(body: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """``body`` with its rendered-hash annotation, and the hash."""
     digest = rendered_hash(body)
     out = {**body, "metadata": {**body["metadata"]}}
@@ -153,7 +153,7 @@ async def _apply(
     An object of ours is patched when the rendering changed (its hash annotation) or when a field
     the operator owns was changed by someone else (``live_drift``: returned, to be reported)."""
     name = body["metadata"]["name"]
-    body, digest = _annotated(body)
+    body, digest = annotated(body)
     require(group, resource, "get")
     existing = await client.get(f"{path}/{name}")
     if existing is None:

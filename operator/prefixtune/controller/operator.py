@@ -21,20 +21,19 @@ import contextlib
 import faulthandler
 import logging
 import os
-import re
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import kopf
 
 from prefixtune.clockfile import FileClock
-from prefixtune.controller.admin import AdminPolicy, engine_repositories, parse_list
+from prefixtune.controller.admin import AdminPolicy, add_spec_policy_arguments, spec_policy_from_args
 from prefixtune.controller.handlers import build_registry
 from prefixtune.controller.kube import Connection, KubeClient
 from prefixtune.controller.measure import Meter
@@ -200,22 +199,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also serve per-resource series (namespace/name labels; they list every tenant's resources)",
     )
-    p.add_argument(
-        "--allowed-images",
-        action="append",
-        default=[],
-        help="registries/repositories engine pods may run, comma-separated or repeated "
-        f"(default: the engines' own: {', '.join(engine_repositories())})",
-    )
-    p.add_argument(
-        "--prometheus-url", default=None, help="the Prometheus queried for metrics.source: prometheus"
-    )
-    p.add_argument(
-        "--prometheus-allowed-hosts",
-        action="append",
-        default=[],
-        help="host[:port]s a spec's metrics.url may name (default: none; the operator's own URL is used)",
-    )
+    add_spec_policy_arguments(p)
     p.add_argument("--prometheus-ca-file", default=None, help="CA bundle for an https Prometheus")
     p.add_argument(
         "--prometheus-operator-labels",
@@ -265,17 +249,12 @@ def options_from_args(argv: Sequence[str]) -> OperatorOptions:
             FileClock(args.clock_file)
         except (OSError, ValueError) as err:
             raise SystemExit(f"prefixtune run: --clock-file: {err}") from None
-    if args.prometheus_url is not None and not re.match(
-        r"^https?://[^\s/?#@]+[^\s?#@]*$", args.prometheus_url
-    ):
-        raise SystemExit(
-            f"prefixtune run: --prometheus-url must be an http(s) URL without credentials, query or "
-            f"fragment, got {args.prometheus_url!r}"
-        )
-    admin = AdminPolicy(
-        allowed_images=parse_list(args.allowed_images) or engine_repositories(),
-        prometheus_url=args.prometheus_url,
-        prometheus_hosts=parse_list(args.prometheus_allowed_hosts),
+    try:
+        policy = spec_policy_from_args(args)
+    except ValueError as err:
+        raise SystemExit(f"prefixtune run: {err}") from None
+    admin = replace(
+        policy,
         prometheus_ca_file=args.prometheus_ca_file,
         prometheus_operator_labels=bool(args.prometheus_operator_labels),
     )
