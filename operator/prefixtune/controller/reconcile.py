@@ -50,6 +50,7 @@ from prefixtune.controller.status import (
     merge_conditions,
     patch_changes,
     policy_state_of,
+    scale_status,
 )
 from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.tuning.actions import Action, EmitEvent
@@ -259,6 +260,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     status = build_status(
         state, actions, previous, now=now, generation=generation,
         ready=ready_condition(spec, children, found), diagnosis=diagnosis, valid_spec=body.get("spec"),
+        scale=scale_status(name, children.deployments),
     )  # fmt: skip
     outcome = Reconciled(phase=state.phase, actions=actions)
     written = body
