@@ -114,22 +114,32 @@ class Reconciled:
     status_patched: bool = False  # False: the status built equals the stored one, nothing was written
 
 
+def _digest(content: object) -> str:
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def deployment_key(spec: ServingDeploymentSpec) -> str:
-    """A stable hash of what is deployed besides the tuned knobs and the tuning settings: a change
-    of any of these (model, image, replicas, GPUs, extra args) starts a new tuning generation."""
-    text = json.dumps(
+    """A stable hash of what each engine pod is besides the tuned knobs and the tuning settings: a
+    change of any of these (model, image, GPUs, extra args) starts a new tuning generation. Not the
+    replicas: they are how many such pods serve, which an autoscaler changes (``spec_key``)."""
+    return _digest(
         {
             "engine": str(spec.engine),
             "model": spec.model,
             "image": spec.image or "",
-            "replicas": spec.replicas,
             "gpuCount": spec.gpu.count,
             "gpuType": str(spec.gpu.type),
             "extraArgs": list(spec.extra_args),
-        },
-        sort_keys=True,
+        }
     )
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def spec_key(spec: ServingDeploymentSpec) -> str:
+    """A stable hash of the whole validated spec (defaults filled in) except ``replicas``: equal
+    keys across a spec change mean only the replicas changed (``kubectl scale``, an HPA), which
+    the policy answers without touching the trial or the epoch. A default that follows the
+    replicas (the rollout strategy: canary from 2) is part of the key, so crossing it is not."""
+    return _digest(spec.model_dump(mode="json", by_alias=True, exclude={"replicas"}))
 
 
 # The policy's own threads: a decision that fits a Gaussian process never waits behind blocking
@@ -206,11 +216,14 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     state = policy_state_of(previous)
     key = deployment_key(spec)
     if state is None or state.engine != str(spec.engine) or state.phase == Phase.PENDING:
-        state = initial_state(str(spec.engine), settings, spec.knob_config(), generation, key)
+        state = initial_state(
+            str(spec.engine), settings, spec.knob_config(), generation, key,
+            spec_key=spec_key(spec), replicas=spec.replicas,
+        )  # fmt: skip
     elif state.spec_generation != generation:
         obs = SpecChanged(
             settings=settings, config=spec.knob_config(), generation=generation,
-            deployment_key=key,
+            deployment_key=key, spec_key=spec_key(spec), replicas=spec.replicas,
         )  # fmt: skip
         state = await _advance(state, obs, now, actions)
     elif state.settings != settings:
