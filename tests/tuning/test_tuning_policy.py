@@ -716,21 +716,28 @@ def test_a_canary_trial_keeps_its_canary_through_a_scale_and_is_remeasured_then_
     assert trial_id is not None and r.state.trial(trial_id).config == C1
     assert r.state.settings.strategy == "canary" and r.state.current == DEFAULT  # canary kept
     assert (r.state.replicas, r.state.spec_generation, r.state.settings.ready_timeout_s) == (4, 2, 1200.0)
-    # the window spanned two pod counts: re-measured once the pods are ready and warm
-    assert r.state.step == Step.WAITING_READY
+    # the window spanned two pod counts: discarded, measured again after a new warm-up (no
+    # rollout to wait for: pods that cannot be placed yet must not hold the trial)
+    assert (r.state.step, r.state.warm_until, r.state.measure_from) == (Step.WARMING_UP, now + 210, None)
+    assert r.state.trial(trial_id).invalidations == 1
     reasons = {e.reason: e.message for e in of(acts, EmitEvent)}
     assert set(reasons) == {"Scaled", "TrialRemeasured"}
     assert "replicas 2 -> 4" in reasons["Scaled"] and f"trial {trial_id}" in reasons["Scaled"]
-    r(RolloutReady(config=C1), now + 200)
-    r.tick(now + 260)
+    r.tick(now + 200)
+    assert r.state.step == Step.WARMING_UP
+    r(_scaled(5, 3), now + 205)  # another scale while warming up: the warm-up starts again
+    assert (r.state.step, r.state.warm_until, r.state.replicas) == (Step.WARMING_UP, now + 265, 5)
+    r.tick(now + 265)
+    assert (r.state.step, r.state.measure_from) == (Step.MEASURING, now + 265)
     obs = WindowMeasured(
         signals=window(goodput=600.0, requests=250.0),
         baseline_signals=window(goodput=1500.0, requests=750.0),
         canary_pods=1,
         baseline_pods=3,
     )
-    recorded = of(r(obs, now + 560), RecordTrial)
+    recorded = of(r(obs, now + 565), RecordTrial)
     assert [(t.trial.id, t.trial.outcome, t.trial.epoch) for t in recorded] == [(trial_id, "ok", epoch)]
+    assert recorded[0].trial.invalidations == 2
     assert recorded[0].trial.value == 1000.0 * (600.0 / 500.0)  # per pod: 600 vs 1500 / 3
 
 

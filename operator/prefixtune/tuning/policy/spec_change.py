@@ -13,7 +13,7 @@ from prefixtune.tuning.policy import (
 )
 from prefixtune.tuning.policy._core import SPEC_INVALID, Core
 from prefixtune.tuning.policy.messages import config_label
-from prefixtune.tuning.state import PolicyState, SpecChanged, SpecInvalid, TrialInvalidated
+from prefixtune.tuning.state import PolicyState, SpecChanged, SpecInvalid
 
 
 def on_spec_invalid(self: Core, obs: SpecInvalid) -> None:
@@ -66,11 +66,11 @@ def replicas_only(state: PolicyState, obs: SpecChanged) -> bool:
 def on_replicas_changed(self: Core, obs: SpecChanged) -> None:
     """The replicas alone changed: the pods are the same config, more or fewer of them. The epoch,
     the trial in flight (its id, config and canary) and the history stay; only the ready timeout
-    follows the new count. A trial's window in flight is re-measured once the pods are ready and
-    warm: it spans two pod counts, and a pod added mid-window starts with a cold cache (canary
-    scores compare per pod, rolling ones are normalized by the offered load, so windows measured at
-    other replica counts stay comparable). A rollout in flight goes on (ready means at the new
-    count)."""
+    follows the new count. A trial's window in flight is discarded and measured again after a new
+    warm-up (``measurement.rewarm``): it spans two pod counts, and the pods' share of the traffic
+    moved (canary scores compare per pod measured, rolling ones are normalized by the offered load,
+    so windows measured at other replica counts stay comparable). A rollout in flight goes on
+    (ready means at the new count)."""
     before = self.s.replicas
     if obs.replicas is not None:
         self.s.replicas = obs.replicas
@@ -84,8 +84,7 @@ def on_replicas_changed(self: Core, obs: SpecChanged) -> None:
         "Normal", "Scaled", f"replicas {before} -> {obs.replicas}: the same epoch ({self.s.epoch}){kept}"
     )
     if trial is not None and self.s.step in WINDOW_STEPS:
-        why = f"scaled from {before} to {obs.replicas} replicas"
-        measurement.on_invalidated(self, TrialInvalidated(reason=why))
+        measurement.rewarm(self, trial, f"scaled from {before} to {obs.replicas} replicas")
 
 
 def on_spec_changed(self: Core, obs: SpecChanged) -> None:
