@@ -8,7 +8,11 @@ from typing import Any
 import pytest
 
 from prefixtune.api import parse_spec
-from prefixtune.controller.reconcile import deployment_key, spec_key
+from prefixtune.controller.reconcile import deployment_key, spec_key, unchanged_spec
+from prefixtune.controller.settings import tuning_settings
+from prefixtune.tuning.policy import initial_state
+from prefixtune.tuning.policy.spec_change import replicas_only
+from prefixtune.tuning.state import SpecChanged
 
 BASE: dict[str, Any] = {
     "engine": "vllm",
@@ -76,3 +80,29 @@ def test_crossing_the_default_strategy_boundary_changes_the_spec_key() -> None:
     assert _spec_key(replicas=1) != _spec_key(replicas=2)
     rolling = {"tuning": {"rollout": {"strategy": "rolling"}}}
     assert _spec_key(replicas=1, **rolling) == _spec_key(replicas=2, **rolling)
+
+
+def test_a_state_an_older_operator_wrote_gets_the_keys_of_the_spec_it_was_written_for() -> None:
+    """Same generation: the spec is the one the state knows, so today's keys describe it; its next
+    change of replicas alone is then a scale, not a new deployment (the old key hashed replicas)."""
+    spec = parse_spec(BASE)
+    settings = tuning_settings(spec, "ns", "a")
+    old = initial_state("vllm", settings, spec.knob_config(), 3, "key-with-replicas")
+    assert old.spec_key == "" and old.replicas == 0
+    state = unchanged_spec(old, spec, settings)
+    assert (state.spec_key, state.replicas, state.deployment_key) == (spec_key(spec), 2, deployment_key(spec))
+    assert unchanged_spec(state, spec, settings) is state  # nothing to record twice
+    scaled = parse_spec({**BASE, "replicas": 4})
+    obs = SpecChanged(
+        settings=tuning_settings(scaled, "ns", "a"), config=scaled.knob_config(), generation=4,
+        deployment_key=deployment_key(scaled), spec_key=spec_key(scaled), replicas=4,
+    )  # fmt: skip
+    assert replicas_only(state, obs) and not replicas_only(old, obs)
+
+
+def test_settings_from_outside_the_spec_follow_without_a_spec_change() -> None:
+    spec = parse_spec(BASE)
+    settings = tuning_settings(spec, "ns", "a")
+    state = unchanged_spec(initial_state("vllm", settings, spec.knob_config(), 1, "k"), spec, settings)
+    longer = tuning_settings(spec, "ns", "a", ready_timeout=5000.0)
+    assert unchanged_spec(state, spec, longer).settings == longer

@@ -56,6 +56,7 @@ from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.tuning.actions import Action, EmitEvent
 from prefixtune.tuning.phases import ROLLOUT_STEPS, Phase
 from prefixtune.tuning.policy import initial_state, step
+from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.state import (
     Observation,
     PolicyState,
@@ -142,6 +143,23 @@ def spec_key(spec: ServingDeploymentSpec) -> str:
     return _digest(spec.model_dump(mode="json", by_alias=True, exclude={"replicas"}))
 
 
+def unchanged_spec(state: PolicyState, spec: ServingDeploymentSpec, settings: TuningSettings) -> PolicyState:
+    """The state for a spec the policy has already seen (same generation): settings derived from
+    outside the spec follow (an operator-level ready timeout), and a state an older operator wrote
+    (no ``spec_key``; a ``deployment_key`` that hashed the replicas too) gets today's keys, which
+    describe this very spec, so that its next change of replicas is not read as a new deployment."""
+    updates: dict[str, Any] = {}
+    if state.settings != settings:
+        updates["settings"] = settings
+    if not state.spec_key:
+        updates |= {
+            "spec_key": spec_key(spec),
+            "replicas": spec.replicas,
+            "deployment_key": deployment_key(spec),
+        }
+    return state.model_copy(update=updates) if updates else state
+
+
 # The policy's own threads: a decision that fits a Gaussian process never waits behind blocking
 # work of another purpose in the default executor (kopf's sync handlers, the heartbeat), and at
 # most this many decisions run at once, however many resources are due.
@@ -226,9 +244,8 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
             deployment_key=key, spec_key=spec_key(spec), replicas=spec.replicas,
         )  # fmt: skip
         state = await _advance(state, obs, now, actions)
-    elif state.settings != settings:
-        # e.g. a changed operator-level ready timeout
-        state = state.model_copy(update={"settings": settings})
+    else:
+        state = unchanged_spec(state, spec, settings)
 
     children = await read_children(client, owner)
     ensured_want = desired(state)
