@@ -790,3 +790,15 @@ def test_a_scale_survives_a_restart_of_the_operator() -> None:
     r(_scaled(3, 2), now + 150)
     back = PolicyState.from_json(r.state.to_json())
     assert back == r.state and (back.replicas, back.spec_key) == (3, "spec-1")
+
+
+def test_a_failed_resource_scaled_stays_failed_until_someone_edits_it() -> None:
+    """Failed means a rollback itself failed and a human must look: an autoscaler's write is not
+    that look. The Deployments follow the count; another edit starts tuning again, as before."""
+    r = _run()
+    r.state = r.state.model_copy(update={"phase": Phase.FAILED, "step": Step.IDLE, "note": "rollback failed"})
+    acts = r(_scaled(4, 2), 100.0)
+    assert (r.state.phase, r.state.replicas, r.state.spec_generation) == (Phase.FAILED, 4, 2)
+    assert [e.reason for e in of(acts, EmitEvent)] == ["Scaled"] and not of(acts, RollOut)
+    r(_scaled(4, 3, spec_key="spec-2"), 200.0)
+    assert r.state.phase == Phase.BASELINE

@@ -88,7 +88,9 @@ def on_replicas_changed(self: Core, obs: SpecChanged) -> None:
 
 
 def on_spec_changed(self: Core, obs: SpecChanged) -> None:
-    if self.s.phase not in (Phase.PENDING, Phase.FAILED) and replicas_only(self.s, obs):
+    # A scale is not an edit by someone who looked: a Failed resource stays Failed (its Deployments
+    # follow the new count), and only an edit of something else starts it again.
+    if self.s.phase != Phase.PENDING and replicas_only(self.s, obs):
         if obs.generation is not None:
             self.s.spec_generation = obs.generation
         on_replicas_changed(self, obs)
