@@ -802,3 +802,22 @@ def test_a_failed_resource_scaled_stays_failed_until_someone_edits_it() -> None:
     assert [e.reason for e in of(acts, EmitEvent)] == ["Scaled"] and not of(acts, RollOut)
     r(_scaled(4, 3, spec_key="spec-2"), 200.0)
     assert r.state.phase == Phase.BASELINE
+
+
+def test_a_rolling_trial_keeps_its_config_on_every_pod_through_a_scale() -> None:
+    """Rolling: the one Deployment runs the trial's config, so the pods added run it too; nothing
+    is rolled out or back, and the window is measured again after a new warm-up."""
+    rolling = replace(CANARY, strategy="rolling")
+    r = _run(rolling, replicas=1)
+    now = r.baseline()
+    assert of(r.actions, RollOut)[-1].strategy == "rolling"
+    r(RolloutReady(config=C1), now + 30)
+    r.tick(now + 90)
+    assert (r.state.step, r.state.current) == (Step.MEASURING, C1)
+    trial_id = r.state.active
+    acts = r(_scaled(3, 2, settings=replace(rolling, ready_timeout_s=900.0)), now + 120)
+    assert not of(acts, RollOut) and not of(acts, RollBack) and not of(acts, RecordTrial)
+    assert (r.state.current, r.state.active, r.state.step) == (C1, trial_id, Step.WARMING_UP)
+    r.tick(now + 180)
+    recorded = of(r.win(now + 480, goodput=1200.0), RecordTrial)
+    assert [(t.trial.id, t.trial.outcome) for t in recorded] == [(trial_id, "ok")]
