@@ -161,8 +161,8 @@ def _deployments(baseline: object, canary: object = None) -> dict[str, Any]:
 
 
 def test_status_replicas_are_the_engine_pods_that_exist_ready_or_not() -> None:
-    """The Deployments' own status.replicas summed: a pod still loading the model counts (an HPA
-    that saw only ready pods would shrink a resource while its new pods load); spec does not."""
+    """The Deployments' own status.replicas summed, as a Deployment's scale reports them: a pod
+    still loading the model counts (it is one the selector finds), the Deployments' spec does not."""
     deps = _deployments({"replicas": 3, "readyReplicas": 1}, {"replicas": 1, "readyReplicas": 0})
     assert S.scale_status("chat", deps) == S.ScaleStatus(4, "prefixtune.io/resource=chat")
     assert S.scale_status("chat", _deployments(None)).replicas == 0  # nothing created yet

@@ -219,11 +219,11 @@ def scale_status(
     owner_name: str, deployments: Mapping[DeploymentRole, Mapping[str, Any] | None]
 ) -> ScaleStatus:
     """The engine pods that exist, ready or not: the sum of the engine Deployments' own
-    ``status.replicas`` (as a Deployment's scale reports it), never the ready pods alone. An HPA
-    computes its desired count from this one (current x metric / target): counting only ready pods
-    would make it shrink a resource whose new pods are still loading the model (minutes). During a
-    canary trial it is spec.replicas, plus one while a canary loads before the stable pod goes. The
-    selector picks every engine pod of the resource, both roles, as the Service does."""
+    ``status.replicas``, which is what a Deployment's scale reports (its non-terminated pods;
+    readiness is the reader's business: an HPA takes the current count from the scale's spec and
+    weighs unready pods itself). So it counts the pods the selector finds. During a canary trial it
+    is spec.replicas, plus one while a canary loads before the stable pod goes. The selector picks
+    every engine pod of the resource, both roles, as the Service does."""
     replicas = 0
     for role in ROLES:
         status = (deployments.get(role) or {}).get("status") or {}
