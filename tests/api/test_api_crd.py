@@ -113,7 +113,14 @@ def test_names_columns_and_subresources() -> None:
     }
     (version,) = spec["versions"]
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if "priority" not in c}
     assert columns == {
         "Engine": ".spec.engine",
@@ -293,3 +300,22 @@ def test_status_fits_the_crd() -> None:
     _validator().validate(resource.to_dict())
     bad = {**doc, "status": {**doc["status"], "phase": "Running"}}
     assert list(_validator().iter_errors(bad))
+
+
+def test_the_scale_paths_name_schema_fields_of_the_types_the_scale_needs() -> None:
+    """An integer at both replicas paths (the API server reads them as int64) and a string selector
+    (a serialized label selector, not a struct): what kubectl scale and an HPA read and write."""
+    (version,) = _crd()["spec"]["versions"]
+    schema = version["schema"]["openAPIV3Schema"]
+    scale = version["subresources"]["scale"]
+
+    def field(path: str) -> dict[str, Any]:
+        node = schema
+        for part in path.removeprefix(".").split("."):
+            node = node["properties"][part]
+        return dict(node)
+
+    assert field(scale["specReplicasPath"])["type"] == "integer"
+    assert field(scale["specReplicasPath"]).get("default") == 1  # so GET /scale never misses it
+    assert field(scale["statusReplicasPath"])["type"] == "integer"
+    assert field(scale["labelSelectorPath"])["type"] == "string"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from prefixtune.api import parse_spec
+from prefixtune.controller import render as R
 from prefixtune.controller import status as S
 from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.diagnosis import diagnose
@@ -144,3 +148,48 @@ def test_conditions_other_tools_added_are_capped() -> None:
         len(merged) == S.MAX_CONDITIONS and merged[0]["type"] == "Ready" and merged[1]["type"] == "Custom00"
     )
     assert all(len(c["message"]) <= S.MAX_CONDITION_MESSAGE for c in merged)
+
+
+# --- the scale subresource's fields ----------------------------------------------------------------
+
+
+def _deployments(baseline: object, canary: object = None) -> dict[str, Any]:
+    def dep(status: object) -> dict[str, Any] | None:
+        return None if status is None else {"spec": {"replicas": 9}, "status": status}
+
+    return {"baseline": dep(baseline), "canary": dep(canary)}
+
+
+def test_status_replicas_are_the_engine_pods_that_exist_ready_or_not() -> None:
+    """The Deployments' own status.replicas summed, as a Deployment's scale reports them: a pod
+    still loading the model counts (it is one the selector finds), the Deployments' spec does not."""
+    deps = _deployments({"replicas": 3, "readyReplicas": 1}, {"replicas": 1, "readyReplicas": 0})
+    assert S.scale_status("chat", deps) == S.ScaleStatus(4, "prefixtune.io/resource=chat")
+    assert S.scale_status("chat", _deployments(None)).replicas == 0  # nothing created yet
+    assert S.scale_status("chat", _deployments({})).replicas == 0  # no status yet
+    for garbage in ("3", -2, True, 2.5, None):
+        assert S.scale_status("chat", _deployments({"replicas": garbage}, {"replicas": 2})).replicas == 2
+
+
+def test_the_selector_string_selects_the_engine_pods_of_both_roles_as_the_service_does() -> None:
+    owner = R.Owner(namespace="team", name="rag", uid="uid-1")
+    spec = parse_spec({"engine": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 2})
+    selector = S.scale_status("rag", {}).selector
+    terms = dict(term.split("=", 1) for term in selector.split(","))
+    assert terms == R.render_service(owner, spec)["spec"]["selector"]
+    for role in R.ROLES:
+        labels = R.render_deployment(owner, spec, BASE, role, 1)["spec"]["template"]["metadata"]["labels"]
+        assert terms.items() <= labels.items(), role
+    assert R.selector_string({"b": "2", "a": "1"}) == "a=1,b=2"
+
+
+def test_the_scale_fields_are_written_and_kept_when_not_read_again() -> None:
+    state = _state_with_trials(1)
+    ok = (True, "ReplicasReady", "")
+    scale = S.ScaleStatus(3, "prefixtune.io/resource=rag")
+    status = S.build_status(state, [], None, now=1.0, generation=2, ready=ok, scale=scale)
+    assert (status["replicas"], status["selector"]) == (3, "prefixtune.io/resource=rag")
+    S.validate_status(status)
+    later = S.build_status(state, [], status, now=2.0, generation=2, ready=ok)
+    assert (later["replicas"], later["selector"]) == (3, "prefixtune.io/resource=rag")
+    assert "replicas" not in S.build_status(state, [], None, now=1.0, generation=2, ready=ok)

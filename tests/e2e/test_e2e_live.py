@@ -1,6 +1,7 @@
 """In the sandbox: the engine Deployment changed under a trial (``kubectl scale`` to 0 and ``set
 image``) is restored and the trial re-measured; a spec edited to an invalid value mid-canary aborts
-the trial, restores the stable config on every replica, and tuning resumes once it is fixed.
+the trial, restores the stable config on every replica, and tuning resumes once it is fixed; a
+resource scaled through its scale subresource mid-canary (what an HPA does) keeps its epoch and trial.
 
 Short on purpose: each test stops once it has seen what it checks, not at convergence. The waits
 follow the sandbox's clock (``Cluster.wait_for``), so a busy machine makes them slower, not wrong.
@@ -8,6 +9,7 @@ follow the sandbox's clock (``Cluster.wait_for``), so a busy machine makes them 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,7 +21,7 @@ from prefixtune.controller.render import LABEL_CONFIG_HASH, config_hash
 from prefixtune.controller.status import policy_state_of
 from prefixtune.sandbox.clock import HANG_GUARD_S
 from prefixtune.sandbox.kubelet import KubeletConfig
-from prefixtune.tuning.phases import TRIAL_STEPS, Step
+from prefixtune.tuning.phases import TRIAL_STEPS, Step, watching
 from prefixtune.tuning.policy._core import SPEC_INVALID
 from prefixtune.tuning.state import PolicyState
 
@@ -184,3 +186,75 @@ async def test_an_invalid_spec_mid_canary_restores_the_baseline_and_tuning_resum
     state = await cluster.wait_for(resumed, 90, "tuning to resume with a new trial", follow="can")
     assert state.trial(aborted_id) == aborted  # kept as it was: recorded once, as aborted
     assert state.epoch == before.epoch  # the same search, resumed
+
+
+async def test_a_canary_resource_scaled_through_the_scale_subresource_mid_trial_keeps_its_tuning(
+    live_cluster: Cluster,
+) -> None:
+    """What an HPA does (a write to .../scale) in the middle of a canary trial: the stable Deployment
+    follows (scaled, not re-rolled), the canary stays, the epoch and the trial stay (the trial is
+    re-measured, then recorded under its own id), and nothing is scaled back afterwards."""
+    cluster = live_cluster
+    tuning = {**_tuning("canary", 1, "10s"), "trial": {"warmup": "1s", "measure": "10s", "minRequests": 3}}
+    spec = {
+        "engine": "vllm", "model": MODEL, "replicas": 2,
+        "config": {"memoryFraction": 0.9, "blockSize": 16, "prefixCaching": True},
+        "tuning": tuning,
+    }  # fmt: skip
+    await cluster.apply(resource("hpa", spec, "rag", rate=1.0))
+    path = f"{SDEP}/namespaces/default/servingdeployments/hpa"
+
+    async def canary_window() -> PolicyState | None:
+        state = await _trial_in_flight(cluster, "hpa", frozenset({Step.WARMING_UP, Step.MEASURING}))
+        base = await cluster.deployment("hpa")
+        if state is None or await cluster.deployment("hpa-canary") is None or base is None:
+            return None
+        return state if base["spec"]["replicas"] == 1 else None
+
+    before = await cluster.wait_for(canary_window, 150, "a canary trial in its window", every_s=0.3)
+    trial_id, stable, epoch = before.active, config_hash(before.current), before.epoch
+    assert trial_id is not None
+    canary = _template_hash(await cluster.deployment("hpa-canary"))
+    finished = {t.id: t.outcome for t in before.trials if t.outcome != "running"}
+    scale = await cluster.sb.api.get(f"{path}/scale")
+    assert scale is not None and (scale["kind"], scale["spec"]["replicas"]) == ("Scale", 2)
+    assert scale["status"]["selector"] == "prefixtune.io/resource=hpa"
+    await cluster.sb.api.merge_patch(f"{path}/scale", {"spec": {"replicas": 3}})
+
+    async def followed() -> PolicyState | None:
+        status = await cluster.status("hpa")
+        state = policy_state_of(status)
+        base, can = await cluster.deployment("hpa"), await cluster.deployment("hpa-canary")
+        if state is None or state.replicas != 3 or base is None or base["spec"]["replicas"] != 2:
+            return None
+        if status.get("replicas") != 3 or can is None or _template_hash(can) != canary:
+            return None
+        return state
+
+    state = await cluster.wait_for(followed, 60, "the stable Deployment at 3 - 1 canary, all pods up")
+    assert _template_hash(await cluster.deployment("hpa")) == stable  # scaled, not re-rolled
+    assert state.epoch == epoch and state.trial(trial_id).outcome == "running"
+    assert {t.id: t.outcome for t in state.trials if t.id in finished} == finished
+
+    async def settled() -> PolicyState | None:
+        state = policy_state_of(await cluster.status("hpa"))
+        base = await cluster.deployment("hpa")
+        if state is None or not watching(state.phase, state.step) or base is None:
+            return None
+        if await cluster.deployment("hpa-canary") is not None or base["spec"]["replicas"] != 3:
+            return None
+        return state
+
+    state = await cluster.wait_for(settled, 120, "converged on 3 stable replicas", follow="hpa")
+    trial = state.trial(trial_id)
+    assert (trial.outcome, trial.epoch, trial.config) == ("ok", epoch, before.trial(trial_id).config)
+    assert state.epoch == epoch and trial.invalidations >= 1  # the window spanning the scale was redone
+    reasons = [e.get("reason") for e in await cluster.events("hpa")]
+    assert "Scaled" in reasons and "TrialRemeasured" in reasons
+    assert "DeploymentChanged" not in reasons and DRIFT_REASON not in reasons
+    await asyncio.sleep(3)  # more reconciles (the operator ticks every second): nothing scales back
+    resource_now, scale = await cluster.get("hpa"), await cluster.sb.api.get(f"{path}/scale")
+    base = await cluster.deployment("hpa")
+    assert resource_now is not None and resource_now["spec"]["replicas"] == 3
+    assert scale is not None and (scale["spec"]["replicas"], scale["status"]["replicas"]) == (3, 3)
+    assert base is not None and base["spec"]["replicas"] == 3

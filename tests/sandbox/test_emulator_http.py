@@ -24,7 +24,19 @@ STRATEGIC = {"Content-Type": "application/strategic-merge-patch+json"}
 JSONPATCH = {"Content-Type": "application/json-patch+json"}
 
 
-def widget_crd(status: bool = True, served: tuple[str, ...] = ("v1",)) -> dict[str, Any]:
+SCALE_PATHS = {
+    "specReplicasPath": ".spec.replicas",
+    "statusReplicasPath": ".status.replicas",
+    "labelSelectorPath": ".status.selector",
+}
+
+
+def widget_crd(
+    status: bool = True, served: tuple[str, ...] = ("v1",), scale: dict[str, str] | None = None
+) -> dict[str, Any]:
+    subresources: dict[str, Any] = {"status": {}} if status else {}
+    if scale is not None:
+        subresources["scale"] = scale
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -41,7 +53,7 @@ def widget_crd(status: bool = True, served: tuple[str, ...] = ("v1",)) -> dict[s
                     "schema": {
                         "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
                     },
-                    **({"subresources": {"status": {}}} if status else {}),
+                    **({"subresources": subresources} if subresources else {}),
                 }
                 for i, v in enumerate(served)
             ],
@@ -236,6 +248,84 @@ async def test_status_subresource_is_isolated(em: RealisticEmulator) -> None:
     status, body = await call(em, "PATCH", f"{WIDGETS}/w", json={"spec": {"size": 3}}, headers=STRATEGIC)
     assert (status, body["reason"]) == (415, "UnsupportedMediaType")
     status, body = await call(em, "PATCH", f"{CMS}/x/scale", json={}, headers=MERGE)
+    assert status == 404
+
+
+async def test_scale_subresource_reads_the_paths_and_writes_only_spec_replicas(em: RealisticEmulator) -> None:
+    """As apiextensions-apiserver's ScaleREST: an autoscaling/v1 Scale of the resource's metadata,
+    spec replicas and status replicas/selector; a write changes the resource's spec replicas only
+    (its generation too), the Scale's resourceVersion is a precondition."""
+    status, _ = await call(em, "POST", CRDS, json=widget_crd(scale=SCALE_PATHS))
+    assert status == 201
+    status, listing = await call(em, "GET", "/apis/example.dev/v1")
+    entry = {r["name"]: r for r in listing["resources"]}["widgets/scale"]
+    assert (entry["kind"], entry["group"], entry["version"]) == ("Scale", "autoscaling", "v1")
+    spec = {"replicas": 2, "size": 7}
+    status, created = await call(em, "POST", WIDGETS, json={"metadata": {"name": "w"}, "spec": spec})
+    assert status == 201
+    status, _ = await call(
+        em,
+        "PATCH",
+        f"{WIDGETS}/w/status",
+        json={"status": {"replicas": 1, "selector": "app=w"}},
+        headers=MERGE,
+    )
+    assert status == 200
+    status, scale = await call(em, "GET", f"{WIDGETS}/w/scale")
+    meta = created["metadata"]
+    assert status == 200 and (scale["apiVersion"], scale["kind"]) == ("autoscaling/v1", "Scale")
+    assert {k: scale["metadata"][k] for k in ("name", "namespace", "uid", "creationTimestamp")} == {
+        k: meta[k] for k in ("name", "namespace", "uid", "creationTimestamp")
+    }
+    assert int(scale["metadata"]["resourceVersion"]) > int(meta["resourceVersion"])  # the status write
+    assert scale["spec"] == {"replicas": 2} and scale["status"] == {"replicas": 1, "selector": "app=w"}
+
+    # A merge patch of the Scale: its status is ignored, the resource's other fields are kept.
+    patch = {"spec": {"replicas": 5}, "status": {"replicas": 9}}
+    status, scale = await call(em, "PATCH", f"{WIDGETS}/w/scale", json=patch, headers=MERGE)
+    assert status == 200 and scale["spec"] == {"replicas": 5} and scale["status"]["replicas"] == 1
+    status, widget = await call(em, "GET", f"{WIDGETS}/w")
+    assert widget["spec"] == {"replicas": 5, "size": 7} and widget["metadata"]["generation"] == 2
+    assert widget["status"] == {"replicas": 1, "selector": "app=w"}
+    assert scale["metadata"]["resourceVersion"] == widget["metadata"]["resourceVersion"]
+
+    # PUT (what an HPA sends): a stale resourceVersion conflicts, the current one succeeds.
+    stale = {**scale, "metadata": {**scale["metadata"], "resourceVersion": meta["resourceVersion"]}}
+    status, body = await call(em, "PUT", f"{WIDGETS}/w/scale", json={**stale, "spec": {"replicas": 1}})
+    assert (status, body["reason"]) == (409, "Conflict")
+    status, scale = await call(em, "PUT", f"{WIDGETS}/w/scale", json={**scale, "spec": {"replicas": 3}})
+    assert status == 200 and scale["spec"] == {"replicas": 3}
+    ops = [{"op": "replace", "path": "/spec/replicas", "value": 4}]
+    status, scale = await call(em, "PATCH", f"{WIDGETS}/w/scale", json=ops, headers=JSONPATCH)
+    assert status == 200 and scale["spec"] == {"replicas": 4}
+    status, body = await call(em, "PUT", f"{WIDGETS}/w/scale", json={"kind": "Widget", "spec": {}})
+    assert status == 400
+    status, body = await call(em, "DELETE", f"{WIDGETS}/w/scale")
+    assert status == 405
+    status, widget = await call(em, "GET", f"{WIDGETS}/w")
+    assert widget["spec"] == {"replicas": 4, "size": 7} and widget["metadata"]["generation"] == 4
+
+
+async def test_scale_without_spec_replicas_or_without_the_subresource(em: RealisticEmulator) -> None:
+    bad = widget_crd(scale={"specReplicasPath": ".status.replicas", "statusReplicasPath": ".status.r"})
+    status, body = await call(em, "POST", CRDS, json=bad)
+    assert (status, body["reason"]) == (422, "Invalid") and "specReplicasPath" in body["message"]
+    status, _ = await call(em, "POST", CRDS, json=widget_crd(scale=SCALE_PATHS))
+    assert status == 201
+    status, _ = await call(em, "POST", WIDGETS, json={"metadata": {"name": "w"}, "spec": {"size": 1}})
+    assert status == 201
+    status, body = await call(em, "GET", f"{WIDGETS}/w/scale")  # no default without a schema
+    assert (status, body["reason"]) == (500, "InternalError") and ".spec.replicas" in body["message"]
+    labels = {"metadata": {"labels": {"a": "b"}}}
+    status, body = await call(em, "PATCH", f"{WIDGETS}/w/scale", json=labels, headers=MERGE)
+    assert status == 400 and "cannot be empty" in body["message"]
+    status, scale = await call(
+        em, "PATCH", f"{WIDGETS}/w/scale", json={"spec": {"replicas": 2}}, headers=MERGE
+    )
+    assert status == 200 and scale["spec"] == {"replicas": 2} and scale["status"] == {"replicas": 0}
+    status, _ = await call(em, "PUT", f"{CRDS}/widgets.example.dev", json=widget_crd())
+    assert status == 200
+    status, body = await call(em, "GET", f"{WIDGETS}/w/scale")  # the CRD no longer declares it
     assert status == 404
 
 

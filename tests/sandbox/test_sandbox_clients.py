@@ -19,13 +19,17 @@ import pytest
 import yaml
 from tests.conftest import require_component
 
+from prefixtune.api.crd import build_crd
 from prefixtune.engines import get_adapter
+from prefixtune.sandbox.emulator import serve_emulator, write_kubeconfig
 from prefixtune.sandbox.kubelet import KubeletConfig
 from prefixtune.sandbox.prometheus import prometheus_binary
 from prefixtune.sandbox.up import SandboxOptions, sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+SDEPS = "/apis/prefixtune.io/v1alpha1"
 FAST = KubeletConfig(startup_delay_s=1.0, probe_period_s=1.0, resync_s=0.2)
 
 
@@ -160,6 +164,40 @@ async def test_kubectl_apply_rollout_status_get_patch_delete(tmp_path: Path) -> 
         after = json.loads(await run("get", "pods", "-l", "app=kc", "-o", "json"))["items"]
         assert len(after) == 1 and after[0]["metadata"]["name"] != pods[0]["metadata"]["name"]
         await run("delete", "deployment", "kc")
+
+
+async def test_kubectl_scale_changes_a_servingdeployment_through_its_scale_subresource(
+    tmp_path: Path,
+) -> None:
+    """kubectl finds the scale subresource in discovery and writes it (a merge patch, or a GET then
+    an update under --current-replicas): the resource's spec.replicas, as on a real cluster."""
+    kubectl = _kubectl()
+    require_component(kubectl is not None, "kubectl (scripts/get-kubectl.sh fetches one)")
+    assert kubectl is not None
+    async with serve_emulator() as (em, url):
+        config = write_kubeconfig(tmp_path / "kubeconfig", url)
+        async with em.post(CRDS, json=build_crd()) as response:
+            assert response.status == 201
+        body = {"metadata": {"name": "chat"}, "spec": {"engine": "vllm", "model": "m", "replicas": 2}}
+        async with em.post(f"{SDEPS}/namespaces/default/servingdeployments", json=body) as response:
+            assert response.status == 201
+
+        async def run(*args: str) -> tuple[int, str]:
+            proc = await asyncio.create_subprocess_exec(
+                kubectl, f"--kubeconfig={config}", *args,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+            out, _ = await asyncio.wait_for(proc.communicate(), 60)
+            return int(proc.returncode or 0), out.decode()
+
+        assert await run("scale", "sdep", "chat", "--replicas=3") == (
+            0,
+            "servingdeployment.prefixtune.io/chat scaled\n",
+        )
+        code, out = await run("scale", "sdep", "chat", "--current-replicas=2", "--replicas=5")
+        assert code != 0 and "Expected replicas to be 2, was 3" in out  # the precondition holds
+        assert (await run("scale", "sdep", "chat", "--current-replicas=3", "--replicas=4"))[0] == 0
+        assert await run("get", "sdep", "chat", "-o", "jsonpath={.spec.replicas}") == (0, "4")
 
 
 async def test_cli_sandbox_up_writes_a_kubeconfig_and_stops_on_sigint(tmp_path: Path) -> None:

@@ -19,7 +19,9 @@ from prefixtune.tuning.actions import (
 )
 from prefixtune.tuning.drive import TrialRun, drive
 from prefixtune.tuning.optimizer import Suggestion, TrialResult
+from prefixtune.tuning.phases import Phase, Step
 from prefixtune.tuning.policy import drift, initial_state, step
+from prefixtune.tuning.policy.spec_change import replicas_only
 from prefixtune.tuning.settings import Slo, TuningSettings
 from prefixtune.tuning.space import SearchSpace
 from prefixtune.tuning.state import (
@@ -496,23 +498,23 @@ def _spec_change(r: Run, now: float, key: str, generation: int) -> list[Action]:
 
 def test_deployment_change_starts_a_new_epoch_with_a_fresh_baseline() -> None:
     r = Run()
-    r.state = initial_state(ENGINE, SETTINGS, DEFAULT, deployment_key="replicas=2")
+    r.state = initial_state(ENGINE, SETTINGS, DEFAULT, deployment_key="gpus=1")
     now = r.baseline()
     r(RolloutReady(config=C1), now + 30)
     r.tick(now + 90)
     assert (r.state.phase, r.state.step, r.state.epoch) == ("Exploring", "Measuring", 0)
     # same key (e.g. only a tuning timing setting moved): no new epoch, no baseline (the trial in
     # flight is re-run, as for any spec change)
-    acts = _spec_change(r, now + 100, "replicas=2", 2)
+    acts = _spec_change(r, now + 100, "gpus=1", 2)
     assert (r.state.phase, r.state.epoch) == ("Exploring", 0)
     assert not [e for e in of(acts, EmitEvent) if e.reason == "DeploymentChanged"]
     assert [t.role for t in r.state.trials] == ["baseline", "trial"]
     assert of(r.tick(now + 700), RollOut)[0].config == C1  # after the rate limit
     r(RolloutReady(config=C1), now + 730)
     assert r.state.step == "WarmingUp"
-    # replicas (or model) changed: the trial in flight is dropped and a new epoch measures a baseline
-    acts = _spec_change(r, now + 750, "replicas=4", 3)
-    assert (r.state.phase, r.state.epoch, r.state.deployment_key) == ("Baseline", 1, "replicas=4")
+    # the GPUs (or the model) changed: the trial in flight is dropped and a new epoch measures a baseline
+    acts = _spec_change(r, now + 750, "gpus=2", 3)
+    assert (r.state.phase, r.state.epoch, r.state.deployment_key) == ("Baseline", 1, "gpus=2")
     assert r.state.step == "WarmingUp"  # the pods are new: warm them before measuring
     assert [t.trial.outcome for t in of(acts, RecordTrial)] == ["invalidated"]
     why = [e for e in of(acts, EmitEvent) if e.reason == "DeploymentChanged"]
@@ -646,3 +648,176 @@ def test_no_capacity_backoff_is_capped() -> None:
 
     assert no_capacity_backoff_s(1) < no_capacity_backoff_s(2) < no_capacity_backoff_s(3)
     assert no_capacity_backoff_s(50) == NO_CAPACITY_BACKOFF_MAX_S
+
+
+# --- the replicas are a serving parameter ----------------------------------------------------------
+# A change of spec.replicas alone (``kubectl scale``, an HPA through the scale subresource) keeps the
+# epoch, the trial in flight and the history; any other spec change keeps its behaviour.
+
+CANARY = replace(SETTINGS, strategy="canary", ready_timeout_s=600.0)
+KEYS = {"deployment_key": "pods-1", "spec_key": "spec-1"}
+
+
+def _run(settings: TuningSettings = CANARY, replicas: int = 2) -> Run:
+    r = Run(settings)
+    r.state = initial_state(
+        ENGINE, settings, DEFAULT, 1, KEYS["deployment_key"], spec_key="spec-1", replicas=replicas
+    )
+    return r
+
+
+def _scaled(
+    replicas: int, generation: int, settings: TuningSettings | None = None, **keys: str
+) -> SpecChanged:
+    """spec.replicas changed (with the ready timeout sized from them), the rest as ``KEYS`` say."""
+    chosen = settings if settings is not None else replace(CANARY, ready_timeout_s=300.0 * replicas)
+    return SpecChanged(
+        settings=chosen, config=DEFAULT, generation=generation, replicas=replicas, **{**KEYS, **keys}
+    )
+
+
+def _state(**changes: object) -> PolicyState:
+    state = initial_state(ENGINE, CANARY, DEFAULT, 1, "pods-1", spec_key="spec-1", replicas=2)
+    return state.model_copy(update=changes)
+
+
+def test_only_a_change_of_the_replicas_alone_counts() -> None:
+    state = _state()
+    assert replicas_only(state, _scaled(5, 2))  # the ready timeout follows the replicas: allowed
+    assert replicas_only(state, _scaled(2, 2))  # an edit that changed nothing
+    assert not replicas_only(state, _scaled(5, 2, spec_key="spec-2"))  # something else changed too
+    assert not replicas_only(state, _scaled(5, 2, deployment_key="pods-2"))
+    assert not replicas_only(state, _scaled(5, 2, settings=replace(CANARY, strategy="rolling")))
+    assert not replicas_only(state, _scaled(5, 2, settings=replace(CANARY, warmup_s=1.0)))
+    other_config = SpecChanged(settings=CANARY, config=C1, generation=2, replicas=5, **KEYS)
+    assert not replicas_only(state, other_config)
+    # a key nobody knows (a caller without it, a state an older operator wrote) never counts
+    assert not replicas_only(state, _scaled(5, 2, spec_key=""))
+    assert not replicas_only(_state(spec_key=""), _scaled(5, 2, spec_key=""))
+    assert not replicas_only(_state(spec_key=""), _scaled(5, 2))
+
+
+def _canary_measuring(r: Run) -> float:
+    now = r.baseline(value=1000.0)
+    assert of(r.actions, RollOut)[-1].config == C1 and r.state.settings.strategy == "canary"
+    r(RolloutReady(config=C1), now + 30)
+    r.tick(now + 90)
+    assert (r.state.phase, r.state.step) == (Phase.EXPLORING, Step.MEASURING)
+    return now
+
+
+def test_a_canary_trial_keeps_its_canary_through_a_scale_and_is_remeasured_then_scored() -> None:
+    r = _run()
+    now = _canary_measuring(r)
+    trial_id, epoch, trials = r.state.active, r.state.epoch, len(r.state.trials)
+    acts = r(_scaled(4, 2), now + 150)
+    assert not of(acts, RecordTrial) and not of(acts, RollOut)
+    assert (r.state.epoch, r.state.active, len(r.state.trials)) == (epoch, trial_id, trials)
+    assert trial_id is not None and r.state.trial(trial_id).config == C1
+    assert r.state.settings.strategy == "canary" and r.state.current == DEFAULT  # canary kept
+    assert (r.state.replicas, r.state.spec_generation, r.state.settings.ready_timeout_s) == (4, 2, 1200.0)
+    # the window spanned two pod counts: discarded, measured again after a new warm-up (no
+    # rollout to wait for: pods that cannot be placed yet must not hold the trial)
+    assert (r.state.step, r.state.warm_until, r.state.measure_from) == (Step.WARMING_UP, now + 210, None)
+    assert r.state.trial(trial_id).invalidations == 1
+    reasons = {e.reason: e.message for e in of(acts, EmitEvent)}
+    assert set(reasons) == {"Scaled", "TrialRemeasured"}
+    assert "replicas 2 -> 4" in reasons["Scaled"] and f"trial {trial_id}" in reasons["Scaled"]
+    r.tick(now + 200)
+    assert r.state.step == Step.WARMING_UP
+    r(_scaled(5, 3), now + 205)  # another scale while warming up: the warm-up starts again
+    assert (r.state.step, r.state.warm_until, r.state.replicas) == (Step.WARMING_UP, now + 265, 5)
+    r.tick(now + 265)
+    assert (r.state.step, r.state.measure_from) == (Step.MEASURING, now + 265)
+    obs = WindowMeasured(
+        signals=window(goodput=600.0, requests=250.0),
+        baseline_signals=window(goodput=1500.0, requests=750.0),
+        canary_pods=1,
+        baseline_pods=3,
+    )
+    recorded = of(r(obs, now + 565), RecordTrial)
+    assert [(t.trial.id, t.trial.outcome, t.trial.epoch) for t in recorded] == [(trial_id, "ok", epoch)]
+    assert recorded[0].trial.invalidations == 2
+    assert recorded[0].trial.value == 1000.0 * (600.0 / 500.0)  # per pod: 600 vs 1500 / 3
+
+
+def test_a_scale_during_a_rollout_lets_the_rollout_finish() -> None:
+    r = _run()
+    now = r.baseline()
+    assert r.state.step == Step.ROLLING_OUT
+    acts = r(_scaled(3, 2), now + 10)
+    assert r.state.step == Step.ROLLING_OUT and not of(acts, RecordTrial)
+    assert [e.reason for e in of(acts, EmitEvent)] == ["Scaled"]
+    r(RolloutReady(config=C1), now + 30)
+    assert r.state.step == Step.WARMING_UP
+
+
+def test_a_converged_resource_scaled_stays_converged_with_its_best() -> None:
+    r = _run(replace(CANARY, max_trials=1))
+    now = _canary_measuring(r)
+    obs = WindowMeasured(
+        signals=window(goodput=400.0, requests=250.0), baseline_signals=window(goodput=1000.0)
+    )
+    r(obs, now + 390)
+    for at in range(400, 3000, 60):  # the canary goes, the stable pods stay on the best
+        if r.state.step in (Step.ROLLING_OUT, Step.WAITING_READY, Step.ROLLING_BACK):
+            r(RolloutReady(config=r.state.target or r.state.current), now + at)
+        r.tick(now + at)
+    assert (r.state.phase, r.state.step) == (Phase.CONVERGED, Step.WATCHING)
+    before = r.state.model_copy(deep=True)
+    acts = r(_scaled(6, 2, settings=replace(CANARY, max_trials=1, ready_timeout_s=1800.0)), now + 4000)
+    assert [e.reason for e in of(acts, EmitEvent)] == ["Scaled"]
+    assert (r.state.phase, r.state.step, r.state.best, r.state.epoch) == (
+        before.phase, before.step, before.best, before.epoch,
+    )  # fmt: skip
+    assert r.state.trials == before.trials
+
+
+def test_a_change_of_more_than_the_replicas_keeps_its_behaviour() -> None:
+    """The trial in flight is invalidated and re-run, as for any spec change (same epoch: the pods
+    are the same kind)."""
+    r = _run()
+    now = _canary_measuring(r)
+    acts = r(_scaled(4, 2, spec_key="spec-2", settings=replace(CANARY, warmup_s=30.0)), now + 150)
+    assert [t.trial.outcome for t in of(acts, RecordTrial)] == ["invalidated"]
+    assert not [e for e in of(acts, EmitEvent) if e.reason == "Scaled"]
+    assert (r.state.epoch, r.state.spec_key, r.state.replicas) == (0, "spec-2", 4)
+
+
+def test_a_scale_survives_a_restart_of_the_operator() -> None:
+    r = _run()
+    now = _canary_measuring(r)
+    r(_scaled(3, 2), now + 150)
+    back = PolicyState.from_json(r.state.to_json())
+    assert back == r.state and (back.replicas, back.spec_key) == (3, "spec-1")
+
+
+def test_a_failed_resource_scaled_stays_failed_until_someone_edits_it() -> None:
+    """Failed means a rollback itself failed and a human must look: an autoscaler's write is not
+    that look. The Deployments follow the count; another edit starts tuning again, as before."""
+    r = _run()
+    r.state = r.state.model_copy(update={"phase": Phase.FAILED, "step": Step.IDLE, "note": "rollback failed"})
+    acts = r(_scaled(4, 2), 100.0)
+    assert (r.state.phase, r.state.replicas, r.state.spec_generation) == (Phase.FAILED, 4, 2)
+    assert [e.reason for e in of(acts, EmitEvent)] == ["Scaled"] and not of(acts, RollOut)
+    r(_scaled(4, 3, spec_key="spec-2"), 200.0)
+    assert r.state.phase == Phase.BASELINE
+
+
+def test_a_rolling_trial_keeps_its_config_on_every_pod_through_a_scale() -> None:
+    """Rolling: the one Deployment runs the trial's config, so the pods added run it too; nothing
+    is rolled out or back, and the window is measured again after a new warm-up."""
+    rolling = replace(CANARY, strategy="rolling")
+    r = _run(rolling, replicas=1)
+    now = r.baseline()
+    assert of(r.actions, RollOut)[-1].strategy == "rolling"
+    r(RolloutReady(config=C1), now + 30)
+    r.tick(now + 90)
+    assert (r.state.step, r.state.current) == (Step.MEASURING, C1)
+    trial_id = r.state.active
+    acts = r(_scaled(3, 2, settings=replace(rolling, ready_timeout_s=900.0)), now + 120)
+    assert not of(acts, RollOut) and not of(acts, RollBack) and not of(acts, RecordTrial)
+    assert (r.state.current, r.state.active, r.state.step) == (C1, trial_id, Step.WARMING_UP)
+    r.tick(now + 180)
+    recorded = of(r.win(now + 480, goodput=1200.0), RecordTrial)
+    assert [(t.trial.id, t.trial.outcome) for t in recorded] == [(trial_id, "ok")]

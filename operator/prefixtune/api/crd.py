@@ -185,6 +185,15 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
+# ``kubectl scale`` and a HorizontalPodAutoscaler write spec.replicas through /scale; the operator
+# writes the two status fields (controller/status.py ``scale_status``).
+SCALE_SUBRESOURCE: dict[str, str] = {
+    "specReplicasPath": ".spec.replicas",
+    "statusReplicasPath": ".status.replicas",
+    "labelSelectorPath": ".status.selector",
+}
+
+
 def build_crd() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -206,7 +215,7 @@ def build_crd() -> dict[str, Any]:
                     "name": API_VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": SCALE_SUBRESOURCE},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {"openAPIV3Schema": open_api_schema()},
                 }

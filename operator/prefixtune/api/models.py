@@ -566,6 +566,14 @@ class ServingDeploymentStatus(_Model):
     trials: list[TrialRecord] = Field(default_factory=list)
     diagnosis: DiagnosisStatus | None = _omittable("What limits the deployment now.")
     recommendation: Recommendation | None = _omittable("Observe mode: what would be rolled out.")
+    replicas: Annotated[StrictInt, Field(ge=0)] | None = _omittable(
+        "Engine pods that exist (baseline and canary Deployments' status.replicas, ready or not): the "
+        "scale subresource's status.replicas."
+    )
+    selector: Annotated[str, Field(max_length=1024)] | None = _omittable(
+        "Label selector of the engine pods, as a string: the scale subresource's status.selector "
+        "(what an HPA reads the pods' metrics by)."
+    )
     policy: dict[str, Any] = Field(
         default_factory=dict,
         description="State of the tuning policy (opaque; owned by the policy state machine).",

@@ -273,8 +273,8 @@ class Meter:
         return WindowMeasured(
             signals=signals,
             baseline_signals=baseline,
-            canary_pods=len(groups.get("canary", [])) or 1,
-            baseline_pods=len(groups["baseline"]) or 1,
+            canary_pods=_covered(start, end, groups.get("canary", [])) or 1,
+            baseline_pods=_covered(start, end, groups["baseline"]) or 1,
             partial=not full,
             offered_rps=None if total is None else total.requests_per_s,
         )
@@ -352,6 +352,13 @@ def _names(spec: ServingDeploymentSpec) -> MetricNames:
     """The series the pods' engine release exports (a TensorRT-LLM 1.2 image lacks most)."""
     adapter = get_adapter(spec.engine)
     return adapter.metrics_for(adapter.version_of(spec.image or adapter.default_image))
+
+
+def _covered(start: _Start, end: Mapping[str, Snapshot], pods: Sequence[PodView]) -> int:
+    """How many of ``pods`` a scraped window's signals sum over: those scraped at its start and at
+    its end. A pod that came up inside the window (one an autoscaler added, still loading when the
+    window began) serves but is not measured, so it must not divide a side's per-pod score."""
+    return sum(1 for p in pods if p.name in start.snaps and p.name in end)
 
 
 def _gaps(start: Mapping[str, Snapshot], end: Mapping[str, Snapshot], pods: Sequence[PodView]) -> list[str]:

@@ -50,11 +50,13 @@ from prefixtune.controller.status import (
     merge_conditions,
     patch_changes,
     policy_state_of,
+    scale_status,
 )
 from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.tuning.actions import Action, EmitEvent
 from prefixtune.tuning.phases import ROLLOUT_STEPS, Phase
 from prefixtune.tuning.policy import initial_state, step
+from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.state import (
     Observation,
     PolicyState,
@@ -113,22 +115,49 @@ class Reconciled:
     status_patched: bool = False  # False: the status built equals the stored one, nothing was written
 
 
+def _digest(content: object) -> str:
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def deployment_key(spec: ServingDeploymentSpec) -> str:
-    """A stable hash of what is deployed besides the tuned knobs and the tuning settings: a change
-    of any of these (model, image, replicas, GPUs, extra args) starts a new tuning generation."""
-    text = json.dumps(
+    """A stable hash of what each engine pod is besides the tuned knobs and the tuning settings: a
+    change of any of these (model, image, GPUs, extra args) starts a new tuning generation. Not the
+    replicas: they are how many such pods serve, which an autoscaler changes (``spec_key``)."""
+    return _digest(
         {
             "engine": str(spec.engine),
             "model": spec.model,
             "image": spec.image or "",
-            "replicas": spec.replicas,
             "gpuCount": spec.gpu.count,
             "gpuType": str(spec.gpu.type),
             "extraArgs": list(spec.extra_args),
-        },
-        sort_keys=True,
+        }
     )
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def spec_key(spec: ServingDeploymentSpec) -> str:
+    """A stable hash of the whole validated spec (defaults filled in) except ``replicas``: equal
+    keys across a spec change mean only the replicas changed (``kubectl scale``, an HPA), which
+    the policy answers without touching the trial or the epoch. A default that follows the
+    replicas (the rollout strategy: canary from 2) is part of the key, so crossing it is not."""
+    return _digest(spec.model_dump(mode="json", by_alias=True, exclude={"replicas"}))
+
+
+def unchanged_spec(state: PolicyState, spec: ServingDeploymentSpec, settings: TuningSettings) -> PolicyState:
+    """The state for a spec the policy has already seen (same generation): settings derived from
+    outside the spec follow (an operator-level ready timeout), and a state an older operator wrote
+    (no ``spec_key``; a ``deployment_key`` that hashed the replicas too) gets today's keys, which
+    describe this very spec, so that its next change of replicas is not read as a new deployment."""
+    updates: dict[str, Any] = {}
+    if state.settings != settings:
+        updates["settings"] = settings
+    if not state.spec_key:
+        updates |= {
+            "spec_key": spec_key(spec),
+            "replicas": spec.replicas,
+            "deployment_key": deployment_key(spec),
+        }
+    return state.model_copy(update=updates) if updates else state
 
 
 # The policy's own threads: a decision that fits a Gaussian process never waits behind blocking
@@ -205,16 +234,18 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     state = policy_state_of(previous)
     key = deployment_key(spec)
     if state is None or state.engine != str(spec.engine) or state.phase == Phase.PENDING:
-        state = initial_state(str(spec.engine), settings, spec.knob_config(), generation, key)
+        state = initial_state(
+            str(spec.engine), settings, spec.knob_config(), generation, key,
+            spec_key=spec_key(spec), replicas=spec.replicas,
+        )  # fmt: skip
     elif state.spec_generation != generation:
         obs = SpecChanged(
             settings=settings, config=spec.knob_config(), generation=generation,
-            deployment_key=key,
+            deployment_key=key, spec_key=spec_key(spec), replicas=spec.replicas,
         )  # fmt: skip
         state = await _advance(state, obs, now, actions)
-    elif state.settings != settings:
-        # e.g. a changed operator-level ready timeout
-        state = state.model_copy(update={"settings": settings})
+    else:
+        state = unchanged_spec(state, spec, settings)
 
     children = await read_children(client, owner)
     ensured_want = desired(state)
@@ -259,6 +290,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     status = build_status(
         state, actions, previous, now=now, generation=generation,
         ready=ready_condition(spec, children, found), diagnosis=diagnosis, valid_spec=body.get("spec"),
+        scale=scale_status(name, children.deployments),
     )  # fmt: skip
     outcome = Reconciled(phase=state.phase, actions=actions)
     written = body

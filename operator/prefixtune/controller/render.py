@@ -103,6 +103,12 @@ def selector_labels(owner_name: str, role: DeploymentRole | None = None) -> dict
     return labels
 
 
+def selector_string(labels: Mapping[str, str]) -> str:
+    """Equality-based labels as a label selector string (``a=b,c=d``, keys sorted): the form the
+    scale subresource's ``status.selector`` carries and ``kubectl get -l`` / an HPA parse."""
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+
+
 def prometheus_labels(owner_name: str) -> dict[str, str]:
     """The operator's own pod labels as Prometheus names them once a scrape copies them (the
     ServiceMonitor's ``podTargetLabels``, or the usual ``labelmap`` of ``__meta_kubernetes_pod_label_*``):

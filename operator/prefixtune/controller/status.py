@@ -11,9 +11,11 @@ import datetime
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prefixtune.api.models import ServingDeploymentStatus
+from prefixtune.controller.render import ROLES, DeploymentRole, selector_labels, selector_string
 from prefixtune.engines.base import KnobConfig
 from prefixtune.engines.knobs import to_api
 from prefixtune.metrics.diagnosis import Diagnosis
@@ -205,6 +207,31 @@ def recommendation_status(
     return dict(previous) if previous else None
 
 
+@dataclass(frozen=True)
+class ScaleStatus:
+    """What the scale subresource reads from the status (``status.replicas``, ``status.selector``)."""
+
+    replicas: int
+    selector: str
+
+
+def scale_status(
+    owner_name: str, deployments: Mapping[DeploymentRole, Mapping[str, Any] | None]
+) -> ScaleStatus:
+    """The engine pods that exist, ready or not: the sum of the engine Deployments' own
+    ``status.replicas``, which is what a Deployment's scale reports (its non-terminated pods;
+    readiness is the reader's business: an HPA takes the current count from the scale's spec and
+    weighs unready pods itself). So it counts the pods the selector finds. During a canary trial it
+    is spec.replicas, plus one while a canary loads before the stable pod goes. The selector picks
+    every engine pod of the resource, both roles, as the Service does."""
+    replicas = 0
+    for role in ROLES:
+        status = (deployments.get(role) or {}).get("status") or {}
+        value = status.get("replicas") if isinstance(status, Mapping) else None
+        replicas += value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    return ScaleStatus(replicas=replicas, selector=selector_string(selector_labels(owner_name)))
+
+
 def build_status(
     state: PolicyState,
     actions: Sequence[Action],
@@ -215,9 +242,11 @@ def build_status(
     ready: tuple[bool, str, str],
     diagnosis: Diagnosis | None = None,
     valid_spec: Mapping[str, Any] | None = None,
+    scale: ScaleStatus | None = None,
 ) -> dict[str, Any]:
     """The whole status (for one merge patch). ``ready``: (ready?, reason, message) of the serving
-    pods; ``valid_spec``: the spec rolled out (None keeps the one recorded before)."""
+    pods; ``valid_spec``: the spec rolled out (None keeps the one recorded before); ``scale``: the
+    scale subresource's fields (None keeps the ones recorded before)."""
     prev = dict(previous or {})
     state = state.clipped()
     updates = [(a.type, a.status, a.reason, a.message) for a in actions if isinstance(a, SetCondition)]
@@ -237,6 +266,10 @@ def build_status(
         "recommendation": recommendation_status(actions, prev.get("recommendation")),
         "policy": {"schema": POLICY_SCHEMA, POLICY_KEY: state.to_json()},
     }
+    if scale is not None:
+        status["replicas"], status["selector"] = scale.replicas, scale.selector
+    else:
+        status.update({k: prev[k] for k in ("replicas", "selector") if k in prev})
     if valid_spec is not None:
         status["policy"][POLICY_SPEC_KEY] = json.dumps(valid_spec, sort_keys=True)
     elif isinstance(prev.get("policy"), Mapping) and POLICY_SPEC_KEY in prev["policy"]:

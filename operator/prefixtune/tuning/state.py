@@ -163,9 +163,13 @@ class SpecChanged(_Obs):
     settings: TuningSettings | None = None
     config: KnobConfig | None = None  # spec.config
     generation: int | None = None  # metadata.generation
-    # a stable hash of what is deployed besides the knobs (engine, model, image, replicas, GPUs,
-    # extra args); "" when the caller does not know it
+    # a stable hash of what each pod is besides the knobs (engine, model, image, GPUs, extra args);
+    # "" when the caller does not know it
     deployment_key: str = ""
+    # a stable hash of the whole spec except the replicas (equal: only the replicas changed); ""
+    # when the caller does not know it
+    spec_key: str = ""
+    replicas: int | None = None  # spec.replicas (None: not known)
     reason: str = ""  # what changed, for the DeploymentChanged Event
 
 
@@ -241,6 +245,8 @@ class PolicyState(_Model):
     step_since: float = 0.0
     spec_generation: int = 0
     deployment_key: str = ""  # the spec's deployment hash the current epoch was tuned for ("": not seen)
+    spec_key: str = ""  # SpecChanged.spec_key of the spec last seen ("": not seen)
+    replicas: int = 0  # spec.replicas of the spec last seen (0: not seen)
     epoch: int = 0  # tuning generation: +1 on drift re-tune and on spec changes that re-open the search
     spec_config: KnobConfig  # what the resource's spec.config says
     current: KnobConfig  # what the stable pods run

@@ -24,6 +24,10 @@ with the server-side behaviour that kopf, the official ``kubernetes`` client and
   versions in discovery (kind, plural, singular, shortNames, categories, scope, status/scale
   subresources) and sets the ``NamesAccepted`` and ``Established`` conditions; deleting it removes the
   resource from discovery and deletes its objects.
+* The scale subresource of a custom resource whose CRD declares it (``scale.py``): GET, PUT and
+  PATCH of ``.../NAME/scale`` as an ``autoscaling/v1`` Scale read from and written to the CRD's
+  replicas and selector paths, as apiextensions-apiserver's ``ScaleREST`` does (a write is an update
+  of the resource: generation, watch event, the Scale's resourceVersion as precondition).
 * Discovery fixes: ``/api/v1`` says groupVersion ``v1``, ``/version/`` is served, subresources are
   listed like the real server does, the preferred version of a group is its highest-priority version.
 * Errors are canonical ``Status`` objects: reasons NotFound, AlreadyExists, Conflict, Invalid,
@@ -41,8 +45,9 @@ What it does NOT emulate:
 * Admission (webhooks, LimitRanges, quotas), authentication and RBAC (every request is allowed).
 * Schema validation, pruning and defaulting by the server (no OpenAPI; kubectl needs
   ``--validate=false``), except the name checks above; field selectors accept any dotted path.
-* Server-side apply (415), ``kubectl diff``, the scale subresource, protobuf bodies (415),
-  pagination (``limit`` is ignored and everything is returned), periodic watch bookmarks.
+* Server-side apply (415), ``kubectl diff``, the scale subresource of built-in resources (a
+  Deployment's), protobuf bodies (415), pagination (``limit`` is ignored and everything is
+  returned), periodic watch bookmarks.
 * Controllers: Deployments never get ReplicaSets, Pods or status; whatever plays the kubelet must
   patch ``/status`` itself. Namespaces are served as objects (``default``, ``kube-system`` and
   ``kube-public`` exist from the start) but are not required for namespaced writes, and deleting one
@@ -54,9 +59,9 @@ It relies on kmock **private internals** (``_objects``, ``_lock``, ``_buses``, `
 its own tests, including characterisation tests of the stock emulator.
 
 The package, one module per seam: ``store`` (``RealisticEmulator``: dispatching, writes, reads),
-``watch`` (the event log and the watch streams), ``crds``, ``gc`` (garbage collection),
-``discovery``, ``errors`` (``Status`` objects), ``core`` (the state and lookups they share) and
-``serving`` (HTTP and kubeconfigs).
+``watch`` (the event log and the watch streams), ``crds``, ``scale`` (the scale subresource),
+``gc`` (garbage collection), ``discovery``, ``errors`` (``Status`` objects), ``core`` (the state
+and lookups they share) and ``serving`` (HTTP and kubeconfigs).
 """
 
 from prefixtune.sandbox.emulator.crds import CRD_RESOURCE

@@ -21,6 +21,7 @@ from kmock._internal import k8s_dicts, rendering
 
 from prefixtune.sandbox import _selectors
 from prefixtune.sandbox.emulator.errors import api_error, not_found
+from prefixtune.sandbox.emulator.scale import ScalePaths
 from prefixtune.sandbox.faults import ApiFaults
 
 NAMESPACES = kmock.resource("", "v1", "namespaces")
@@ -71,6 +72,8 @@ class EmulatorCore(kmock.KubernetesEmulator):
     namespaces: tuple[str, ...] = ("default", "kube-system", "kube-public")  # pre-created with builtins
     faults: ApiFaults | None = None  # fault injection for the clients under test (off by default)
     _rv: int = attrs.field(default=0, init=False)
+    # The scale subresource's paths of each custom resource whose CRD declares it (crds.py).
+    _scales: dict[kmock.resource, ScalePaths] = attrs.field(factory=dict, init=False)
     _rng: random.Random = attrs.field(factory=random.Random, init=False)
 
     @property
@@ -148,10 +151,13 @@ class EmulatorCore(kmock.KubernetesEmulator):
     ) -> None:
         if subresource is None:
             return
+        if subresource == "scale" and "scale" in info.subresources and res in self._scales:
+            return
         if subresource != "status" or "status" not in info.subresources:
             raise api_error(
                 404,
-                f"the subresource {subresource!r} of {res.plural} is not served (only status is emulated)",
+                f"the subresource {subresource!r} of {res.plural} is not served (emulated: status, and "
+                "scale where a CRD declares it)",
             )
 
     if TYPE_CHECKING:  # the writes the other parts call, declared for the type checker only

@@ -11,6 +11,7 @@ import kmock
 
 from prefixtune.sandbox.emulator.core import ALL_VERBS, EmulatorCore, _meta, _now, builtin_groups
 from prefixtune.sandbox.emulator.errors import api_error
+from prefixtune.sandbox.emulator.scale import ScalePaths
 
 CRD_RESOURCE = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 
@@ -54,7 +55,12 @@ class CustomResources(EmulatorCore):
             if not version.get("served", True):
                 continue
             res = kmock.resource(spec["group"], version["name"], names["plural"])
-            subresources = set(version.get("subresources") or {}) & {"status", "scale"}
+            declared = version.get("subresources") or {}
+            subresources = set(declared) & {"status", "scale"}
+            if "scale" in subresources:
+                self._scales[res] = ScalePaths.from_crd(declared["scale"] or {})
+            else:
+                self._scales.pop(res, None)
             self.resources[res] = kmock.ResourceInfo(
                 kind=names["kind"],
                 singular=names.get("singular") or names["kind"].lower(),
@@ -67,6 +73,7 @@ class CustomResources(EmulatorCore):
             served.add(res)
         for gone in self._custom.get(crd_name, set()) - served:
             del self.resources[gone]
+            self._scales.pop(gone, None)
         self._custom[crd_name] = served
         return sorted(served, key=lambda r: (str(r.group), str(r.version)))
 
@@ -92,6 +99,10 @@ class CustomResources(EmulatorCore):
         versions = spec.get("versions")
         if not isinstance(versions, list) or not versions or not all(v.get("name") for v in versions):
             raise api_error(422, "spec.versions: Required value: at least one version with a name")
+        for version in versions:
+            scale = (version.get("subresources") or {}).get("scale")
+            if scale is not None:
+                ScalePaths.from_crd(scale if isinstance(scale, Mapping) else {})  # 422 when invalid
         return spec, names
 
     def _crd_status(self, crd: Mapping[str, Any]) -> dict[str, Any]:
@@ -132,6 +143,7 @@ class CustomResources(EmulatorCore):
         for res in self._custom.pop(name, set()):
             if res in self.resources:
                 del self.resources[res]
+            self._scales.pop(res, None)
             for key, stored in list(self._objects.items()):
                 if key[0] == res and not stored.deleted:
                     final = copy.deepcopy(stored.raw)

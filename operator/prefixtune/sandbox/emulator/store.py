@@ -19,6 +19,7 @@ import kmock
 from kmock._internal import parsing, rendering
 
 from prefixtune.sandbox import _patches
+from prefixtune.sandbox.emulator import scale
 from prefixtune.sandbox.emulator.core import (
     NAMESPACES,
     _content,
@@ -168,6 +169,8 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
         if current is None:
             raise not_found(res, str(request.name))
         self._check_subresource(res, info, request.subresource)
+        if request.subresource == "scale":
+            return await self._write_scale(kind, res, key, current, request, dry)
         if kind == "delete":
             return 200, await self._delete(res, key, current, request, dry)
         if kind == "replace":
@@ -182,6 +185,27 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
         else:
             new = self._apply_patch(res, request, current)
         return 200, await self._update(res, key, current, new, request.subresource, dry)
+
+    async def _write_scale(
+        self,
+        kind: str,
+        res: kmock.resource,
+        key: _Key,
+        current: dict[str, Any],
+        request: rendering.Request,
+        dry: bool,
+    ) -> tuple[int, dict[str, Any]]:
+        """PUT or PATCH of ``.../scale`` (``scale.py``): only spec replicas reach the resource,
+        written as an update of the resource itself (its generation, its watch event)."""
+        if kind == "delete":
+            raise api_error(405, f"DELETE is not supported on {request.url.path}")
+        paths = self._scales[res]
+        if kind == "replace":
+            body: Any = self._body_object(request)
+        else:
+            body = self._patch_object(res, request, scale.old_scale(current, paths), custom=False)
+        updated = await self._update(res, key, current, scale.with_scale(current, paths, body), None, dry)
+        return 200, scale.scale_of(updated, paths)
 
     # ---------------------------------------------------------------------------------------- writes
 
@@ -251,6 +275,13 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
         return obj
 
     def _apply_patch(self, res: kmock.resource, request: rendering.Request, current: dict[str, Any]) -> Any:
+        return self._patch_object(res, request, current, custom=self._is_custom(res))
+
+    def _patch_object(
+        self, res: kmock.resource, request: rendering.Request, current: dict[str, Any], custom: bool
+    ) -> Any:
+        """``current`` with the request's patch applied; ``custom``: a custom resource's object
+        (no strategic merge patch; a Scale, though served under one, is a built-in type)."""
         ctype = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
         try:
             if ctype == "application/json-patch+json":
@@ -260,7 +291,7 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
                     )
                 return _patches.json_patch(current, request.data)
             if ctype == "application/strategic-merge-patch+json":
-                if self._is_custom(res):
+                if custom:
                     raise api_error(
                         415,
                         "the body of the request was in an unknown format - accepted media types include: "
@@ -475,6 +506,8 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             current = self._live(key)
         if current is None:
             raise not_found(request.resource, request.name)
+        if request.subresource == "scale":
+            return scale.scale_of(current, self._scales[request.resource])
         return current
 
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:

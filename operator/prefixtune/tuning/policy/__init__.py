@@ -30,7 +30,9 @@ Safety rules enforced here:
   ``MAX_STARVED_REPEATS`` times in an epoch ends the search: exploring always terminates.
 - An invalid spec mid-trial aborts the trial (recorded ``aborted``/``spec_invalid``, not learned) and
   rolls back to the safe config; the rest of the state waits for the spec to be fixed.
-- A change of what is deployed (model, image, replicas, ...: ``deployment_key``) starts a new epoch.
+- A change of what is deployed (model, image, GPUs, ...: ``deployment_key``) starts a new epoch.
+  A change of the replicas alone (``spec_key`` unchanged: ``kubectl scale``, an HPA) is a serving
+  parameter: same epoch, same trial (a canary keeps its canary); a window in flight is re-measured.
 - Trial ids are assigned once and RecordTrial is emitted once per finished trial.
 - The history is bounded (``history.py``): the current epoch and the latest earlier trials in full,
   older epochs as a prior of bounded size, so neither the state nor a decision grows with age.
@@ -80,12 +82,19 @@ __all__ = ["Suggester", "drift", "initial_state", "space_of", "step"]
 
 
 def initial_state(
-    engine: str, settings: TuningSettings, config: KnobConfig, generation: int = 0, deployment_key: str = ""
+    engine: str,
+    settings: TuningSettings,
+    config: KnobConfig,
+    generation: int = 0,
+    deployment_key: str = "",
+    *,
+    spec_key: str = "",
+    replicas: int = 0,
 ) -> PolicyState:
     """The state of a new resource: Pending, running ``config`` (its spec.config)."""
     return PolicyState(
         engine=engine, settings=settings, spec_config=config, current=config, spec_generation=generation,
-        deployment_key=deployment_key,
+        deployment_key=deployment_key, spec_key=spec_key, replicas=replicas,
     )  # fmt: skip
 
 

@@ -71,6 +71,27 @@ def on_invalidated(self: Core, obs: TrialInvalidated) -> None:
     )
 
 
+def rewarm(self: Core, trial: Trial, why: str) -> None:
+    """Discard the window in flight and measure again after a new warm-up, with no rollout to wait
+    for: the pods already run the trial's config (a scale changed how many of them serve). Pods
+    added meanwhile are not waited for: a window measures the pods that serve when it begins (one
+    no node can place yet must not hold the trial, nor time it out as infeasible)."""
+    trial.invalidations += 1
+    self.s.extensions = 0
+    self.s.measure_from = self.s.measure_until = None
+    self.event(
+        "Normal",
+        "TrialRemeasured",
+        f"trial {trial.id}: {why} during its window; the window is discarded and the trial "
+        "re-measured after a new warm-up",
+    )
+    if self.s.settings.warmup_s > 0:
+        self.goto(step=Step.WARMING_UP)
+        self.s.warm_until = self.now + self.s.settings.warmup_s
+    else:
+        measurement.begin_measuring(self)
+
+
 def on_metrics_unavailable(self: Core, obs: MetricsUnavailable) -> None:
     if not self.s.metrics_held:
         self.condition("MetricsUnavailable", True, "MetricsUnavailable", obs.reason or "no metrics")

@@ -1,8 +1,11 @@
-"""A spec change: new settings, a new baseline config or a new deployment (a new epoch)."""
+"""A spec change: new settings, a new baseline config, a new deployment (a new epoch), or only
+new replicas (a serving parameter: nothing about the tuning changes)."""
 
 from __future__ import annotations
 
-from prefixtune.tuning.phases import HALTED_PHASES, TRIAL_STEPS, Phase, Step
+import dataclasses
+
+from prefixtune.tuning.phases import HALTED_PHASES, TRIAL_STEPS, WINDOW_STEPS, Phase, Step
 from prefixtune.tuning.policy import (
     exploration,
     measurement,
@@ -10,7 +13,7 @@ from prefixtune.tuning.policy import (
 )
 from prefixtune.tuning.policy._core import SPEC_INVALID, Core
 from prefixtune.tuning.policy.messages import config_label
-from prefixtune.tuning.state import SpecChanged, SpecInvalid
+from prefixtune.tuning.state import PolicyState, SpecChanged, SpecInvalid
 
 
 def on_spec_invalid(self: Core, obs: SpecInvalid) -> None:
@@ -43,7 +46,59 @@ def on_spec_invalid(self: Core, obs: SpecInvalid) -> None:
     rollout.rollback(self, safe, f"trial {trial.id} aborted: invalid spec")
 
 
+def replicas_only(state: PolicyState, obs: SpecChanged) -> bool:
+    """Whether a spec change leaves everything the tuning depends on as it was: the rest of the
+    spec hashes the same (``spec_key``; the rollout strategy's default follows the replicas and
+    is part of it), so do the knobs and the pods' deployment key, and the settings differ at most
+    in the ready timeout (sized from the replicas). So: a change of ``spec.replicas`` alone
+    (``kubectl scale``, an HPA through the scale subresource), or an edit that changed nothing.
+    A key that is not known (a caller without it, a state an older operator wrote) never counts."""
+    if not obs.spec_key or obs.spec_key != state.spec_key:
+        return False
+    if obs.deployment_key and obs.deployment_key != state.deployment_key:
+        return False
+    if obs.config is not None and obs.config != state.spec_config:
+        return False
+    new = obs.settings or state.settings
+    return dataclasses.replace(new, ready_timeout_s=state.settings.ready_timeout_s) == state.settings
+
+
+def on_replicas_changed(self: Core, obs: SpecChanged) -> None:
+    """The replicas alone changed: the pods are the same config, more or fewer of them. The epoch,
+    the trial in flight (its id, config and canary) and the history stay; only the ready timeout
+    follows the new count. A trial's window in flight is discarded and measured again after a new
+    warm-up (``measurement.rewarm``): it spans two pod counts, and the pods' share of the traffic
+    moved (canary scores compare per pod measured, rolling ones are normalized by the offered load,
+    so windows measured at other replica counts stay comparable). A rollout in flight goes on
+    (ready means at the new count)."""
+    before = self.s.replicas
+    if obs.replicas is not None:
+        self.s.replicas = obs.replicas
+    if obs.settings is not None:
+        self.s.settings = obs.settings
+    if obs.replicas is None or obs.replicas == before:
+        return
+    trial = self.active()
+    kept = f"; trial {trial.id} {config_label(trial.config)} keeps running" if trial is not None else ""
+    self.event(
+        "Normal", "Scaled", f"replicas {before} -> {obs.replicas}: the same epoch ({self.s.epoch}){kept}"
+    )
+    if trial is not None and self.s.step in WINDOW_STEPS:
+        measurement.rewarm(self, trial, f"scaled from {before} to {obs.replicas} replicas")
+
+
 def on_spec_changed(self: Core, obs: SpecChanged) -> None:
+    # A scale is not an edit by someone who looked: a Failed resource stays Failed (its Deployments
+    # follow the new count), and only an edit of something else starts it again.
+    if self.s.phase != Phase.PENDING and replicas_only(self.s, obs):
+        if obs.generation is not None:
+            self.s.spec_generation = obs.generation
+        on_replicas_changed(self, obs)
+        return
+    if obs.spec_key:
+        self.s.spec_key = obs.spec_key
+    if obs.replicas is not None:
+        self.s.replicas = obs.replicas
     old = self.s.settings
     new = obs.settings or old
     if obs.generation is not None:
@@ -105,7 +160,7 @@ def on_spec_changed(self: Core, obs: SpecChanged) -> None:
             self.event(
                 "Normal",
                 "DeploymentChanged",
-                (obs.reason or "the deployment changed (engine, model, image, replicas, GPUs or extra args)")
+                (obs.reason or "the deployment changed (engine, model, image, GPUs or extra args)")
                 + f": earlier measurements do not describe it; re-tuning (epoch {self.s.epoch}) from a "
                 f"fresh baseline with the {self.kept_trials()} earlier trials as warm start",
             )
