@@ -20,6 +20,7 @@ from prefixtune.metrics.diagnosis import Diagnosis
 from prefixtune.tuning.actions import Action, Recommend, SetCondition
 from prefixtune.tuning.objective import confidence_better
 from prefixtune.tuning.phases import Phase
+from prefixtune.tuning.policy._core import trials_spent
 from prefixtune.tuning.state import PolicyState, Trial, clip
 
 MAX_TRIALS_IN_STATUS = 50
@@ -232,6 +233,7 @@ def build_status(
         "conditions": conditions,
         "currentConfig": knob_values(state.current),
         "bestConfig": best_config(state),
+        "budget": {"used": trials_spent(state), "maxTrials": int(state.settings.max_trials)},
         "trials": trials + active,
         "diagnosis": diagnosis_status(diagnosis) if diagnosis is not None else prev.get("diagnosis"),
         "recommendation": recommendation_status(actions, prev.get("recommendation")),
