@@ -221,7 +221,8 @@ def build_status(
     """The whole status (for one merge patch). ``ready``: (ready?, reason, message) of the serving
     pods; ``valid_spec``: the spec rolled out (None keeps the one recorded before). The Tuning
     condition is the state's (``tuning_condition``), written every time: it follows the phase and
-    step, and a fixed spec replaces an InvalidSpec one."""
+    step, and a fixed spec replaces an InvalidSpec one. The diagnosis describes ``currentConfig``:
+    one made for another config is dropped until a window of this one replaces it."""
     prev = dict(previous or {})
     state = state.clipped()
     updates = [(a.type, a.status, a.reason, a.message) for a in actions if isinstance(a, SetCondition)]
@@ -232,15 +233,17 @@ def build_status(
     conditions = merge_conditions(prev.get("conditions") or [], updates, now, generation)
     trials = [trial_record(t) for t in state.trials if t.outcome != "running"][-MAX_TRIALS_IN_STATUS:]
     active = [trial_record(t) for t in state.trials if t.outcome == "running"]
+    current = knob_values(state.current)
+    kept = prev.get("diagnosis") if prev.get("currentConfig") == current else None
     status: dict[str, Any] = {
         "phase": str(state.phase),
         "observedGeneration": int(generation),
         "conditions": conditions,
-        "currentConfig": knob_values(state.current),
+        "currentConfig": current,
         "bestConfig": best_config(state),
         "budget": {"used": trials_spent(state), "maxTrials": int(state.settings.max_trials)},
         "trials": trials + active,
-        "diagnosis": diagnosis_status(diagnosis) if diagnosis is not None else prev.get("diagnosis"),
+        "diagnosis": diagnosis_status(diagnosis) if diagnosis is not None else kept,
         "recommendation": recommendation_status(actions, prev.get("recommendation")),
         "policy": {"schema": POLICY_SCHEMA, POLICY_KEY: state.to_json()},
     }
