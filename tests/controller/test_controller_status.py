@@ -237,3 +237,18 @@ def test_the_tuning_condition_names_a_failed_trial_and_the_capacity_wait() -> No
     paused = state.model_copy(update={"step": "Idle", "target": None, "capacity_wait": wait})
     ok, reason, message = tuning_condition(paused)
     assert (ok, reason) == (False, "NoCapacity") and "Insufficient GPU" in message
+
+
+def test_the_tuning_condition_of_a_converged_run_names_the_best_and_what_it_does() -> None:
+    from prefixtune.tuning.policy.messages import tuning_condition
+
+    best = Trial(id=3, epoch=0, role="trial", config=BASE.with_(block_size=32), outcome="ok",
+                 started_at=0.0, value=123.0)  # fmt: skip
+    state = initial_state("vllm", TuningSettings(), BASE).model_copy(
+        update={"phase": Phase.CONVERGED, "step": "Idle", "trials": [best], "best": 3, "note": "budget spent"}
+    )
+    ok, reason, message = tuning_condition(state)
+    assert (ok, reason) == (False, "Converged") and message.startswith("budget spent; best [")
+    assert message.endswith("value 123; applying it")
+    watching = state.model_copy(update={"step": "Watching", "current": best.config})
+    assert tuning_condition(watching)[2].endswith("; watching for drift")

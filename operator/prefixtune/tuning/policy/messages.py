@@ -68,7 +68,8 @@ def tuning_condition(s: PolicyState) -> tuple[bool, TuningReason, str]:
         text = s.note or "converged"
         text += f"; best {config_label(best.config if best else s.current)}"
         text += f" value {best.value:.4g}" if best is not None and best.value is not None else ""
-        after = "applying it" if s.step in (Step.ROLLING_OUT, Step.WAITING_READY) else STEP_TEXT[s.step]
+        applying = s.step in (Step.IDLE, Step.ROLLING_OUT, Step.WAITING_READY)  # idle: the rate limit
+        after = "applying it" if applying else STEP_TEXT[s.step]
         return False, s.note_reason or TuningReason.CONVERGED, f"{text}; {after}"
     spent = f"{trials_spent(s)} of {s.settings.max_trials} trials spent"
     active = None if s.active is None else s.trial(s.active)
