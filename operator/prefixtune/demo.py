@@ -67,13 +67,16 @@ def demo_resource(
 
 
 def progress_rows(objs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
-    """One row per ServingDeployment: resource, engine, phase, trial k/budget, best score, hit rate."""
+    """One row per ServingDeployment: resource, engine, phase, trials spent of the budget (as the
+    operator counts them: ``status.budget``), best score, hit rate."""
     rows = [["RESOURCE", "ENGINE", "PHASE", "TRIAL", "BEST SCORE", "HIT RATE", "CURRENT CONFIG"]]
     for obj in objs:
         meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-        trials = [t for t in status.get("trials") or [] if t.get("role") != "baseline"]
-        done = sum(1 for t in trials if t.get("outcome") not in ("running", "invalidated"))
-        budget = ((spec.get("tuning") or {}).get("budget") or {}).get("maxTrials", "?")
+        found = status.get("budget")
+        spent: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        done = spent.get("used", "-")
+        asked = ((spec.get("tuning") or {}).get("budget") or {}).get("maxTrials", "?")
+        budget = spent.get("maxTrials") or asked
         best = (status.get("bestConfig") or {}).get("score")
         hit = (status.get("diagnosis") or {}).get("hitRate")
         rows.append(

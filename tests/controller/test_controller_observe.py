@@ -254,3 +254,57 @@ def test_a_rolling_trial_capped_below_the_replicas_runs_as_that_many_trial_pods(
     for uncapped in (spec(), spec(maxTrialReplicas=4), spec(maxTrialReplicas=9)):
         assert rolling_subset(uncapped) is None
         assert tuning_settings(uncapped, "ns", "a").strategy == "rolling"
+
+
+def _crash_looping(name: str, config: KnobConfig, exit_message: str, reason: str = "Error") -> dict[str, Any]:
+    """A pod as the kubelet reports it in CrashLoopBackOff: the kubelet's own back-off message in
+    state.waiting, the engine's exit message in lastState.terminated."""
+    backoff = f"back-off 40s restarting failed container=engine pod={name}_default(uid)"
+    pod = _pod(name, config, ready=False, restarts=3, waiting="CrashLoopBackOff", message=backoff)
+    last: dict[str, Any] = {"reason": reason, "exitCode": 1}
+    if exit_message:
+        last["message"] = exit_message
+    pod["status"]["containerStatuses"][0]["lastState"] = {"terminated": last}
+    return pod
+
+
+def test_the_engines_exit_message_reaches_the_trial_reason_and_the_ready_condition() -> None:
+    """Issue 18: a crash reason (weights that do not fit, an unsupported GPU count) was in the pod's
+    terminated message only; the kubelet's back-off message hid it. It is bounded and printable."""
+    from prefixtune.controller.execute import Children, ready_condition
+    from prefixtune.controller.observe import MAX_POD_MESSAGE
+    from prefixtune.controller.status import build_status
+    from prefixtune.tuning.phases import Phase, Step
+    from prefixtune.tuning.policy import step
+
+    fit = "ValueError: model weights (70.6 GiB per GPU at TP=1) do not fit in H100-80GB"
+    noisy = "Traceback (most recent call last):\n" + "  File x\x1b[31m\r\n" * 300 + fit + "\x00\x07"
+    pod = pod_view(_crash_looping("a-7f", TRY, noisy))
+    assert pod.message.endswith(fit) and "back-off" not in pod.message
+    assert len(pod.message) <= MAX_POD_MESSAGE and pod.message.isprintable()
+    s = _state().model_copy(update={"phase": Phase.EXPLORING, "step": Step.ROLLING_OUT})
+    obs = rollout_observation(s, {"baseline": _dep(TRY, ready=0)}, [pod])
+    assert obs is not None and obs.kind == "rollout_failed" and obs.failure == "crash"
+    assert fit in obs.reason and "CrashLoopBackOff (Error), 3 restart(s)" in obs.reason
+    # The trial's reason and the Tuning condition carry it (the policy records the trial infeasible)
+    after, _ = step(s, obs, 300.0)
+    status = build_status(after, [], None, now=300.0, generation=1, ready=(False, "R", ""))
+    assert fit in status["trials"][-1]["reason"] and status["trials"][-1]["outcome"] == "infeasible"
+    tuning = next(c for c in status["conditions"] if c["type"] == "Tuning")
+    assert fit in tuning["message"]
+    # The Ready condition of a resource whose only pods fail (a baseline that cannot start)
+    spec = parse_spec({"engine": "vllm", "model": "m/x", "gpu": {"count": 4}})
+    tp = "ValueError: tensor parallel size (--tp / tensor_parallel) must be 1..2; got 4"
+    failing = pod_view(_crash_looping("b-1", BASE, tp))
+    ok, reason, message = ready_condition(spec, Children({"baseline": _dep(BASE, ready=0)}, [failing]))
+    assert (ok, reason) == (False, "EngineFailing")
+    assert message.startswith("0/1 engine pods ready; pod b-1: CrashLoopBackOff (Error)") and tp in message
+    healthy = pod_view(_pod("b-2", BASE))
+    assert ready_condition(spec, Children({"baseline": _dep(BASE)}, [healthy]))[:2] == (True, "ReplicasReady")
+
+
+def test_an_oom_kill_without_a_message_is_an_oom() -> None:
+    killed = pod_view(_crash_looping("a", TRY, "", reason="OOMKilled"))
+    assert killed.last_reason == "OOMKilled" and failure_kind(killed, reached_ready=False) == "oom_startup"
+    obs = rollout_observation(_state(), {"baseline": _dep(TRY, ready=0)}, [killed])
+    assert obs is not None and obs.failure == "oom_startup" and "(OOMKilled)" in obs.reason

@@ -108,6 +108,7 @@ def test_demo_resource_table_and_summary() -> None:
         "currentConfig": cfg,
         "bestConfig": {"config": cfg, "score": 60.0},
         "diagnosis": {"hitRate": 0.9},
+        "budget": {"used": 1, "maxTrials": 5},
         "trials": [
             # as Trial.to_status writes them: the role says which trial is the baseline
             {
@@ -127,6 +128,12 @@ def test_demo_resource_table_and_summary() -> None:
     assert "RESOURCE" in table(rows)
     text = summary([res])
     assert "+50% vs baseline" in text and "infeasible" in text
+    # The operator's count, not the records': a baseline, a re-run and 2 trials are 2 of a budget of 2
+    res["status"]["budget"] = {"used": 2, "maxTrials": 2}
+    res["status"]["trials"] = [{"index": i, "config": cfg, "outcome": "ok"} for i in range(4)]
+    assert progress_rows([res])[1][3] == "2/2"
+    del res["status"]["budget"]  # a status written before the operator counted: not guessed
+    assert progress_rows([res])[1][3] == "-/5"
 
 
 def test_kopf_settings_bound_the_workers_for_many_objects() -> None:

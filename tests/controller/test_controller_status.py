@@ -129,7 +129,7 @@ def test_every_free_text_and_list_field_is_bounded() -> None:
         json.dumps(S.build_status(state, [], None, now=1.0, generation=1, ready=(True, "R", "m")))
     ) < len(json.dumps(status))
     conditions = status["conditions"]
-    assert [c["type"] for c in conditions] == ["Ready", "Degraded", "MetricsUnavailable"]
+    assert [c["type"] for c in conditions] == ["Ready", "Tuning", "Degraded", "MetricsUnavailable"]
     assert all(len(c["message"]) <= S.MAX_CONDITION_MESSAGE for c in conditions)
     assert conditions[0]["message"].endswith("(truncated)")
     assert all(len(t["reason"]) <= MAX_TEXT for t in status["trials"]) and len(status["trials"]) == 50
@@ -193,3 +193,111 @@ def test_the_scale_fields_are_written_and_kept_when_not_read_again() -> None:
     later = S.build_status(state, [], status, now=2.0, generation=2, ready=ok)
     assert (later["replicas"], later["selector"]) == (3, "prefixtune.io/resource=rag")
     assert "replicas" not in S.build_status(state, [], None, now=1.0, generation=2, ready=ok)
+
+
+def _tuning(status: dict[str, object]) -> dict[str, object]:
+    conditions = status["conditions"]
+    assert isinstance(conditions, list)
+    return next(c for c in conditions if c["type"] == "Tuning")
+
+
+def test_the_tuning_condition_follows_the_phase_and_step() -> None:
+    """Driven through a baseline and a trial as the reconcile does (the previous status fed back), the
+    Tuning condition moves with every step, with the trial, the budget and the generation (issue 18:
+    it stayed "Baseline (epoch 0)" all run)."""
+    from prefixtune.tuning.optimizer import Suggestion
+    from prefixtune.tuning.policy import step
+    from prefixtune.tuning.state import RolloutApplied, RolloutReady, Tick, WindowMeasured
+
+    trial_config = BASE.with_(block_size=32)
+
+    def suggester(*_: object) -> Suggestion:
+        return Suggestion(trial_config, "scripted")
+
+    settings = TuningSettings(warmup_s=60, measure_s=300, min_requests=10, max_trials=3, min_interval_s=0)
+    state = initial_state("vllm", settings, BASE)
+    signals = Signals(window_s=300, requests=500, goodput_tokens_per_s=100.0, output_tokens_per_s=110.0,
+                      ttft_p99_s=0.5, itl_p99_s=0.05, requests_per_s=1.0)  # fmt: skip
+    status: dict[str, object] | None = None
+    seen: list[tuple[str, str, str, int]] = []
+    script = [
+        (RolloutReady(config=BASE), 0.0), (Tick(), 60.0),
+        (WindowMeasured(signals=signals, offered_rps=1.0), 360.0),  # baseline scored: trial 1 rolls out
+        (RolloutApplied(config=trial_config), 365.0), (RolloutReady(config=trial_config), 370.0),
+        (Tick(), 430.0),
+    ]  # fmt: skip
+    for generation, (obs, now) in enumerate(script, start=1):
+        state, actions = step(state, obs, now, suggester)
+        status = S.build_status(state, actions, status, now=now, generation=generation, ready=(True, "R", ""))
+        tuning = _tuning(status)
+        seen.append((str(tuning["reason"]), str(tuning["message"]), str(tuning["status"]),
+                     int(tuning["observedGeneration"])))  # type: ignore[call-overload]  # fmt: skip
+    reasons = [s[0] for s in seen]
+    assert reasons == ["Baseline", "Baseline", "Exploring", "Exploring", "Exploring", "Exploring"]
+    messages = [s[1] for s in seen]
+    assert "warming the cache up" in messages[0] and "measuring a window" in messages[1]
+    assert "trial 1" in messages[2] and "rolling out" in messages[2] and "1 of 3 trials spent" in messages[2]
+    assert "waiting for its pods to be ready" in messages[3]
+    assert "warming the cache up" in messages[4] and "measuring a window" in messages[5]
+    assert len(set(messages)) == len(messages)  # a new text at every step
+    assert all(s[2] == "True" for s in seen)
+    assert [s[3] for s in seen] == list(range(1, len(script) + 1))
+    # the same state again (a tick that changes nothing) writes nothing: no churn
+    stored = {k: v for k, v in status.items() if v is not None}  # as the API server keeps it
+    same = S.build_status(state, [], stored, now=431.0, generation=len(script), ready=(True, "R", ""))
+    assert not S.patch_changes(stored, same)
+
+
+def test_a_fixed_spec_clears_the_invalid_spec_condition_and_message() -> None:
+    """Invalid at creation, then fixed: neither Ready nor Tuning keeps the InvalidSpec reason or the
+    old message (issue 18: the Tuning condition kept it, since nothing rewrote it)."""
+    error = "spec.gpu.count: must be 1..8, got 12"
+    invalid = S.invalid_status(None, [error], now=1.0, generation=1)
+    assert {c["type"]: c["reason"] for c in invalid["conditions"]} == {
+        "Ready": "InvalidSpec", "Tuning": "InvalidSpec"
+    }  # fmt: skip
+    fixed = S.build_status(
+        initial_state("vllm", TuningSettings(), BASE), [], invalid, now=2.0, generation=2,
+        ready=(False, "ReplicasNotReady", "0/1 engine pods ready"),
+    )  # fmt: skip
+    assert all(c["reason"] != "InvalidSpec" and error not in c["message"] for c in fixed["conditions"])
+    assert _tuning(fixed)["reason"] == "Pending" and _tuning(fixed)["observedGeneration"] == 2
+    assert fixed["phase"] == "Pending"
+
+
+def test_the_tuning_condition_names_a_failed_trial_and_the_capacity_wait() -> None:
+    from prefixtune.tuning.policy.messages import tuning_condition
+    from prefixtune.tuning.state import CapacityWait
+
+    crash = "crash: pod a-canary-x: CrashLoopBackOff (Error), 2 restart(s): ValueError: tensor parallel"
+    trials = [
+        Trial(id=0, epoch=0, role="baseline", config=BASE, outcome="ok", started_at=0.0, value=1.0),
+        Trial(id=1, epoch=0, role="trial", config=BASE.with_(block_size=32), outcome="infeasible",
+              reason=crash, failure="crash", started_at=1.0, finished_at=2.0),
+    ]  # fmt: skip
+    state = initial_state("vllm", TuningSettings(max_trials=4), BASE).model_copy(
+        update={"phase": Phase.EXPLORING, "step": "RollingBack", "trials": trials, "target": BASE, "best": 0}
+    )
+    ok, reason, message = tuning_condition(state)
+    assert (ok, reason) == (True, "Exploring")
+    assert "rolling back to" in message and "1 of 4 trials spent" in message
+    assert f"trial 1 infeasible: {crash}" in message
+    wait = CapacityWait(config=BASE.with_(block_size=64), epoch=0, retry_at=100.0, reason="Insufficient GPU")
+    paused = state.model_copy(update={"step": "Idle", "target": None, "capacity_wait": wait})
+    ok, reason, message = tuning_condition(paused)
+    assert (ok, reason) == (False, "NoCapacity") and "Insufficient GPU" in message
+
+
+def test_the_tuning_condition_of_a_converged_run_names_the_best_and_what_it_does() -> None:
+    from prefixtune.tuning.policy.messages import tuning_condition
+
+    best = Trial(id=3, epoch=0, role="trial", config=BASE.with_(block_size=32), outcome="ok",
+                 started_at=0.0, value=123.0)  # fmt: skip
+    state = initial_state("vllm", TuningSettings(), BASE).model_copy(
+        update={"phase": Phase.CONVERGED, "step": "Idle", "trials": [best], "best": 3, "note": "budget spent"}
+    )
+    ok, reason, message = tuning_condition(state)
+    assert (ok, reason) == (False, "Converged") and message.startswith("budget spent; best [")
+    assert message.endswith("value 123; applying it")
+    watching = state.model_copy(update={"step": "Watching", "current": best.config})
+    assert tuning_condition(watching)[2].endswith("; watching for drift")

@@ -50,14 +50,14 @@ async def test_status_and_report_read_the_cluster(
             await asyncio.to_thread(status_view.main, ["-n", "demo", "chat", "--kubeconfig", kubeconfig]) == 0
         )
         detail = capsys.readouterr().out
-        assert detail.startswith("demo/chat  vllm") and "8 of 11: 2 infeasible, 6 ok" in detail
+        assert detail.startswith("demo/chat  vllm") and "7 of 11 spent; records: 2 infeasible, 6 ok" in detail
 
         assert (
             await asyncio.to_thread(status_view.main, ["-n", "demo", "--json", "--kubeconfig", kubeconfig])
             == 0
         )
         listed = json.loads(capsys.readouterr().out)
-        assert [(f["name"], f["phase"], f["trials"]) for f in listed] == [("chat", "Converged", 8)]
+        assert [(f["name"], f["phase"], f["trials"]) for f in listed] == [("chat", "Converged", 7)]
 
         assert (
             await asyncio.to_thread(status_view.main, ["-n", "demo", "nope", "--kubeconfig", kubeconfig]) == 1

@@ -16,6 +16,7 @@ from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.actions import EmitEvent, RecordTrial, RollBack, SetCondition
 from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.policy import initial_state, step
+from prefixtune.tuning.policy.messages import tuning_condition
 from prefixtune.tuning.settings import Slo, TuningSettings
 from prefixtune.tuning.space import SearchSpace
 from prefixtune.tuning.state import ConfigChecked, Observation, RolloutReady, Tick, WindowMeasured
@@ -160,7 +161,7 @@ def test_a_refused_objective_observes_and_names_the_missing_signals() -> None:
     conditions = {a.type: a for a in acts if isinstance(a, SetCondition)}
     assert conditions["SignalsMissing"].status == "True"
     assert "prefix-cache hit rate" in conditions["SignalsMissing"].message
-    assert conditions["Tuning"].status == "False" and conditions["Tuning"].reason == "SignalsMissing"
+    assert tuning_condition(r.state) == (False, "SignalsMissing", "objective goodput needs x")
     assert any(isinstance(a, EmitEvent) and a.reason == "SignalsMissing" for a in acts)
 
 

@@ -21,6 +21,7 @@ from prefixtune.tuning.drive import TrialRun, drive
 from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.phases import Phase, Step
 from prefixtune.tuning.policy import drift, initial_state, step
+from prefixtune.tuning.policy.messages import tuning_condition
 from prefixtune.tuning.policy.spec_change import replicas_only
 from prefixtune.tuning.settings import Slo, TuningSettings
 from prefixtune.tuning.space import SearchSpace
@@ -521,7 +522,7 @@ def test_deployment_change_starts_a_new_epoch_with_a_fresh_baseline() -> None:
     assert len(why) == 1 and "epoch 1" in why[0].message and "fresh baseline" in why[0].message
     baseline = r.state.trial(r.state.active) if r.state.active is not None else None
     assert baseline is not None and baseline.role == "baseline" and baseline.epoch == 1
-    assert any(c.type == "Tuning" and c.reason == "Baseline" for c in of(acts, SetCondition))
+    assert tuning_condition(r.state)[:2] == (True, "Baseline")
     # a later model change restarts again, from wherever the search is
     r.tick(now + 810)
     r.win(now + 1110)
@@ -566,7 +567,7 @@ def test_trials_starved_of_traffic_end_the_search() -> None:
     trials = [a.trial for a in of(r.actions, RecordTrial) if a.trial.role == "trial"]
     assert [tr.outcome for tr in trials] == ["invalidated", "invalidated"]
     assert all(tr.failure == "too_little_traffic" for tr in trials)
-    assert any(c.type == "Tuning" and c.reason == "InsufficientTraffic" for c in of(r.actions, SetCondition))
+    assert tuning_condition(r.state)[:2] == (False, "InsufficientTraffic")
     # the best measured config (the baseline) is put back, then the policy watches
     apply = of(r.actions, RollOut)[-1]
     assert apply.config == DEFAULT and apply.trial is None
@@ -610,7 +611,7 @@ def test_no_capacity_is_never_infeasible_and_the_same_config_is_retried() -> Non
     assert [(t.trial.outcome, t.trial.failure) for t in rec] == [("invalidated", "no_capacity")]
     assert of(acts, RollBack)[0].to_config == DEFAULT  # nothing left half-done
     assert any(e.type == "Warning" and e.reason == "NoCapacity" for e in of(acts, EmitEvent))
-    assert any(c.type == "Tuning" and c.reason == "NoCapacity" for c in of(acts, SetCondition))
+    assert tuning_condition(r.state)[:2] == (False, "NoCapacity")
     wait = r.state.capacity_wait
     assert wait is not None and wait.config == C1 and wait.retry_at == now + 5 + NO_CAPACITY_BACKOFF_S
     r(RolloutReady(config=DEFAULT), now + 10)
@@ -636,7 +637,7 @@ def test_no_capacity_is_never_infeasible_and_the_same_config_is_retried() -> Non
     assert of(r.tick(t), RollOut)[0].config == C1
     acts = r(RolloutReady(config=C1), t + 30)
     assert r.state.capacity_wait is None and r.state.step == "WarmingUp"
-    assert any(c.type == "Tuning" and c.reason == "Exploring" for c in of(acts, SetCondition))
+    assert tuning_condition(r.state)[:2] == (True, "Exploring")
     r.tick(t + 90)
     acts = r.win(t + 390, goodput=1200.0)
     assert [x.trial.outcome for x in of(acts, RecordTrial)] == ["ok"]

@@ -348,7 +348,9 @@ class TrialSpec(_Model):
 
 
 class BudgetSpec(_Model):
-    max_trials: StrictInt = Field(20, ge=1, le=200, description="Trials per tuning run, baseline included.")
+    max_trials: StrictInt = Field(
+        20, ge=1, le=200, description="Trials per tuning run, the baseline not included."
+    )
 
 
 class RolloutSpec(_Model):
@@ -521,6 +523,17 @@ class BestConfig(_Model):
     confidence: Ratio | None = Field(None, description="Confidence that it beats the baseline, 0..1.")
 
 
+class TrialBudget(_Model):
+    """How much of spec.tuning.budget.maxTrials the current tuning run (epoch) has spent."""
+
+    used: Annotated[StrictInt, Field(ge=0)] = Field(
+        description="Trials of this tuning run that count toward maxTrials: every trial started, the one "
+        "in flight too, but the baseline and those re-run at no cost (invalidated by a pod restart, a "
+        "spec change or a lack of capacity, or aborted by an invalid spec)."
+    )
+    max_trials: Annotated[StrictInt, Field(ge=1)] = Field(description="spec.tuning.budget.maxTrials.")
+
+
 class TrialRecord(_Model):
     index: Annotated[StrictInt, Field(ge=0)] = Field(description="Trial number, assigned once, increasing.")
     config: KnobValues
@@ -563,6 +576,7 @@ class ServingDeploymentStatus(_Model):
     )
     current_config: KnobValues | None = _omittable("The configuration the serving pods run.")
     best_config: BestConfig | None = _omittable("The best configuration measured so far.")
+    budget: TrialBudget | None = _omittable("The trial budget spent by the current tuning run.")
     trials: list[TrialRecord] = Field(default_factory=list)
     diagnosis: DiagnosisStatus | None = _omittable("What limits the deployment now.")
     recommendation: Recommendation | None = _omittable("Observe mode: what would be rolled out.")

@@ -21,7 +21,7 @@ from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.controller.api_calls import require
 from prefixtune.controller.drift import OWNED_POD_KEYS, Drift, owned_drift
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
-from prefixtune.controller.observe import Desired, PodView, Scale, pod_view
+from prefixtune.controller.observe import Desired, PodView, Scale, failure_detail, pod_view
 from prefixtune.controller.ownership import Claim, Foreign, claim, foreign
 from prefixtune.controller.render import (
     ROLES,
@@ -281,7 +281,9 @@ def ready_condition(
     spec: ServingDeploymentSpec, children: Children, found: Sequence[Foreign] = ()
 ) -> tuple[bool, str, str]:
     """(ready, reason, message) for the Ready condition: all serving replicas ready; an object of
-    our names that is not ours comes first (``ResourceExists``, naming it)."""
+    our names that is not ours comes first (``ResourceExists``, naming it). Short of replicas with
+    an engine pod failing (crashing, or exited for good), ``EngineFailing`` with why: the engine's
+    own exit message (weights that do not fit, an unsupported GPU count), bounded (``pod_message``)."""
     if found:
         return False, "ResourceExists", "; ".join(f.message() for f in found)[:1024]
     ready = sum(1 for p in children.pods if p.ready and not p.deleting)
@@ -289,6 +291,11 @@ def ready_condition(
         return False, "Creating", "the engine Deployment does not exist yet"
     if ready >= spec.replicas:
         return True, "ReplicasReady", f"{ready}/{spec.replicas} engine pods ready"
+    failing = [p for p in children.pods if p.crashed and not p.ready and not p.deleting]
+    if failing:
+        more = f" (and {len(failing) - 1} more)" if len(failing) > 1 else ""
+        detail = failure_detail(failing[0])
+        return False, "EngineFailing", f"{ready}/{spec.replicas} engine pods ready; {detail}{more}"
     return False, "ReplicasNotReady", f"{ready}/{spec.replicas} engine pods ready"
 
 

@@ -1,14 +1,26 @@
 """kopf handlers: thin. Each one calls ``reconcile`` (all logic lives in pure functions below it).
 
 - create / update / resume of a ServingDeployment: reconcile at once (validate, render, status).
-- a timer every ``tick_s``: the tuning loop's clock (observe, decide, persist, apply).
-- delete (optional, no finalizer): forget the in-memory window start. The children carry
-  ownerReferences to the resource, so the garbage collector deletes them; no finalizer is added and
-  a deleted resource never waits for the operator.
+- a daemon per resource, ticking every ``tick_s``: the tuning loop's clock (observe, decide,
+  persist, apply). It ends once the resource is gone.
+- delete (optional, no finalizer): forget the in-memory window start.
+
+No finalizer. The children carry ownerReferences to the resource, so the garbage collector deletes
+them, and a deleted resource never waits for the operator (``kubectl delete`` completes with the
+operator stopped or uninstalled). kopf adds its finalizer (``settings.persistence.finalizer``) to
+every object with a timer or a daemon: ``kopf.timer`` and ``kopf.daemon`` register their handlers
+with ``requires_finalizer=True`` (kopf/on.py), so that kopf can stop them before the object goes
+(kopf/_core/reactor/processing.py). The tick is a daemon registered without that need
+(``_no_finalizer``): the daemon stops itself when its reconcile finds the resource gone or being
+deleted, and kopf still stops it when the operator exits or pauses for a peer. A resource that
+carries kopf's finalizer from an earlier release is released by kopf on its first event (kopf
+removes a finalizer no handler requires).
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 from typing import Any
 
@@ -39,13 +51,23 @@ def build_registry(tick_s: float = 5.0) -> kopf.OperatorRegistry:
     async def on_change(memo: Any, namespace: str | None, name: str | None, **_: Any) -> None:
         await reconcile(_ctx(memo), str(namespace or "default"), str(name))
 
-    async def on_tick(memo: Any, namespace: str | None, name: str | None, **_: Any) -> None:
-        try:
-            await reconcile(_ctx(memo), str(namespace or "default"), str(name))
-        except kopf.PermanentError:
-            raise
-        except Exception as err:  # the next tick retries; a timer must not die on one bad call
-            logger.warning("reconcile of %s/%s failed (retrying next tick): %s", namespace, name, err)
+    async def tune(
+        memo: Any, namespace: str | None, name: str | None, stopped: kopf.DaemonStopped, **_: Any
+    ) -> None:
+        ctx = _ctx(memo)
+        clock = asyncio.get_running_loop().time
+        while not stopped:
+            began = clock()
+            try:
+                done = await reconcile(ctx, str(namespace or "default"), str(name)) is None
+            except Exception as err:  # the next tick retries; the loop must not die on one bad call
+                logger.warning("reconcile of %s/%s failed (retrying next tick): %s", namespace, name, err)
+                done = False
+            if done:
+                return  # the resource is gone or being deleted: its loop ends with it
+            # On the tick grid (as a sharp kopf timer): a slow reconcile does not shift the next one.
+            # A plain sleep: kopf cancels the daemon when it stops it (``cancellation_timeout``).
+            await asyncio.sleep(tick_s - (clock() - began) % tick_s)
 
     async def on_delete(
         memo: Any, namespace: str | None, name: str | None, uid: str | None = None, **_: Any
@@ -57,6 +79,27 @@ def build_registry(tick_s: float = 5.0) -> kopf.OperatorRegistry:
     kopf.on.create(*resource, registry=registry, id="reconcile-create", backoff=2.0)(on_change)
     kopf.on.update(*resource, registry=registry, id="reconcile-update", backoff=2.0)(on_change)
     kopf.on.resume(*resource, registry=registry, id="reconcile-resume", backoff=2.0)(on_change)
-    kopf.timer(*resource, registry=registry, id="tune", interval=tick_s, sharp=True)(on_tick)
+    # Stopped (operator exit, peering pause): cancelled at once, abandoned after CANCEL_TIMEOUT_S.
+    kopf.daemon(*resource, registry=registry, id=TUNE_ID, cancellation_timeout=CANCEL_TIMEOUT_S)(tune)
+    _no_finalizer(registry, TUNE_ID)
     kopf.on.delete(*resource, registry=registry, id="forget", optional=True)(on_delete)
     return registry
+
+
+TUNE_ID = "tune"
+CANCEL_TIMEOUT_S = 10.0
+
+
+def _no_finalizer(registry: kopf.OperatorRegistry, handler_id: str) -> None:
+    """Register the daemon ``handler_id`` as one that needs no finalizer: kopf's decorator always
+    says it does (kopf/on.py, ``requires_finalizer=True``), and kopf then adds its finalizer to every
+    resource, so that a delete hangs while the operator is not running. kopf has no public switch
+    for this; ``test_the_operator_registers_no_handler_that_needs_a_finalizer`` pins it."""
+    spawning = registry._spawning
+    found = [h for h in spawning.get_all_handlers() if h.id == handler_id]
+    if len(found) != 1:
+        raise RuntimeError(f"expected one kopf daemon {handler_id!r}, found {len(found)}")
+    spawning._handlers = [
+        dataclasses.replace(h, requires_finalizer=False) if h.id == handler_id else h
+        for h in spawning._handlers
+    ]

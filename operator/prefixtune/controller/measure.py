@@ -24,7 +24,7 @@ from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.observe import PodView, desired, pods_of
 from prefixtune.controller.render import DeploymentRole, config_hash, prometheus_labels
 from prefixtune.engines import get_adapter
-from prefixtune.engines.base import MetricNames
+from prefixtune.engines.base import KnobConfig, MetricNames
 from prefixtune.metrics.bounded import METRICS_POOL, BoundedPrometheus
 from prefixtune.metrics.exposition import Snapshot
 from prefixtune.metrics.histogram import Slo
@@ -43,6 +43,17 @@ from prefixtune.tuning.state import (
 )
 
 PARTIAL_EVERY = 4  # early-abort checks per window
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The last full window of the stable pods (what the status diagnoses), and the config they ran:
+    a diagnosis is checked against that config (no advice to turn off what is off). With a canary,
+    the stable pods alone: the canary's own window is its trial's, and a mix of both configs is
+    neither's."""
+
+    signals: Signals
+    config: KnobConfig
 
 
 @dataclass
@@ -67,11 +78,11 @@ class Meter:
     born: float = field(default_factory=time.time)  # windows that began before this are not ours
     starts: dict[str, _Start] = field(default_factory=dict)
     watch_from: dict[str, tuple[tuple[object, ...], float]] = field(default_factory=dict)  # Prometheus
-    last_signals: dict[str, Signals] = field(default_factory=dict)
+    last_window: dict[str, Measured] = field(default_factory=dict)
 
     def forget(self, uid: str) -> None:
         self.starts.pop(uid, None)
-        self.last_signals.pop(uid, None)
+        self.last_window.pop(uid, None)
         self.watch_from.pop(uid, None)
 
     def _clock(self) -> float:
@@ -268,8 +279,9 @@ class Meter:
             return MetricsUnavailable(
                 reason=self._unanswered(f"no {subject} pod answered a metrics scrape", errors),
             )
-        if full:
-            self.last_signals[uid] = total or signals
+        stable = baseline if subject == "canary" else total or signals
+        if full and stable is not None:
+            self.last_window[uid] = Measured(stable, desired(state).baseline)
         return WindowMeasured(
             signals=signals,
             baseline_signals=baseline,
@@ -339,6 +351,9 @@ class Meter:
             return MetricsUnavailable(reason=f"Prometheus query failed: {reason[:200]}")
         if signals is None:
             return MetricsUnavailable(reason=f"no {subject} pods to query")
+        stable = baseline if subject == "canary" else signals
+        if stable is not None:
+            self.last_window[uid] = Measured(stable, desired(state).baseline)
         return WindowMeasured(
             signals=signals,
             baseline_signals=baseline,

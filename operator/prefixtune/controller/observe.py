@@ -36,6 +36,22 @@ from prefixtune.tuning.state import (
 )
 
 OOM_PATTERN = re.compile(r"out of memory|outofmemory|oomkilled|\boom\b")
+# A pod's message (the engine's own terminationMessage, the kubelet's waiting message) is the
+# engine's output, not ours: control characters are dropped, whitespace runs folded, and at most
+# this many characters kept, the end of it (an engine's error is its last line: a traceback ends
+# with the exception). It reaches trial reasons, the Ready condition and Events.
+MAX_POD_MESSAGE = 400
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]+")
+
+
+def pod_message(text: str, limit: int = MAX_POD_MESSAGE) -> str:
+    """A pod's message as the status may show it: printable, one line, at most ``limit`` characters
+    (the tail, marked when cut)."""
+    flat = " ".join(_UNPRINTABLE.sub(" ", text).split())
+    if len(flat) <= limit:
+        return flat
+    marker = "(truncated) ... "
+    return marker + flat[len(flat) - (limit - len(marker)) :]
 
 
 @dataclass(frozen=True)
@@ -91,7 +107,8 @@ class PodView:
     restarts: int
     waiting_reason: str = ""
     terminated_reason: str = ""
-    message: str = ""
+    last_reason: str = ""  # lastState.terminated.reason: why the previous run ended (Error, OOMKilled)
+    message: str = ""  # bounded and printable (``pod_message``)
     phase: str = ""
     started_at: float | None = None  # the running container's start (epoch seconds)
     deleting: bool = False
@@ -130,7 +147,9 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     terminated = state.get("terminated") or {}
     waiting = state.get("waiting") or {}
     running = state.get("running") or {}
-    message = str(terminated.get("message") or waiting.get("message") or last.get("message") or "")
+    # The container's own exit message first: in CrashLoopBackOff the waiting message is the
+    # kubelet's "back-off 10s restarting failed container", and the engine's error is the last exit's.
+    message = str(terminated.get("message") or last.get("message") or waiting.get("message") or "")
     return PodView(
         name=str(meta.get("name", "")),
         ip=str(status.get("podIP") or ""),
@@ -140,7 +159,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         restarts=int(container.get("restartCount") or 0),
         waiting_reason=str(waiting.get("reason") or ""),
         terminated_reason=str(terminated.get("reason") or ""),
-        message=message,
+        last_reason=str(last.get("reason") or ""),
+        message=pod_message(message),
         phase=str(status.get("phase") or ""),
         started_at=_epoch(running.get("startedAt")),
         deleting=bool(meta.get("deletionTimestamp")),
@@ -150,17 +170,19 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
 
 def failure_kind(pod: PodView, reached_ready: bool) -> str:
     """crash | oom_startup | oom_runtime, from the container's exit message (the engine's own error)."""
-    text = f"{pod.terminated_reason} {pod.message}".lower()
+    text = f"{pod.terminated_reason} {pod.last_reason} {pod.message}".lower()
     if OOM_PATTERN.search(text):
         return "oom_runtime" if reached_ready else "oom_startup"
     return "crash"
 
 
-def _failure_detail(pod: PodView) -> str:
+def failure_detail(pod: PodView) -> str:
+    """``pod NAME: CrashLoopBackOff (Error), 3 restart(s): <the engine's exit message>``."""
     why = pod.waiting_reason or pod.terminated_reason or "restarted"
-    detail = f"pod {pod.name}: {why}, {pod.restarts} restart(s)"
+    last = pod.last_reason if pod.last_reason and pod.last_reason != why else ""
+    detail = f"pod {pod.name}: {why}" + (f" ({last})" if last else "") + f", {pod.restarts} restart(s)"
     if pod.message:
-        detail += f": {pod.message[:300]}"
+        detail += f": {pod.message}"
     return detail
 
 
@@ -246,7 +268,7 @@ def rollout_observation(
                 return RolloutFailed(
                     config=config,
                     failure=failure_kind(pod, reached_ready=False),
-                    reason=_failure_detail(pod),
+                    reason=failure_detail(pod),
                 )
         waiting = [p for p in mine if not p.ready]
         if waiting and all(p.unschedulable for p in waiting):
@@ -272,7 +294,7 @@ def rollout_observation(
                 return RolloutFailed(
                     config=config,
                     failure=failure_kind(pod, reached_ready=True),
-                    reason=_failure_detail(pod) + " (under load, after it was ready)",
+                    reason=failure_detail(pod) + " (under load, after it was ready)",
                 )
         if not any(p.ready for p in mine):
             return None  # not ready under load: it recovers, or crashes (a failure on a later tick)
@@ -291,7 +313,9 @@ __all__ = [
     "Scale",
     "deployment_ready",
     "desired",
+    "failure_detail",
     "failure_kind",
+    "pod_message",
     "pod_view",
     "pods_of",
     "rollout_observation",

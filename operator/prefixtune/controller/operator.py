@@ -82,7 +82,7 @@ def operator_settings(opts: OperatorOptions) -> kopf.OperatorSettings:
     settings.execution.max_workers = 4
     # Many objects: at most POSTING_WORKERS posting Events. The per-object watch-event workers stay
     # unbounded (kopf's default): a limit below the number of resources starves the rest, since a
-    # resource whose timer runs keeps its worker (bench scale at N = 200 with a limit of 64).
+    # resource whose tick runs keeps its worker (bench scale at N = 200 with a limit of 64).
     settings.posting.worker_limit = POSTING_WORKERS
     # Handler progress and the diff base live in our annotations, never in status (the operator
     # writes the whole status itself).

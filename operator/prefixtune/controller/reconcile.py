@@ -282,9 +282,13 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
         state = await _advance(state, Tick(), now, actions)
     actions.extend(drift_actions(drift, previous.get("conditions") or [], _settled(children, ensured_want)))
 
-    signals = ctx.meter.last_signals.get(uid)
+    measured = ctx.meter.last_window.get(uid)
+    # Diagnosed against the config its pods ran (status.diagnosis describes currentConfig: one of
+    # another config, e.g. the window before a rolling trial's pods took over, is not shown).
     diagnosis = (
-        diagnose(signals, prefix_caching=state.current.prefix_caching) if signals is not None else None
+        diagnose(measured.signals, prefix_caching=measured.config.prefix_caching)
+        if measured is not None and measured.config == state.current
+        else None
     )
     found = _unique([*children.foreign, *ctx.foreign.get(uid, [])])
     status = build_status(
@@ -307,8 +311,8 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
             outcome.conflict = True
             return outcome
         raise
-    if signals is not None:
-        ctx.meter.last_signals.pop(uid, None)
+    if measured is not None:
+        ctx.meter.last_window.pop(uid, None)
     await post_events(client, body, [a for a in actions if isinstance(a, EmitEvent)], now)
     if ctx.monitoring is None:
         ctx.monitoring = await monitoring_installed(client)

@@ -21,7 +21,9 @@ from prefixtune.engines.knobs import to_api
 from prefixtune.metrics.diagnosis import Diagnosis
 from prefixtune.tuning.actions import Action, Recommend, SetCondition
 from prefixtune.tuning.objective import confidence_better
-from prefixtune.tuning.phases import Phase
+from prefixtune.tuning.phases import Phase, TuningReason
+from prefixtune.tuning.policy._core import trials_spent
+from prefixtune.tuning.policy.messages import tuning_condition
 from prefixtune.tuning.state import PolicyState, Trial, clip
 
 MAX_TRIALS_IN_STATUS = 50
@@ -246,23 +248,31 @@ def build_status(
 ) -> dict[str, Any]:
     """The whole status (for one merge patch). ``ready``: (ready?, reason, message) of the serving
     pods; ``valid_spec``: the spec rolled out (None keeps the one recorded before); ``scale``: the
-    scale subresource's fields (None keeps the ones recorded before)."""
+    scale subresource's fields (None keeps the ones recorded before). The Tuning condition is the
+    state's (``tuning_condition``), written every time: it follows the phase and step, and a fixed
+    spec replaces an InvalidSpec one. The diagnosis describes ``currentConfig``: one made for
+    another config is dropped until a window of this one replaces it."""
     prev = dict(previous or {})
     state = state.clipped()
     updates = [(a.type, a.status, a.reason, a.message) for a in actions if isinstance(a, SetCondition)]
     ok, reason, message = ready
     updates.append(("Ready", "True" if ok else "False", reason, message))
+    tuning, tuning_reason, tuning_message = tuning_condition(state)
+    updates.append(("Tuning", "True" if tuning else "False", str(tuning_reason), tuning_message))
     conditions = merge_conditions(prev.get("conditions") or [], updates, now, generation)
     trials = [trial_record(t) for t in state.trials if t.outcome != "running"][-MAX_TRIALS_IN_STATUS:]
     active = [trial_record(t) for t in state.trials if t.outcome == "running"]
+    current = knob_values(state.current)
+    kept = prev.get("diagnosis") if prev.get("currentConfig") == current else None
     status: dict[str, Any] = {
         "phase": str(state.phase),
         "observedGeneration": int(generation),
         "conditions": conditions,
-        "currentConfig": knob_values(state.current),
+        "currentConfig": current,
         "bestConfig": best_config(state),
+        "budget": {"used": trials_spent(state), "maxTrials": int(state.settings.max_trials)},
         "trials": trials + active,
-        "diagnosis": diagnosis_status(diagnosis) if diagnosis is not None else prev.get("diagnosis"),
+        "diagnosis": diagnosis_status(diagnosis) if diagnosis is not None else kept,
         "recommendation": recommendation_status(actions, prev.get("recommendation")),
         "policy": {"schema": POLICY_SCHEMA, POLICY_KEY: state.to_json()},
     }
@@ -285,7 +295,10 @@ def invalid_status(
     message = "; ".join(errors)
     conditions = merge_conditions(
         prev.get("conditions") or [],
-        [("Ready", "False", "InvalidSpec", message), ("Tuning", "False", "InvalidSpec", message)],
+        [
+            ("Ready", "False", "InvalidSpec", message),
+            ("Tuning", "False", str(TuningReason.INVALID_SPEC), message),
+        ],
         now,
         generation,
     )

@@ -46,6 +46,10 @@ def _float(value: Any) -> float | None:
         return None
 
 
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def summarize(resource: Mapping[str, Any]) -> dict[str, Any]:
     """Plain facts of one ServingDeployment (JSON-ready; None where not known yet)."""
     meta = resource.get("metadata") or {}
@@ -59,6 +63,8 @@ def summarize(resource: Mapping[str, Any]) -> dict[str, Any]:
     outcomes: dict[str, int] = {}
     for t in trials:
         outcomes[str(t.get("outcome", "?"))] = outcomes.get(str(t.get("outcome", "?")), 0) + 1
+    spent = status.get("budget")
+    budget: Mapping[str, Any] = spent if isinstance(spent, Mapping) else {}
     hit_rate = _float(signals.get("hit_rate"))
     if hit_rate is None:
         hit_rate = _float(diagnosis.get("hitRate"))
@@ -70,8 +76,10 @@ def summarize(resource: Mapping[str, Any]) -> dict[str, Any]:
         "mode": str(tuning.get("mode") or "auto"),
         "objective": str(tuning.get("objective") or "goodput"),
         "phase": str(status.get("phase") or Phase.PENDING),
-        "trials": len(trials),
-        "budget": int((tuning.get("budget") or {}).get("maxTrials") or DEFAULT_BUDGET),
+        # The budget as the operator counts it (status.budget); None before it has (an older release).
+        "trials": _int(budget.get("used")),
+        "budget": _int(budget.get("maxTrials"))
+        or int((tuning.get("budget") or {}).get("maxTrials") or DEFAULT_BUDGET),
         "outcomes": outcomes,
         "currentConfig": status.get("currentConfig"),
         "bestConfig": best.get("config"),
@@ -98,6 +106,10 @@ def summarize(resource: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
@@ -119,7 +131,7 @@ def format_detail(facts: Mapping[str, Any]) -> str:
     lines = [
         f"{facts['namespace']}/{facts['name']}  {facts['engine']}  {facts['model']}",
         f"  phase        {facts['phase']}  (mode {facts['mode']}, objective {facts['objective']})",
-        f"  trials       {facts['trials']} of {facts['budget']}: {outcomes}",
+        f"  trials       {_count(facts['trials'])} of {facts['budget']} spent; records: {outcomes}",
         f"  current      {config_text(facts['currentConfig'])}",
         f"  best         {config_text(facts['bestConfig'])}",
         f"  score        {_num(facts['bestScore'])}  confidence {_pct(facts['confidence'])}",
@@ -155,7 +167,7 @@ def format_table(all_facts: Sequence[Mapping[str, Any]]) -> str:
                 f["name"],
                 f["engine"],
                 f["phase"],
-                f"{f['trials']}/{f['budget']}",
+                f"{_count(f['trials'])}/{f['budget']}",
                 config_text(f["bestConfig"]),
                 _num(f["bestScore"]),
                 _pct(f["hitRate"]),

@@ -33,6 +33,22 @@ class Step(StrEnum):
     WATCHING = "Watching"
 
 
+class TuningReason(StrEnum):
+    """The reasons of the Tuning condition (``policy/messages.tuning_condition``)."""
+
+    PENDING = "Pending"
+    BASELINE = "Baseline"
+    EXPLORING = "Exploring"
+    NO_CAPACITY = "NoCapacity"
+    CONVERGED = "Converged"
+    INSUFFICIENT_TRAFFIC = "InsufficientTraffic"
+    OBSERVING = "Observing"
+    SIGNALS_MISSING = "SignalsMissing"
+    TUNING_OFF = "TuningOff"
+    FAILED = "Failed"
+    INVALID_SPEC = "InvalidSpec"
+
+
 # A rollout (or rollback) is in flight: the pods are changing.
 ROLLOUT_STEPS = frozenset({Step.ROLLING_OUT, Step.WAITING_READY, Step.ROLLING_BACK})
 # A trial is in flight, from its rollout until it is scored.

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from prefixtune.engines.base import KnobConfig
 from prefixtune.engines.knobs import to_api
 from prefixtune.metrics.signals import Signals
-from prefixtune.tuning.phases import Phase, Step
+from prefixtune.tuning.phases import Phase, Step, TuningReason
 from prefixtune.tuning.settings import TuningSettings
 
 MAX_TEXT = 512  # characters of a free-text field kept in the state (a trial's reason): bounded status
@@ -269,6 +269,8 @@ class PolicyState(_Model):
     recommendation: KnobConfig | None = None  # last recommendation made (observe mode)
     capacity_wait: CapacityWait | None = None  # a trial that found no capacity, to retry
     note: str = ""  # why the phase is what it is (converged reason, failure)
+    # The Tuning condition's reason for ``note`` (None: the phase's own, e.g. Converged)
+    note_reason: TuningReason | None = None
 
     def to_json(self) -> str:
         return self.model_dump_json()

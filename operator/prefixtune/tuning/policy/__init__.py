@@ -169,15 +169,12 @@ class _Ctx(Core):
             # The objective cannot be scored from what this release exports: never tune blind.
             self.goto(Phase.OBSERVING, Step.MEASURING)
             self.s.measure_from = self.now
-            self.condition("Tuning", False, "SignalsMissing", self.s.settings.refusal)
             return
         if mode == "off":
             self.goto(Phase.PAUSED, Step.IDLE)
-            self.condition("Tuning", False, "TuningOff", "tuning.mode is off: the spec config is kept")
         elif mode == "observe":
             self.goto(Phase.OBSERVING, Step.MEASURING)
             self.s.measure_from = self.now
-            self.condition("Tuning", False, "Observing", "tuning.mode is observe: measuring and recommending")
         else:
             measurement.begin_baseline(self, warm=True)
 

@@ -96,16 +96,8 @@ class Core:
         return [t for t in self.s.trials if t.epoch == self.s.epoch]
 
     def explored(self) -> int:
-        """Trials spent from the budget: all finished ones but those invalidated by a pod restart or a
-        spec change or aborted by an invalid spec (re-run at no cost); a trial starved of traffic
-        counts, so a light workload cannot keep the search going forever."""
-        return sum(
-            1
-            for t in self.epoch_trials()
-            if t.role == "trial"
-            and (t.outcome != "invalidated" or t.failure == TOO_LITTLE_TRAFFIC)
-            and t.failure != SPEC_INVALID
-        )
+        """Trials spent from the budget (``trials_spent``)."""
+        return trials_spent(self.s)
 
     def rate_limited_until(self) -> float | None:
         last = self.s.last_rollout_at
@@ -182,6 +174,21 @@ class Core:
         if best is None or best.role == "baseline" or len(self.measurements(best.config)) > 1:
             return None
         return best
+
+
+def trials_spent(s: PolicyState) -> int:
+    """Trials of the current epoch spent from the budget (``maxTrials``): every trial started (the
+    one in flight too) but the baseline and those invalidated by a pod restart, a spec change or a
+    lack of capacity or aborted by an invalid spec (re-run at no cost); a trial starved of traffic
+    counts, so a light workload cannot keep the search going forever."""
+    return sum(
+        1
+        for t in s.trials
+        if t.epoch == s.epoch
+        and t.role == "trial"
+        and (t.outcome != "invalidated" or t.failure == TOO_LITTLE_TRAFFIC)
+        and t.failure != SPEC_INVALID
+    )
 
 
 def per_request(s: Signals, which: str) -> float | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prefixtune.tuning.optimizer import seed_from
-from prefixtune.tuning.phases import Phase, Step
+from prefixtune.tuning.phases import Phase, Step, TuningReason
 from prefixtune.tuning.policy import (
     exploration,
     rollout,
@@ -53,11 +53,11 @@ def confirm_reason(self: Core, best: Trial, why: str) -> str:
     return f"confirm the best (trial {best.id}, one window {best.value:.4g}) before converging: {why}"
 
 
-def converge(self: Core, reason: str, condition_reason: str = "Converged") -> None:
+def converge(self: Core, reason: str, condition_reason: TuningReason = TuningReason.CONVERGED) -> None:
     self.goto(Phase.CONVERGED, Step.IDLE)
     self.s.note = reason
+    self.s.note_reason = condition_reason
     best = self.best_trial()
     msg = f"{reason}; best {config_label(self.best_config())}" + (f" value {best.value:.4g}" if best else "")
     self.event("Normal", "Converged", msg)
-    self.condition("Tuning", False, condition_reason, msg)
     rollout.apply_best(self)

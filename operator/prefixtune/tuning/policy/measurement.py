@@ -17,7 +17,7 @@ from prefixtune.tuning.objective import (
     score,
     severe_breach,
 )
-from prefixtune.tuning.phases import WINDOW_STEPS, Phase, Step
+from prefixtune.tuning.phases import WINDOW_STEPS, Phase, Step, TuningReason
 from prefixtune.tuning.policy import (
     drift_watch,
     exploration,
@@ -46,7 +46,6 @@ def begin_baseline(self: Core, warm: bool) -> None:
         self.s.warm_until = self.now + self.s.settings.warmup_s
     else:
         measurement.begin_measuring(self)
-    self.condition("Tuning", True, "Baseline", f"measuring the running config (epoch {self.s.epoch})")
 
 
 def begin_measuring(self: Core) -> None:
@@ -238,8 +237,8 @@ def insufficient(self: Core, trial: Trial, why: InsufficientData) -> None:
         # No usable baseline: the workload is too light to tune against; watch and retry later.
         self.goto(Phase.CONVERGED, Step.WATCHING)
         self.s.note = "too little traffic to measure a baseline"
+        self.s.note_reason = TuningReason.INSUFFICIENT_TRAFFIC
         self.s.measure_from = self.now
-        self.condition("Tuning", False, "InsufficientTraffic", self.s.note)
         return
     self.goto(step=Step.IDLE)
     starved = [
@@ -252,7 +251,7 @@ def insufficient(self: Core, trial: Trial, why: InsufficientData) -> None:
             self,
             f"too little traffic: {config_label(trial.config)} invalidated {len(starved)} times this epoch "
             f"({why.reason}); keeping the best measured config and watching",
-            condition_reason="InsufficientTraffic",
+            condition_reason=TuningReason.INSUFFICIENT_TRAFFIC,
         )
         return
     exploration.decide(self)

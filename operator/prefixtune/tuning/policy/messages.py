@@ -1,4 +1,4 @@
-"""The text of Event messages and trial reasons."""
+"""The text of Event messages, trial reasons and the Tuning condition."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.objective import (
     Score,
 )
+from prefixtune.tuning.phases import Phase, Step, TuningReason
+from prefixtune.tuning.policy._core import trials_spent
+from prefixtune.tuning.state import PolicyState
 
 
 def config_label(c: KnobConfig) -> str:
@@ -32,3 +35,62 @@ def evidence(s: Signals) -> str:
         if value is not None:
             parts.append(f"{label} {fmt.format(value)}")
     return ", ".join(parts) or "no signals"
+
+
+STEP_TEXT: dict[Step, str] = {
+    Step.IDLE: "choosing the next trial",
+    Step.ROLLING_OUT: "rolling out",
+    Step.WAITING_READY: "waiting for its pods to be ready",
+    Step.WARMING_UP: "warming the cache up",
+    Step.MEASURING: "measuring a window",
+    Step.SCORING: "scoring",
+    Step.ROLLING_BACK: "rolling back",
+    Step.WATCHING: "watching for drift",
+}
+
+
+def tuning_condition(s: PolicyState) -> tuple[bool, TuningReason, str]:
+    """The Tuning condition (status, reason, message) of a state: made from the phase, the step and
+    the trials alone, so it follows every transition and never outlives the state it describes (the
+    status builder writes it on every reconcile). The text changes only when the state does."""
+    if s.phase == Phase.PENDING:
+        return False, TuningReason.PENDING, "waiting for the engine pods to be ready (see Ready)"
+    if s.phase == Phase.PAUSED:
+        return False, TuningReason.TUNING_OFF, "tuning.mode is off: the spec config is kept"
+    if s.phase == Phase.OBSERVING:
+        if s.settings.mode == "auto" and s.settings.refusal:
+            return False, TuningReason.SIGNALS_MISSING, s.settings.refusal
+        return False, TuningReason.OBSERVING, "tuning.mode is observe: measuring and recommending"
+    if s.phase == Phase.FAILED:
+        return False, s.note_reason or TuningReason.FAILED, s.note or "failed: manual action needed"
+    if s.phase == Phase.CONVERGED:
+        best = None if s.best is None else s.trial(s.best)
+        text = s.note or "converged"
+        text += f"; best {config_label(best.config if best else s.current)}"
+        text += f" value {best.value:.4g}" if best is not None and best.value is not None else ""
+        applying = s.step in (Step.IDLE, Step.ROLLING_OUT, Step.WAITING_READY)  # idle: the rate limit
+        after = "applying it" if applying else STEP_TEXT[s.step]
+        return False, s.note_reason or TuningReason.CONVERGED, f"{text}; {after}"
+    spent = f"{trials_spent(s)} of {s.settings.max_trials} trials spent"
+    active = None if s.active is None else s.trial(s.active)
+    wait = s.capacity_wait
+    if wait is not None and wait.epoch == s.epoch and (active is None or active.config != wait.config):
+        why = (
+            f"paused: no capacity for {config_label(wait.config)} ({wait.reason}); trying it again "
+            f"(attempt {wait.attempts + 1}); {spent}"
+        )
+        return False, TuningReason.NO_CAPACITY, why
+    if active is not None:
+        what = "the baseline, the running config" if active.role == "baseline" else f"trial {active.id}"
+        text = f"epoch {s.epoch}: {what} {config_label(active.config)}: {STEP_TEXT[s.step]}; {spent}"
+        if wait is not None and wait.config == active.config:
+            text += f"; a retry after no capacity (attempt {wait.attempts + 1})"
+    elif s.step == Step.ROLLING_BACK and s.target is not None:
+        text = f"epoch {s.epoch}: rolling back to {config_label(s.target)}; {spent}"
+    else:
+        text = f"epoch {s.epoch}: {STEP_TEXT[s.step]}; {spent}"
+    latest = next((t for t in reversed(s.trials) if t.epoch == s.epoch and t.outcome != "running"), None)
+    if latest is not None and latest.outcome != "ok":
+        text += f"; trial {latest.id} {latest.outcome}: {latest.reason}"
+    reason = TuningReason.BASELINE if s.phase == Phase.BASELINE else TuningReason.EXPLORING
+    return True, reason, text

@@ -45,12 +45,7 @@ def on_ready(self: Core, obs: RolloutReady) -> None:
             self.s.current = trial.config
         wait = self.s.capacity_wait
         if trial is not None and wait is not None and wait.config == trial.config:
-            self.s.capacity_wait = None
-            self.condition(
-                "Tuning", True, "Exploring",
-                f"capacity returned: trial {trial.id} {config_label(trial.config)} is running "
-                f"after {wait.attempts} attempt(s) without",
-            )  # fmt: skip
+            self.s.capacity_wait = None  # capacity returned: the Tuning condition says Exploring again
         self.s.target = None
         self.goto(step=Step.WARMING_UP)
         self.s.warm_until = self.now + self.s.settings.warmup_s
@@ -69,9 +64,9 @@ def on_failed(self: Core, failure: str, detail: str) -> None:
     if st == Step.ROLLING_BACK:
         self.goto(Phase.FAILED, Step.IDLE)
         self.s.note = f"rollback to {self.s.target} failed ({failure}): manual action needed"
+        self.s.note_reason = None
         self.event("Warning", "RollbackFailed", self.s.note)
         self.condition("Degraded", True, "RollbackFailed", self.s.note)
-        self.condition("Tuning", False, "Failed", self.s.note)
         return
     trial = self.active()
     if trial is not None and trial.role == "baseline" and st in WINDOW_STEPS:
@@ -144,7 +139,6 @@ def on_no_capacity(self: Core, obs: RolloutNoCapacity) -> None:
         f"config (not recorded infeasible), rolled back; trying it again in {delay:g}s (attempt {attempts})"
     )
     self.event("Warning", "NoCapacity", message)
-    self.condition("Tuning", False, "NoCapacity", message)
     rollback(self, self.s.current, f"trial {trial.id}: no capacity")
 
 

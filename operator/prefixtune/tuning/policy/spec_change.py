@@ -127,7 +127,6 @@ def on_spec_changed(self: Core, obs: SpecChanged) -> None:
         if in_flight and trial is not None and trial.role == "trial" and not config_changed:
             rollout.rollback(self, self.best_config(), "tuning turned off during a trial")
         self.goto(Phase.PAUSED, Step.IDLE if self.s.step != Step.ROLLING_BACK else Step.ROLLING_BACK)
-        self.condition("Tuning", False, "TuningOff", "tuning.mode is off")
         return
     if new.mode == "observe":
         if in_flight and trial is not None and trial.role == "trial" and not config_changed:
@@ -135,7 +134,6 @@ def on_spec_changed(self: Core, obs: SpecChanged) -> None:
         self.s.phase = Phase.OBSERVING
         if self.s.step != Step.ROLLING_BACK:
             self.goto(Phase.OBSERVING, Step.MEASURING)
-        self.condition("Tuning", False, "Observing", "tuning.mode is observe: measuring and recommending")
         return
     # auto
     if new.refusal:
@@ -147,7 +145,6 @@ def on_spec_changed(self: Core, obs: SpecChanged) -> None:
             self.goto(Phase.OBSERVING, Step.MEASURING)
             self.s.measure_from = self.now
         self.s.phase = Phase.OBSERVING
-        self.condition("Tuning", False, "SignalsMissing", new.refusal)
         return
     restart = old.mode != "auto" or config_changed or search_changed or deployment_changed
     if restart or self.s.phase in (Phase.PENDING, Phase.FAILED):
@@ -156,6 +153,7 @@ def on_spec_changed(self: Core, obs: SpecChanged) -> None:
         self.s.reference = None
         self.s.reference_rps = None
         self.s.note = ""
+        self.s.note_reason = None
         if deployment_changed:
             self.event(
                 "Normal",
