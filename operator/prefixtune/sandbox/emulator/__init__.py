@@ -31,6 +31,10 @@ with the server-side behaviour that kopf, the official ``kubernetes`` client and
 * Garbage collection: when an owner is really deleted, its dependents (``ownerReferences[].uid``) are
   deleted in the background, transitively; dependents that still have a live owner only lose the
   dangling reference; ``propagationPolicy: Orphan`` strips the references instead.
+* Tables for ``kubectl get`` (``tables.py``): ``Accept: application/json;as=Table;g=meta.k8s.io``
+  answers a ``meta.k8s.io`` Table of the CRD's ``additionalPrinterColumns`` (JSONPath) or of the
+  built-in printers of pods, deployments, replicasets, namespaces and services (NAME AGE otherwise),
+  with ``includeObject``.
 * Events (core v1 and events.k8s.io) are ordinary objects, so kopf's ``generateName`` events are stored.
 * Fault injection (``faults=ApiFaults(...)``, off by default; ``faults.py``): 500/503 answers, 409 on
   status patches and dropped watches for the clients under test (by bearer token), and an audit of
@@ -41,7 +45,7 @@ What it does NOT emulate:
 * Admission (webhooks, LimitRanges, quotas), authentication and RBAC (every request is allowed).
 * Schema validation, pruning and defaulting by the server (no OpenAPI; kubectl needs
   ``--validate=false``), except the name checks above; field selectors accept any dotted path.
-* Server-side apply (415), ``kubectl diff``, the scale subresource, protobuf bodies (415),
+* Server-side apply (415), ``kubectl diff``, Tables in watch streams (``kubectl get -w``), the scale subresource, protobuf bodies (415),
   pagination (``limit`` is ignored and everything is returned), periodic watch bookmarks.
 * Controllers: Deployments never get ReplicaSets, Pods or status; whatever plays the kubelet must
   patch ``/status`` itself. Namespaces are served as objects (``default``, ``kube-system`` and
@@ -55,7 +59,7 @@ its own tests, including characterisation tests of the stock emulator.
 
 The package, one module per seam: ``store`` (``RealisticEmulator``: dispatching, writes, reads),
 ``watch`` (the event log and the watch streams), ``crds``, ``gc`` (garbage collection),
-``discovery``, ``errors`` (``Status`` objects), ``core`` (the state and lookups they share) and
+``discovery``, ``tables`` (Table responses), ``errors`` (``Status`` objects), ``core`` (the state and lookups they share) and
 ``serving`` (HTTP and kubeconfigs).
 """
 

@@ -11,6 +11,7 @@ import kmock
 
 from prefixtune.sandbox.emulator.core import ALL_VERBS, EmulatorCore, _meta, _now, builtin_groups
 from prefixtune.sandbox.emulator.errors import api_error
+from prefixtune.sandbox.emulator.tables import BUILTIN_PRINTERS, DEFAULT_PRINTER, Printer, crd_printer
 
 CRD_RESOURCE = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 
@@ -20,6 +21,7 @@ class CustomResources(EmulatorCore):
     """Custom resources, declared directly (``declare``) or from a stored CRD (``register_crd``)."""
 
     _custom: dict[str, set[kmock.resource]] = attrs.field(factory=dict, init=False)  # CRD name -> served
+    _printers: dict[kmock.resource, Printer] = attrs.field(factory=dict, init=False)  # Table columns
 
     def declare(
         self,
@@ -43,6 +45,7 @@ class CustomResources(EmulatorCore):
             subresources={"status"} if status else set(),
         )
         self._custom.setdefault(f"{res.plural}.{res.group}", set()).add(res)
+        self._printers[res] = crd_printer(())
         return res
 
     def register_crd(self, crd: Mapping[str, Any]) -> list[kmock.resource]:
@@ -64,11 +67,19 @@ class CustomResources(EmulatorCore):
                 categories=names.get("categories") or (),
                 subresources=subresources,
             )
+            self._printers[res] = crd_printer(version.get("additionalPrinterColumns") or ())
             served.add(res)
         for gone in self._custom.get(crd_name, set()) - served:
             del self.resources[gone]
+            self._printers.pop(gone, None)
         self._custom[crd_name] = served
         return sorted(served, key=lambda r: (str(r.group), str(r.version)))
+
+    def printer(self, res: kmock.resource) -> Printer:
+        """The Table printer of a resource: its CRD's printer columns, a built-in printer, or NAME AGE."""
+        if res in self._printers:
+            return self._printers[res]
+        return BUILTIN_PRINTERS.get((str(res.group), str(res.plural)), DEFAULT_PRINTER)
 
     def _is_custom(self, res: kmock.resource) -> bool:
         return (
@@ -130,6 +141,7 @@ class CustomResources(EmulatorCore):
     async def _drop_crd(self, crd: Mapping[str, Any]) -> None:
         name = str(_meta(crd).get("name"))
         for res in self._custom.pop(name, set()):
+            self._printers.pop(res, None)
             if res in self.resources:
                 del self.resources[res]
             for key, stored in list(self._objects.items()):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import re
 import uuid
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ import kmock
 from kmock._internal import parsing, rendering
 
 from prefixtune.sandbox import _patches
+from prefixtune.sandbox.emulator import tables
 from prefixtune.sandbox.emulator.core import (
     NAMESPACES,
     _content,
@@ -475,6 +477,10 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             current = self._live(key)
         if current is None:
             raise not_found(request.resource, request.name)
+        if request.subresource is None:
+            table = self._as_table(request, [current], str(_meta(current).get("resourceVersion", "")))
+            if table is not None:
+                return table
         return current
 
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
@@ -485,12 +491,37 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
         async with self._lock:
             items = [obj for _, obj in self._scan(request) if selector(obj)]
             rv = self._rv
+        table = self._as_table(request, items, str(rv))
+        if table is not None:
+            return table
         return {
             "apiVersion": api_version(res),
             "kind": f"{info.kind or str(res.plural).capitalize()}List",
             "metadata": {"resourceVersion": str(rv)},
             "items": items,
         }
+
+    def _as_table(
+        self, request: rendering.Request, objects: list[dict[str, Any]], resource_version: str
+    ) -> dict[str, Any] | None:
+        """The objects as a ``meta.k8s.io`` Table when the Accept header asks for one (``tables.py``)."""
+        version = tables.requested_table(request.headers.get("Accept", ""))
+        if version is None:
+            return None
+        assert request.resource is not None
+        try:
+            include = tables.include_object(request.params.get("includeObject"))
+        except tables.TableRequestError as exc:
+            raise api_error(400, str(exc)) from exc
+        now = datetime.datetime.now(tz=datetime.UTC)
+        return tables.to_table(
+            objects,
+            self.printer(request.resource),
+            version=version,
+            include=include,
+            resource_version=resource_version,
+            now=now,
+        )
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         return render_error(exc)
