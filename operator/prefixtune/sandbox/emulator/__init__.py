@@ -35,6 +35,9 @@ with the server-side behaviour that kopf, the official ``kubernetes`` client and
   answers a ``meta.k8s.io`` Table of the CRD's ``additionalPrinterColumns`` (JSONPath) or of the
   built-in printers of pods, deployments, replicasets, namespaces and services (NAME AGE otherwise),
   with ``includeObject``.
+* Namespaces are objects (``default``, ``kube-system`` and ``kube-public`` exist from the start)
+  and are required as the NamespaceLifecycle admission plugin requires them: a create or update in
+  a missing namespace is 404 ``namespaces "x" not found``, a create in a terminating one 403.
 * Events (core v1 and events.k8s.io) are ordinary objects, so kopf's ``generateName`` events are stored.
 * Fault injection (``faults=ApiFaults(...)``, off by default; ``faults.py``): 500/503 answers, 409 on
   status patches and dropped watches for the clients under test (by bearer token), and an audit of
@@ -45,12 +48,12 @@ What it does NOT emulate:
 * Admission (webhooks, LimitRanges, quotas), authentication and RBAC (every request is allowed).
 * Schema validation, pruning and defaulting by the server (no OpenAPI; kubectl needs
   ``--validate=false``), except the name checks above; field selectors accept any dotted path.
-* Server-side apply (415), ``kubectl diff``, Tables in watch streams (``kubectl get -w``), the scale subresource, protobuf bodies (415),
-  pagination (``limit`` is ignored and everything is returned), periodic watch bookmarks.
+* Server-side apply (415), ``kubectl diff``, Tables in watch streams (``kubectl get -w``), the scale
+  subresource, protobuf bodies (415), pagination (``limit`` is ignored and everything is returned),
+  periodic watch bookmarks.
 * Controllers: Deployments never get ReplicaSets, Pods or status; whatever plays the kubelet must
-  patch ``/status`` itself. Namespaces are served as objects (``default``, ``kube-system`` and
-  ``kube-public`` exist from the start) but are not required for namespaced writes, and deleting one
-  cascades nothing.
+  patch ``/status`` itself. Deleting a namespace cascades nothing (its objects stay, and can only
+  be deleted).
 * Foreground deletion is treated as background; garbage collection timing is immediate, not real.
 
 It relies on kmock **private internals** (``_objects``, ``_lock``, ``_buses``, ``_serve_*``,
@@ -59,8 +62,8 @@ its own tests, including characterisation tests of the stock emulator.
 
 The package, one module per seam: ``store`` (``RealisticEmulator``: dispatching, writes, reads),
 ``watch`` (the event log and the watch streams), ``crds``, ``gc`` (garbage collection),
-``discovery``, ``tables`` (Table responses), ``errors`` (``Status`` objects), ``core`` (the state and lookups they share) and
-``serving`` (HTTP and kubeconfigs).
+``discovery``, ``tables`` (Table responses), ``errors`` (``Status`` objects), ``core`` (the state
+and lookups they share) and ``serving`` (HTTP and kubeconfigs).
 """
 
 from prefixtune.sandbox.emulator.crds import CRD_RESOURCE

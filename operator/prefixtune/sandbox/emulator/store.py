@@ -172,6 +172,7 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
         self._check_subresource(res, info, request.subresource)
         if kind == "delete":
             return 200, await self._delete(res, key, current, request, dry)
+        self._admit_namespace(res, key[1], key[2], creating=False)
         if kind == "replace":
             body = self._body_object(request)
             if _meta(body).get("name") not in (None, key[2]):
@@ -203,6 +204,7 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
                 if self._live((res, namespace, name)) is None:
                     break
         self._validate_name(res, str(name))
+        self._admit_namespace(res, namespace, str(name), creating=True)
         key: _Key = (res, namespace, str(name))
         if self._live(key) is not None:
             raise api_error(
@@ -451,6 +453,41 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
                 400, "the namespace of the provided object does not match the namespace sent on the request"
             )
         return url_namespace
+
+    def _admit_namespace(self, res: kmock.resource, namespace: str | None, name: str, creating: bool) -> None:
+        """The NamespaceLifecycle admission plugin: no writes into a namespace that does not exist.
+
+        As kube-apiserver's plugin (k8s.io/apiserver ``pkg/admission/plugin/namespace/lifecycle/
+        admission.go``, kubernetes 04791b49): a create or an update of a namespaced object whose
+        namespace is missing is refused with the namespace's NotFound (404, ``namespaces "x" not
+        found``, details kind ``namespaces``); a create in a terminating namespace is Forbidden (403,
+        cause ``NamespaceTerminating``); deletes always pass. Only with ``builtins`` (without them no
+        namespaces are served).
+        """
+        if not self.builtins or namespace is None or res == NAMESPACES:
+            return
+        found = self._live((NAMESPACES, None, namespace))
+        if found is None:
+            raise api_error(404, f'namespaces "{namespace}" not found', name=namespace, kind="namespaces")
+        terminating = "deletionTimestamp" in _meta(found) or (found.get("status") or {}).get("phase") == (
+            "Terminating"
+        )
+        if creating and terminating:
+            raise api_error(
+                403,
+                f'{kind_ref(res)} "{name}" is forbidden: unable to create new content in namespace '
+                f"{namespace} because it is being terminated",
+                name=name,
+                group=res.group,
+                kind=res.plural,
+                causes=[
+                    {
+                        "reason": "NamespaceTerminating",
+                        "message": f"namespace {namespace} is being terminated",
+                        "field": "metadata.namespace",
+                    }
+                ],
+            )
 
     def _validate_name(self, res: kmock.resource, name: str) -> None:
         if name in (".", "..") or "/" in name or "%" in name or len(name) > 253:
