@@ -183,7 +183,7 @@ async def test_strategic_merge_keeps_image_and_sidecar_and_bumps_generation(em: 
         "status": {"replicas": 99},
     }
     status, created = await call(em, "POST", DEPLOYS, json=deployment)
-    assert status == 201 and "status" not in created  # status subresource: dropped on create
+    assert status == 201 and created["status"] == {}  # a status subresource: the struct, empty on create
     patch = {"spec": {"template": {"spec": {"containers": [{"name": "engine", "args": ["--b"]}]}}}}
     status, body = await call(em, "PATCH", f"{DEPLOYS}/app", json=patch, headers=STRATEGIC)
     assert status == 200
@@ -579,3 +579,27 @@ async def test_the_examples_apply_in_file_order_with_their_namespaces(em: Realis
             status, body = await call(em, "POST", url, json=doc)
             assert status == 201, f"{path.name}: {body}"
     assert "agents" in namespaces
+
+
+async def test_a_fresh_built_in_object_has_its_empty_status_and_a_custom_resource_none(
+    em: RealisticEmulator,
+) -> None:
+    deploy = {"metadata": {"name": "d"}, "spec": {"replicas": 1}, "status": {"replicas": 5}}
+    status, created = await call(em, "POST", DEPLOYS, json=deploy)
+    assert status == 201 and created["status"] == {}
+    _, fetched = await call(em, "GET", f"{DEPLOYS}/d")
+    assert fetched["status"] == {}
+    guaranteed = {"limits": {"cpu": "1", "memory": "1Gi"}}
+    for name, resources, qos in [
+        ("best", {}, "BestEffort"),
+        ("burst", {"requests": {"cpu": "100m"}}, "Burstable"),
+        ("guar", guaranteed, "Guaranteed"),
+    ]:
+        pod = {"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "resources": resources}]}}
+        _, body = await call(em, "POST", "/api/v1/namespaces/default/pods", json=pod)
+        assert body["status"] == {"phase": "Pending", "qosClass": qos}
+    await call(em, "POST", CRDS, json=widget_crd(status=True))
+    _, widget = await call(em, "POST", WIDGETS, json={"metadata": {"name": "w"}, "status": {"x": 1}})
+    assert "status" not in widget
+    _, cm = await call(em, "POST", CMS, json={"metadata": {"name": "plain"}})
+    assert "status" not in cm  # no status subresource, no status struct

@@ -6,7 +6,8 @@ with the server-side behaviour that kopf, the official ``kubernetes`` client and
 * Server metadata on create: ``uid``, ``creationTimestamp``, ``generation`` 1, a ``resourceVersion``
   from one global counter, ``metadata.namespace`` from the URL, names from ``generateName``; names
   are validated (DNS-1123 subdomains); 404 for undeclared resources; ``status`` is dropped on create
-  when the resource has a status subresource.
+  when the resource has a status subresource, and a built-in kind gets the status its registry
+  strategy sets (``strategies.py``: ``{}`` for a Deployment, ``Pending`` and the QoS class for a Pod).
 * Writes: every write bumps the resourceVersion (a no-op write changes nothing, as on the real
   server); a stale ``metadata.resourceVersion`` in a merge patch, strategic merge patch or PUT body
   gives 409 Conflict; a failed JSON-patch ``test`` gives 422 Invalid; ``generation`` increments only
@@ -51,7 +52,7 @@ What it does NOT emulate:
 * Server-side apply (415), ``kubectl diff``, Tables in watch streams (``kubectl get -w``), the scale
   subresource, protobuf bodies (415), pagination (``limit`` is ignored and everything is returned),
   periodic watch bookmarks.
-* Controllers: Deployments never get ReplicaSets, Pods or status; whatever plays the kubelet must
+* Controllers: Deployments never get ReplicaSets, Pods or a filled status; whatever plays the kubelet must
   patch ``/status`` itself. Deleting a namespace cascades nothing (its objects stay, and can only
   be deleted).
 * Foreground deletion is treated as background; garbage collection timing is immediate, not real.
@@ -62,8 +63,9 @@ its own tests, including characterisation tests of the stock emulator.
 
 The package, one module per seam: ``store`` (``RealisticEmulator``: dispatching, writes, reads),
 ``watch`` (the event log and the watch streams), ``crds``, ``gc`` (garbage collection),
-``discovery``, ``tables`` (Table responses), ``errors`` (``Status`` objects), ``core`` (the state
-and lookups they share) and ``serving`` (HTTP and kubeconfigs).
+``discovery``, ``tables`` (Table responses), ``strategies`` (the status set on create), ``errors``
+(``Status`` objects), ``core`` (the state and lookups they share) and ``serving`` (HTTP and
+kubeconfigs).
 """
 
 from prefixtune.sandbox.emulator.crds import CRD_RESOURCE

@@ -34,6 +34,7 @@ from prefixtune.sandbox.emulator.crds import CRD_RESOURCE, CustomResources
 from prefixtune.sandbox.emulator.discovery import Discovery
 from prefixtune.sandbox.emulator.errors import api_error, details, kind_ref, not_found, render_error
 from prefixtune.sandbox.emulator.gc import GarbageCollection
+from prefixtune.sandbox.emulator.strategies import initial_status
 from prefixtune.sandbox.emulator.watch import Watches
 from prefixtune.sandbox.faults import ApiFaults, bearer
 
@@ -236,11 +237,12 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             )
         if "status" in info.subresources:
             obj.pop("status", None)
+            if not self._is_custom(res):  # a built-in's status struct, as its strategy sets it
+                obj["status"] = initial_status(str(res.group), str(res.plural), obj)
         if res == CRD_RESOURCE:
             obj["status"] = self._crd_status(obj)
-        if res == NAMESPACES:  # what the namespace strategy sets on create
+        if res == NAMESPACES:  # what the namespace strategy sets on create (besides the status)
             obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
-            obj["status"] = {"phase": "Active"}
         if dry:
             return obj
         meta["resourceVersion"] = str(self._next_rv())
