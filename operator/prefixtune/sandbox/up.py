@@ -226,6 +226,7 @@ async def sandbox(options: SandboxOptions | None = None) -> AsyncIterator[Sandbo
                     await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
                 controllers = ControllerManager(api, cfg, clock)
                 kubelet = Kubelet(api, cfg, clock)
+                emulator.pod_logs = kubelet.logs  # pods/log reads the node's logs, as via its kubelet
                 files.callback(kubelet.close)  # its address octet is claimed until the sandbox ends
                 kubelet.metrics_faults = opts.metrics_faults
                 kubelet.knob_overrides = dict(opts.knob_overrides or {})

@@ -36,6 +36,9 @@ with the server-side behaviour that kopf, the official ``kubernetes`` client and
   answers a ``meta.k8s.io`` Table of the CRD's ``additionalPrinterColumns`` (JSONPath) or of the
   built-in printers of pods, deployments, replicasets, namespaces and services (NAME AGE otherwise),
   with ``includeObject``.
+* ``pods/log`` (``logs.py``): plain text from ``pod_logs`` (the sandbox kubelet's ``ContainerLogs``),
+  with the server's container choice and errors, ``previous``, ``tailLines``, ``limitBytes`` and
+  ``timestamps`` (not ``follow``).
 * Namespaces are objects (``default``, ``kube-system`` and ``kube-public`` exist from the start)
   and are required as the NamespaceLifecycle admission plugin requires them: a create or update in
   a missing namespace is 404 ``namespaces "x" not found``, a create in a terminating one 403.
@@ -63,9 +66,9 @@ its own tests, including characterisation tests of the stock emulator.
 
 The package, one module per seam: ``store`` (``RealisticEmulator``: dispatching, writes, reads),
 ``watch`` (the event log and the watch streams), ``crds``, ``gc`` (garbage collection),
-``discovery``, ``tables`` (Table responses), ``strategies`` (the status set on create), ``errors``
-(``Status`` objects), ``core`` (the state and lookups they share) and ``serving`` (HTTP and
-kubeconfigs).
+``discovery``, ``tables`` (Table responses), ``strategies`` (the status set on create), ``logs``
+(``pods/log``), ``errors`` (``Status`` objects), ``core`` (the state and lookups they share) and
+``serving`` (HTTP and kubeconfigs).
 """
 
 from prefixtune.sandbox.emulator.crds import CRD_RESOURCE

@@ -34,6 +34,7 @@ from prefixtune.sandbox.emulator.crds import CRD_RESOURCE, CustomResources
 from prefixtune.sandbox.emulator.discovery import Discovery
 from prefixtune.sandbox.emulator.errors import api_error, details, kind_ref, not_found, render_error
 from prefixtune.sandbox.emulator.gc import GarbageCollection
+from prefixtune.sandbox.emulator.logs import pod_log
 from prefixtune.sandbox.emulator.strategies import initial_status
 from prefixtune.sandbox.emulator.watch import Watches
 from prefixtune.sandbox.faults import ApiFaults, bearer
@@ -42,6 +43,7 @@ from prefixtune.sandbox.faults import ApiFaults, bearer
 # collection: the collection is routed through a marker name (no namespace can start with a dot).
 _NAMESPACE_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?$")
 _NAMESPACE_COLLECTION = ".collection"
+PODS = kmock.resource("", "v1", "pods")
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real server's generateName alphabet
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _PATH_SEGMENT_GROUPS = frozenset({"rbac.authorization.k8s.io"})  # names like "system:foo" are valid there
@@ -510,6 +512,8 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
     async def _serve_fetch(self, request: rendering.Request) -> rendering.Payload:
         assert request.resource is not None
         info = self._info(request.resource)
+        if request.resource == PODS and request.subresource == "log":
+            return await self._serve_pod_log(request)
         self._check_subresource(request.resource, info, request.subresource)
         key = self._key(request.resource, info, request.namespace, str(request.name))
         async with self._lock:
@@ -539,6 +543,16 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             "metadata": {"resourceVersion": str(rv)},
             "items": items,
         }
+
+    async def _serve_pod_log(self, request: rendering.Request) -> rendering.Payload:
+        """``GET pods/<name>/log`` (``logs.py``): plain text from the pod's log source."""
+        key = self._key(PODS, self._info(PODS), request.namespace, str(request.name))
+        async with self._lock:
+            pod = self._live(key)
+        if pod is None:
+            raise not_found(PODS, request.name)
+        body = pod_log(pod, {k: str(v) for k, v in request.params.items()}, self.pod_logs)
+        return rendering.Response(status=200, payload=body, headers={"Content-Type": "text/plain"})
 
     def _as_table(
         self, request: rendering.Request, objects: list[dict[str, Any]], resource_version: str
