@@ -39,6 +39,10 @@ with the server-side behaviour that kopf, the official ``kubernetes`` client and
 * ``pods/log`` (``logs.py``): plain text from ``pod_logs`` (the sandbox kubelet's ``ContainerLogs``),
   with the server's container choice and errors, ``previous``, ``tailLines``, ``limitBytes`` and
   ``timestamps`` (not ``follow``).
+* OpenAPI v3 (``openapi.py``): ``/openapi/v3`` and one document per group version, the CRDs'
+  schemas under their GVKs, every PATCH declaring ``fieldValidation`` (so ``kubectl apply`` validates
+  on the server without ``--validate=false``, and ``kubectl explain`` works); with
+  ``fieldValidation=Strict`` a custom resource's fields its schema does not declare are a 400.
 * Namespaces are objects (``default``, ``kube-system`` and ``kube-public`` exist from the start)
   and are required as the NamespaceLifecycle admission plugin requires them: a create or update in
   a missing namespace is 404 ``namespaces "x" not found``, a create in a terminating one 403.
@@ -50,8 +54,9 @@ with the server-side behaviour that kopf, the official ``kubernetes`` client and
 What it does NOT emulate:
 
 * Admission (webhooks, LimitRanges, quotas), authentication and RBAC (every request is allowed).
-* Schema validation, pruning and defaulting by the server (no OpenAPI; kubectl needs
-  ``--validate=false``), except the name checks above; field selectors accept any dotted path.
+* Schema validation (types, enums, CEL rules), pruning and defaulting by the server, except the name
+  checks above and ``fieldValidation=Strict``'s unknown fields of custom resources; OpenAPI v2;
+  schemas of built-in kinds; field selectors accept any dotted path.
 * Server-side apply (415), ``kubectl diff``, Tables in watch streams (``kubectl get -w``), the scale
   subresource, protobuf bodies (415), pagination (``limit`` is ignored and everything is returned),
   periodic watch bookmarks.
@@ -67,7 +72,7 @@ its own tests, including characterisation tests of the stock emulator.
 The package, one module per seam: ``store`` (``RealisticEmulator``: dispatching, writes, reads),
 ``watch`` (the event log and the watch streams), ``crds``, ``gc`` (garbage collection),
 ``discovery``, ``tables`` (Table responses), ``strategies`` (the status set on create), ``logs``
-(``pods/log``), ``errors`` (``Status`` objects), ``core`` (the state and lookups they share) and
+(``pods/log``), ``openapi``, ``errors`` (``Status`` objects), ``core`` (the state and lookups they share) and
 ``serving`` (HTTP and kubeconfigs).
 """
 

@@ -20,7 +20,7 @@ import kmock
 from kmock._internal import parsing, rendering
 
 from prefixtune.sandbox import _patches
-from prefixtune.sandbox.emulator import tables
+from prefixtune.sandbox.emulator import openapi, tables
 from prefixtune.sandbox.emulator.core import (
     NAMESPACES,
     _content,
@@ -44,6 +44,7 @@ from prefixtune.sandbox.faults import ApiFaults, bearer
 _NAMESPACE_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?$")
 _NAMESPACE_COLLECTION = ".collection"
 PODS = kmock.resource("", "v1", "pods")
+OPENAPI_INFO_VERSION = "v1.26.4"  # kmock 0.8's /version gitVersion (v1.26.4+k3s1)
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real server's generateName alphabet
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _PATH_SEGMENT_GROUPS = frozenset({"rbac.authorization.k8s.io"})  # names like "system:foo" are valid there
@@ -70,6 +71,8 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
     # ------------------------------------------------------------------------------------ dispatching
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if raw_request.method == "GET" and raw_request.path.startswith("/openapi/"):
+            return self._serve_openapi(raw_request.path)
         if raw_request.path.rstrip("/") == "/api/v1/namespaces":
             marked = raw_request.rel_url.with_path(f"/api/v1/namespaces/{_NAMESPACE_COLLECTION}").with_query(
                 raw_request.rel_url.query
@@ -104,6 +107,26 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
         response = await super().__call__(raw_request)
         faults.record(client, method, path, int(response.status), "", body)
         return response
+
+    def _serve_openapi(self, path: str) -> aiohttp.web.StreamResponse:
+        """``/openapi/v3`` and its group-version documents (``openapi.py``); v2 is not served."""
+        by_gv: dict[str, list[openapi.ServedResource]] = {}
+        for res in self.served_resources():
+            by_gv.setdefault(res.gv_path, []).append(res)
+        documents = {
+            gv: openapi.group_version_document(items, OPENAPI_INFO_VERSION) for gv, items in by_gv.items()
+        }
+        wanted = path.rstrip("/").removeprefix("/openapi/v3").lstrip("/")
+        if path.rstrip("/") == "/openapi/v3":
+            return aiohttp.web.json_response(openapi.index(documents))
+        if path.startswith("/openapi/v3/") and wanted in documents:
+            return aiohttp.web.json_response(documents[wanted])
+        message = (
+            "the sandbox's API server serves OpenAPI v3 only (/openapi/v3)"
+            if path.startswith("/openapi/v2")
+            else f"no OpenAPI v3 document for {wanted!r}"
+        )
+        return render_error(api_error(404, message))
 
     @staticmethod
     def _namespace_request(request: rendering.Request) -> rendering.Request:
@@ -187,6 +210,8 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             new: Any = copy.deepcopy(body)
         else:
             new = self._apply_patch(res, request, current)
+        if isinstance(new, Mapping):
+            self.strict_check(res, new, request.params.get("fieldValidation"))
         return 200, await self._update(res, key, current, new, request.subresource, dry)
 
     # ---------------------------------------------------------------------------------------- writes
@@ -208,6 +233,7 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
                     break
         self._validate_name(res, str(name))
         self._admit_namespace(res, namespace, str(name), creating=True)
+        self.strict_check(res, obj, request.params.get("fieldValidation"))
         key: _Key = (res, namespace, str(name))
         if self._live(key) is not None:
             raise api_error(
