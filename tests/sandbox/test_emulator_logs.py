@@ -107,3 +107,14 @@ def test_a_pods_logs_are_forgotten_with_it() -> None:
     store.forget("u2")
     assert [line.text for line in store.read("u1", "c", False) or ()] == ["kept"]
     assert store.read("u2", "c", False) is None
+
+
+async def test_a_log_leaves_the_next_json_answers_json(em: RealisticEmulator) -> None:
+    uid = await make_pod(em, "p", "engine")
+    logs(em).write(uid, "engine", "t", "line")
+    assert (await log(em, "p"))[1] == "text/plain"
+    async with em.get(f"{PODS}/p") as resp:
+        assert resp.content_type == "application/json" and (await resp.json())["metadata"]["name"] == "p"
+    headers = {"Content-Type": "application/merge-patch+json"}
+    async with em.patch(f"{PODS}/p", json={"metadata": {"labels": {"a": "b"}}}, headers=headers) as resp:
+        assert resp.status == 200 and resp.content_type == "application/json"

@@ -32,7 +32,7 @@ from prefixtune.sandbox.emulator.core import (
 )
 from prefixtune.sandbox.emulator.crds import CRD_RESOURCE, CustomResources
 from prefixtune.sandbox.emulator.discovery import Discovery
-from prefixtune.sandbox.emulator.errors import api_error, details, kind_ref, not_found, render_error
+from prefixtune.sandbox.emulator.errors import ApiError, api_error, details, kind_ref, not_found, render_error
 from prefixtune.sandbox.emulator.gc import GarbageCollection
 from prefixtune.sandbox.emulator.logs import pod_log
 from prefixtune.sandbox.emulator.strategies import initial_status
@@ -44,6 +44,7 @@ from prefixtune.sandbox.faults import ApiFaults, bearer
 _NAMESPACE_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?$")
 _NAMESPACE_COLLECTION = ".collection"
 PODS = kmock.resource("", "v1", "pods")
+_POD_LOG_PATH = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods/(?P<name>[^/]+)/log/?$")
 OPENAPI_INFO_VERSION = "v1.26.4"  # kmock 0.8's /version gitVersion (v1.26.4+k3s1)
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real server's generateName alphabet
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -73,6 +74,9 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         if raw_request.method == "GET" and raw_request.path.startswith("/openapi/"):
             return self._serve_openapi(raw_request.path)
+        log_path = _POD_LOG_PATH.match(raw_request.path) if raw_request.method == "GET" else None
+        if log_path is not None:  # plain text, outside kmock's reactions (they keep a reply's headers)
+            return await self._serve_pod_log(log_path["namespace"], log_path["name"], raw_request.query)
         if raw_request.path.rstrip("/") == "/api/v1/namespaces":
             marked = raw_request.rel_url.with_path(f"/api/v1/namespaces/{_NAMESPACE_COLLECTION}").with_query(
                 raw_request.rel_url.query
@@ -538,8 +542,6 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
     async def _serve_fetch(self, request: rendering.Request) -> rendering.Payload:
         assert request.resource is not None
         info = self._info(request.resource)
-        if request.resource == PODS and request.subresource == "log":
-            return await self._serve_pod_log(request)
         self._check_subresource(request.resource, info, request.subresource)
         key = self._key(request.resource, info, request.namespace, str(request.name))
         async with self._lock:
@@ -570,15 +572,19 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             "items": items,
         }
 
-    async def _serve_pod_log(self, request: rendering.Request) -> rendering.Payload:
+    async def _serve_pod_log(
+        self, namespace: str, name: str, query: Mapping[str, str]
+    ) -> aiohttp.web.StreamResponse:
         """``GET pods/<name>/log`` (``logs.py``): plain text from the pod's log source."""
-        key = self._key(PODS, self._info(PODS), request.namespace, str(request.name))
         async with self._lock:
-            pod = self._live(key)
-        if pod is None:
-            raise not_found(PODS, request.name)
-        body = pod_log(pod, {k: str(v) for k, v in request.params.items()}, self.pod_logs)
-        return rendering.Response(status=200, payload=body, headers={"Content-Type": "text/plain"})
+            pod = self._live((PODS, namespace, name))
+        try:
+            if pod is None:
+                raise not_found(PODS, name)
+            body = pod_log(pod, dict(query), self.pod_logs)
+        except ApiError as exc:
+            return render_error(exc)
+        return aiohttp.web.Response(body=body, content_type="text/plain")
 
     def _as_table(
         self, request: rendering.Request, objects: list[dict[str, Any]], resource_version: str
