@@ -120,6 +120,10 @@ async def test_create_errors_are_canonical_statuses(em: RealisticEmulator) -> No
         em, "POST", CMS, data=b"\x0a\x02k8s", headers={"Content-Type": "application/vnd.kubernetes.protobuf"}
     )
     assert (status, body["reason"]) == (415, "UnsupportedMediaType")
+    kubectl_create = b"k8s\x00\n\x15\n\x07apps/v1\x12\nDeployment\x12\xab\x01"  # not UTF-8
+    protobuf = {"Content-Type": "application/vnd.kubernetes.protobuf"}
+    status, body = await call(em, "POST", DEPLOYS, data=kubectl_create, headers=protobuf)
+    assert (status, body["reason"]) == (415, "UnsupportedMediaType")
 
 
 async def test_every_write_bumps_rv_and_stale_rv_conflicts(em: RealisticEmulator) -> None:

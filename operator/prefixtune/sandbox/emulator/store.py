@@ -74,6 +74,14 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         if raw_request.method == "GET" and raw_request.path.startswith("/openapi/"):
             return self._serve_openapi(raw_request.path)
+        if "protobuf" in raw_request.headers.get("Content-Type", "") and raw_request.method in (
+            "POST",
+            "PUT",
+            "PATCH",
+        ):
+            # kmock decodes bodies as text first: a real protobuf body (kubectl create deployment)
+            # would be a 500 there, not the 415 below
+            return render_error(api_error(415, "protobuf request bodies are not emulated; send JSON"))
         log_path = _POD_LOG_PATH.match(raw_request.path) if raw_request.method == "GET" else None
         if log_path is not None:  # plain text, outside kmock's reactions (they keep a reply's headers)
             return await self._serve_pod_log(log_path["namespace"], log_path["name"], raw_request.query)
