@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from prefixtune.sandbox.emulator import RealisticEmulator, serve_emulator, tables
+from prefixtune.sandbox.emulator import RealisticEmulator, jsonpath, printers, serve_emulator, tables
 
 # What kubectl's human-readable get sends (kubernetes/kubectl pkg/cmd/get/get.go, transformRequests).
 KUBECTL_GET = {
@@ -187,7 +187,7 @@ def test_a_running_ready_pod_with_restarts_says_when_it_last_restarted() -> None
         ],
         "podIPs": [{"ip": "10.0.0.7"}],
     }  # fmt: skip
-    cells = tables.pod_cells(_pod(status), NOW)
+    cells = printers.pod_cells(_pod(status), NOW)
     assert cells[:5] == ["p", "2/2", "Running", "3 (3m ago)", "4m5s"]
     assert cells[5] == "10.0.0.7"
 
@@ -200,28 +200,29 @@ def test_a_crash_looping_container_names_its_waiting_reason() -> None:
             {"name": "b", "ready": True, "state": {"running": {}}},
         ],
     }
-    assert tables.pod_cells(_pod(status), NOW)[1:3] == ["1/2", "CrashLoopBackOff"]
+    assert printers.pod_cells(_pod(status), NOW)[1:3] == ["1/2", "CrashLoopBackOff"]
 
 
 def test_an_initializing_pod_counts_its_init_containers() -> None:
     status = {"phase": "Pending", "initContainerStatuses": [{"name": "init", "state": {"running": {}}}]}
-    assert tables.pod_cells(_pod(status), NOW)[2] == "Init:0/1"
+    assert printers.pod_cells(_pod(status), NOW)[2] == "Init:0/1"
     failed = {
         "phase": "Pending",
         "initContainerStatuses": [{"name": "init", "state": {"terminated": {"exitCode": 3}}}],
     }
-    assert tables.pod_cells(_pod(failed), NOW)[2] == "Init:ExitCode:3"
+    assert printers.pod_cells(_pod(failed), NOW)[2] == "Init:ExitCode:3"
 
 
 def test_a_deleted_pod_is_terminating_and_a_fresh_one_is_pending() -> None:
     pending = {"phase": "Pending"}
-    assert tables.pod_cells(_pod(pending), NOW)[2] == "Pending"
-    assert tables.pod_cells(_pod(pending, deletionTimestamp="2026-01-02T03:04:00Z"), NOW)[2] == "Terminating"
+    assert printers.pod_cells(_pod(pending), NOW)[2] == "Pending"
+    deleted = _pod(pending, deletionTimestamp="2026-01-02T03:04:00Z")
+    assert printers.pod_cells(deleted, NOW)[2] == "Terminating"
     done = {
         "phase": "Succeeded",
         "containerStatuses": [{"name": "a", "state": {"terminated": {"reason": "Completed"}}}],
     }
-    assert tables.pod_cells(_pod(done, deletionTimestamp="2026-01-02T03:04:00Z"), NOW)[2] == "Completed"
+    assert printers.pod_cells(_pod(done, deletionTimestamp="2026-01-02T03:04:00Z"), NOW)[2] == "Completed"
 
 
 @pytest.mark.parametrize(
@@ -232,8 +233,8 @@ def test_a_deleted_pod_is_terminating_and_a_fresh_one_is_pending() -> None:
      (3 * 365 * 86400 + 86400, "3y1d", "3y"), (9 * 365 * 86400, "9y", "9y")],
 )  # fmt: skip
 def test_ages_follow_apimachinery_durations(seconds: int, long: str, short: str) -> None:
-    assert tables.human_duration(seconds) == long
-    assert tables.short_human_duration(seconds) == short
+    assert printers.human_duration(seconds) == long
+    assert printers.short_human_duration(seconds) == short
 
 
 @pytest.mark.parametrize(
@@ -248,7 +249,7 @@ def test_the_accept_header_picks_the_table_version(accept: str, version: tables.
 
 
 def test_a_printer_column_outside_the_jsonpath_subset_is_null_not_an_error() -> None:
-    printer = tables.crd_printer([{"name": "X", "type": "string", "jsonPath": ".spec..deep"}])
+    printer = printers.crd_printer([{"name": "X", "type": "string", "jsonPath": ".spec..deep"}])
     assert printer.cells({"metadata": {"name": "n"}, "spec": {"deep": 1}}, NOW) == ["n", None]
-    with pytest.raises(tables.JsonPathError):
-        tables.JsonPath.parse(".spec..deep")
+    with pytest.raises(jsonpath.JsonPathError):
+        jsonpath.JsonPath.parse(".spec..deep")

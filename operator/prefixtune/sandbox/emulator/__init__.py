@@ -32,10 +32,10 @@ with the server-side behaviour that kopf, the official ``kubernetes`` client and
 * Garbage collection: when an owner is really deleted, its dependents (``ownerReferences[].uid``) are
   deleted in the background, transitively; dependents that still have a live owner only lose the
   dangling reference; ``propagationPolicy: Orphan`` strips the references instead.
-* Tables for ``kubectl get`` (``tables.py``): ``Accept: application/json;as=Table;g=meta.k8s.io``
-  answers a ``meta.k8s.io`` Table of the CRD's ``additionalPrinterColumns`` (JSONPath) or of the
-  built-in printers of pods, deployments, replicasets, namespaces and services (NAME AGE otherwise),
-  with ``includeObject``.
+* Tables for ``kubectl get`` (``tables.py``, ``printers.py``): an ``Accept`` of
+  ``application/json;as=Table;g=meta.k8s.io`` answers a ``meta.k8s.io`` Table of the CRD's
+  ``additionalPrinterColumns`` (JSONPath) or of the built-in printers of pods, deployments,
+  replicasets, namespaces and services (NAME AGE otherwise), with ``includeObject``.
 * ``pods/log`` (``logs.py``): plain text from ``pod_logs`` (the sandbox kubelet's ``ContainerLogs``),
   with the server's container choice and errors, ``previous``, ``tailLines``, ``limitBytes`` and
   ``timestamps`` (not ``follow``).
@@ -71,9 +71,10 @@ its own tests, including characterisation tests of the stock emulator.
 
 The package, one module per seam: ``store`` (``RealisticEmulator``: dispatching, writes, reads),
 ``watch`` (the event log and the watch streams), ``crds``, ``gc`` (garbage collection),
-``discovery``, ``tables`` (Table responses), ``strategies`` (the status set on create), ``logs``
-(``pods/log``), ``openapi``, ``errors`` (``Status`` objects), ``core`` (the state and lookups they share) and
-``serving`` (HTTP and kubeconfigs).
+``discovery``, ``tables`` (Table responses; ``printers`` and ``jsonpath`` fill them),
+``strategies`` (the status set on create), ``logs`` (``pods/log``), ``openapi``, ``errors``
+(``Status`` objects), ``core`` (the state and lookups they share) and ``serving`` (HTTP and
+kubeconfigs).
 """
 
 from prefixtune.sandbox.emulator.crds import CRD_RESOURCE

@@ -12,7 +12,7 @@ import kmock
 from prefixtune.sandbox.emulator.core import ALL_VERBS, EmulatorCore, _meta, _now, builtin_groups
 from prefixtune.sandbox.emulator.errors import api_error
 from prefixtune.sandbox.emulator.openapi import ServedResource, strict_decoding_message, unknown_fields
-from prefixtune.sandbox.emulator.tables import BUILTIN_PRINTERS, DEFAULT_PRINTER, Printer, crd_printer
+from prefixtune.sandbox.emulator.printers import BUILTIN_PRINTERS, DEFAULT_PRINTER, Printer, crd_printer
 
 CRD_RESOURCE = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 
