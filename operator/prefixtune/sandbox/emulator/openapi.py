@@ -22,7 +22,8 @@ and ``metadata`` described as apiextensions-apiserver's builder describes them (
 not a ``$ref`` to ObjectMeta). Built-in kinds get operations but an open schema (kmock bundles no
 schemas): ``explain`` shows their kind and nothing below it, and their fields are not checked.
 
-Deviations: no OpenAPI v2 (kubectl reads v2 only as protobuf, and only without v3); one document per
+Deviations: no OpenAPI v2 (kubectl reads v2 only as protobuf, client-go ``discovery/discovery_client.go``
+``openAPIV2mimePb``, and only when v3 is missing); one document per
 group version holds only the operations kubectl looks at (get, list, create, replace, patch,
 delete), without response schemas beyond the kind's.
 """
