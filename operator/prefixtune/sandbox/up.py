@@ -306,7 +306,8 @@ def usage_text(sb: Sandbox) -> str:
         f"  prefixtune run -A --standalone --kubeconfig {kc} --time-scale {sb.config.speedup:g} \\",
         f"      --clock-file {sb.clock_file}   # windows and timeouts on the sandbox's clock",
         "",
-        "kubectl scale, diff, server-side apply and get -w's columns are not emulated.",
+        "kubectl before 1.27 needs apply --validate=false (no OpenAPI v2); kubectl scale, diff,",
+        "server-side apply and get -w's columns are not emulated.",
         "Ctrl-C stops everything.",
     ]
     return "\n".join(lines)
