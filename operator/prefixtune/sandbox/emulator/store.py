@@ -43,9 +43,9 @@ from prefixtune.sandbox.faults import ApiFaults, bearer
 # collection: the collection is routed through a marker name (no namespace can start with a dot).
 _NAMESPACE_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?$")
 _NAMESPACE_COLLECTION = ".collection"
-PODS = kmock.resource("", "v1", "pods")
+_PODS = kmock.resource("", "v1", "pods")
 _POD_LOG_PATH = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods/(?P<name>[^/]+)/log/?$")
-OPENAPI_INFO_VERSION = "v1.26.4"  # kmock 0.8's /version gitVersion (v1.26.4+k3s1)
+_OPENAPI_INFO_VERSION = "v1.26.4"  # kmock 0.8's /version gitVersion (v1.26.4+k3s1)
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real server's generateName alphabet
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _PATH_SEGMENT_GROUPS = frozenset({"rbac.authorization.k8s.io"})  # names like "system:foo" are valid there
@@ -126,7 +126,7 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
         for res in self.served_resources():
             by_gv.setdefault(res.gv_path, []).append(res)
         documents = {
-            gv: openapi.group_version_document(items, OPENAPI_INFO_VERSION) for gv, items in by_gv.items()
+            gv: openapi.group_version_document(items, _OPENAPI_INFO_VERSION) for gv, items in by_gv.items()
         }
         wanted = path.rstrip("/").removeprefix("/openapi/v3").lstrip("/")
         if path.rstrip("/") == "/openapi/v3":
@@ -585,10 +585,10 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
     ) -> aiohttp.web.StreamResponse:
         """``GET pods/<name>/log`` (``logs.py``): plain text from the pod's log source."""
         async with self._lock:
-            pod = self._live((PODS, namespace, name))
+            pod = self._live((_PODS, namespace, name))
         try:
             if pod is None:
-                raise not_found(PODS, name)
+                raise not_found(_PODS, name)
             body = pod_log(pod, dict(query), self.pod_logs)
         except ApiError as exc:
             return render_error(exc)
