@@ -14,7 +14,11 @@ import yaml
 from prefixtune.api.crd import build_crd
 from prefixtune.api.validation import validate_resource, validate_spec
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+EXAMPLES = sorted(
+    p
+    for p in (Path(__file__).resolve().parents[2] / "examples").glob("*.yaml")
+    if yaml.safe_load(p.read_text()).get("kind") == "ServingDeployment"
+)  # the ServingDeployments (a Namespace file sits beside them)
 
 
 def _rules(

@@ -26,7 +26,11 @@ from prefixtune.engines.base import EngineName, KnobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / crd.CRD_FILE
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = sorted(
+    p
+    for p in (ROOT / "examples").glob("*.yaml")
+    if yaml.safe_load(p.read_text()).get("kind") == "ServingDeployment"
+)  # the ServingDeployments (a Namespace file sits beside them)
 SANDBOX_WORKLOADS = {"rag", "chatbot", "agent", "qa"}
 
 

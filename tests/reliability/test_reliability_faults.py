@@ -129,7 +129,7 @@ async def test_the_emulator_answers_409_on_status_patches_without_writing(
     )
     assert status == 409 and body["reason"] == "Conflict"
     _, stored = await _call(url, "GET", f"{path}/d", {})
-    assert "status" not in stored  # refused, not written
+    assert stored["status"] == {}  # refused, not written (still the empty status of a fresh one)
     status, _ = await _call(url, "PATCH", f"{path}/d", {**TOKEN, **MERGE}, {"spec": {"replicas": 2}})
     assert status == 200
     audited = faults.audit[-1]

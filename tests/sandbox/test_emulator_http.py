@@ -132,6 +132,10 @@ async def test_create_errors_are_canonical_statuses(em: RealisticEmulator) -> No
         em, "POST", CMS, data=b"\x0a\x02k8s", headers={"Content-Type": "application/vnd.kubernetes.protobuf"}
     )
     assert (status, body["reason"]) == (415, "UnsupportedMediaType")
+    kubectl_create = b"k8s\x00\n\x15\n\x07apps/v1\x12\nDeployment\x12\xab\x01"  # not UTF-8
+    protobuf = {"Content-Type": "application/vnd.kubernetes.protobuf"}
+    status, body = await call(em, "POST", DEPLOYS, data=kubectl_create, headers=protobuf)
+    assert (status, body["reason"]) == (415, "UnsupportedMediaType")
 
 
 async def test_every_write_bumps_rv_and_stale_rv_conflicts(em: RealisticEmulator) -> None:
@@ -195,7 +199,7 @@ async def test_strategic_merge_keeps_image_and_sidecar_and_bumps_generation(em: 
         "status": {"replicas": 99},
     }
     status, created = await call(em, "POST", DEPLOYS, json=deployment)
-    assert status == 201 and "status" not in created  # status subresource: dropped on create
+    assert status == 201 and created["status"] == {}  # a status subresource: the struct, empty on create
     patch = {"spec": {"template": {"spec": {"containers": [{"name": "engine", "args": ["--b"]}]}}}}
     status, body = await call(em, "PATCH", f"{DEPLOYS}/app", json=patch, headers=STRATEGIC)
     assert status == 200
@@ -375,6 +379,7 @@ async def test_dry_run_changes_nothing(em: RealisticEmulator) -> None:
 async def test_list_selectors_kind_and_rv(em: RealisticEmulator) -> None:
     await make_cm(em, "a", labels={"app": "vllm", "tier": "gpu"})
     await make_cm(em, "b", labels={"app": "sglang"})
+    assert (await call(em, "POST", "/api/v1/namespaces", json={"metadata": {"name": "other"}}))[0] == 201
     await call(
         em,
         "POST",
@@ -600,3 +605,95 @@ async def test_namespaces_are_served_as_objects(em: RealisticEmulator) -> None:
     assert status == 200
     status, body = await call(em, "GET", "/api/v1/namespaces/team")
     assert (status, body["reason"]) == (404, "NotFound")
+
+
+async def test_a_create_in_a_missing_namespace_is_refused_as_the_lifecycle_plugin_does(
+    em: RealisticEmulator,
+) -> None:
+    before = em.resource_version
+    status, body = await call(
+        em, "POST", "/api/v1/namespaces/agents/configmaps", json={"metadata": {"name": "c"}}
+    )
+    assert (status, body["reason"], body["message"]) == (404, "NotFound", 'namespaces "agents" not found')
+    assert body["details"] == {"name": "agents", "kind": "namespaces"}
+    assert em.resource_version == before  # nothing stored
+    dry = await call(
+        em, "POST", "/api/v1/namespaces/agents/configmaps?dryRun=All", json={"metadata": {"name": "c"}}
+    )
+    assert dry[0] == 404
+    assert (await call(em, "POST", "/api/v1/namespaces", json={"metadata": {"name": "agents"}}))[0] == 201
+    status, body = await call(
+        em, "POST", "/api/v1/namespaces/agents/configmaps", json={"metadata": {"name": "c"}}
+    )
+    assert status == 201 and body["metadata"]["namespace"] == "agents"
+
+
+async def test_an_object_left_in_a_deleted_namespace_can_be_deleted_but_not_updated(
+    em: RealisticEmulator,
+) -> None:
+    await call(em, "POST", "/api/v1/namespaces", json={"metadata": {"name": "gone"}})
+    path = "/api/v1/namespaces/gone/configmaps"
+    await call(em, "POST", path, json={"metadata": {"name": "c"}})
+    assert (await call(em, "DELETE", "/api/v1/namespaces/gone"))[0] == 200
+    status, body = await call(em, "PATCH", f"{path}/c", json={"data": {"k": "v"}}, headers=MERGE)
+    assert (status, body["message"]) == (404, 'namespaces "gone" not found')
+    assert (await call(em, "DELETE", f"{path}/c"))[0] == 200
+
+
+async def test_a_create_in_a_terminating_namespace_is_forbidden(em: RealisticEmulator) -> None:
+    ns = {"metadata": {"name": "closing", "finalizers": ["example.dev/hold"]}}
+    await call(em, "POST", "/api/v1/namespaces", json=ns)
+    assert (await call(em, "DELETE", "/api/v1/namespaces/closing"))[0] == 200  # held by its finalizer
+    status, body = await call(
+        em, "POST", "/api/v1/namespaces/closing/configmaps", json={"metadata": {"name": "c"}}
+    )
+    assert (status, body["reason"]) == (403, "Forbidden")
+    assert body["message"] == (
+        'configmaps "c" is forbidden: unable to create new content in namespace closing '
+        "because it is being terminated"
+    )
+    assert body["details"]["causes"][0]["reason"] == "NamespaceTerminating"
+
+
+async def test_the_examples_apply_in_file_order_with_their_namespaces(em: RealisticEmulator) -> None:
+    """``kubectl apply -f examples/``: name order, each object's namespace created by a file before it."""
+    from prefixtune.api.crd import build_crd
+
+    assert (await call(em, "POST", CRDS, json=build_crd()))[0] == 201
+    examples = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+    namespaces = set()
+    for path in examples:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc["kind"] == "Namespace":
+                url = "/api/v1/namespaces"
+                namespaces.add(doc["metadata"]["name"])
+            else:
+                ns = doc["metadata"]["namespace"]
+                url = f"/apis/prefixtune.io/v1alpha1/namespaces/{ns}/servingdeployments"
+            status, body = await call(em, "POST", url, json=doc)
+            assert status == 201, f"{path.name}: {body}"
+    assert "agents" in namespaces
+
+
+async def test_a_fresh_built_in_object_has_its_empty_status_and_a_custom_resource_none(
+    em: RealisticEmulator,
+) -> None:
+    deploy = {"metadata": {"name": "d"}, "spec": {"replicas": 1}, "status": {"replicas": 5}}
+    status, created = await call(em, "POST", DEPLOYS, json=deploy)
+    assert status == 201 and created["status"] == {}
+    _, fetched = await call(em, "GET", f"{DEPLOYS}/d")
+    assert fetched["status"] == {}
+    guaranteed = {"limits": {"cpu": "1", "memory": "1Gi"}}
+    for name, resources, qos in [
+        ("best", {}, "BestEffort"),
+        ("burst", {"requests": {"cpu": "100m"}}, "Burstable"),
+        ("guar", guaranteed, "Guaranteed"),
+    ]:
+        pod = {"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "resources": resources}]}}
+        _, body = await call(em, "POST", "/api/v1/namespaces/default/pods", json=pod)
+        assert body["status"] == {"phase": "Pending", "qosClass": qos}
+    await call(em, "POST", CRDS, json=widget_crd(status=True))
+    _, widget = await call(em, "POST", WIDGETS, json={"metadata": {"name": "w"}, "status": {"x": 1}})
+    assert "status" not in widget
+    _, cm = await call(em, "POST", CMS, json={"metadata": {"name": "plain"}})
+    assert "status" not in cm  # no status subresource, no status struct

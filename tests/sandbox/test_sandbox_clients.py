@@ -134,10 +134,20 @@ def _kubectl() -> str | None:
     return found
 
 
+def _reads_openapi_v3(kubectl: str) -> bool:
+    """kubectl >= 1.27 validates and explains through OpenAPI v3, which the emulator serves; older
+    ones (Debian 12's kubernetes-client is 1.20) read only the protobuf OpenAPI v2, which it does not,
+    and need ``--validate=false``."""
+    out = subprocess.run([kubectl, "version", "--client", "-o", "json"], capture_output=True, text=True)
+    version = json.loads(out.stdout)["clientVersion"]
+    return (int(version["major"]), int(version["minor"].rstrip("+"))) >= (1, 27)
+
+
 async def test_kubectl_apply_rollout_status_get_patch_delete(tmp_path: Path) -> None:
     kubectl = _kubectl()
     require_component(kubectl is not None, "kubectl (scripts/get-kubectl.sh fetches one)")
     assert kubectl is not None
+    validate = [] if _reads_openapi_v3(kubectl) else ["--validate=false"]
     manifest = tmp_path / "deploy.yaml"
     manifest.write_text(yaml.safe_dump(_manifest("kc")))
     async with sandbox(SandboxOptions(speedup=50.0, config=FAST, load=False)) as sb:
@@ -154,10 +164,12 @@ async def test_kubectl_apply_rollout_status_get_patch_delete(tmp_path: Path) -> 
             assert proc.returncode == 0, f"kubectl {' '.join(args)}: {err.decode()}"
             return out.decode()
 
-        assert "created" in await run("apply", "--validate=false", "-f", str(manifest))
+        assert "created" in await run("apply", *validate, "-f", str(manifest))
         assert "successfully rolled out" in await run("rollout", "status", "deployment/kc", "--timeout=60s")
         pods = json.loads(await run("get", "pods", "-l", "app=kc", "-o", "json"))["items"]
         assert len(pods) == 1 and pods[0]["status"]["phase"] == "Running"
+        log = await run("logs", "deployment/kc")  # the twin kubelet's log of the pod, via pods/log
+        assert "prefixtune twin kubelet: starting vllm serve" in log and "vllm serving" in log
         patch = {"spec": {"template": {"metadata": {"annotations": {"restarted": "1"}}}}}
         await run("patch", "deployment", "kc", "--type=merge", "-p", json.dumps(patch))
         assert "successfully rolled out" in await run("rollout", "status", "deployment/kc", "--timeout=60s")
@@ -224,7 +236,7 @@ async def test_cli_sandbox_up_writes_a_kubeconfig_and_stops_on_sigint(tmp_path: 
             line = await asyncio.wait_for(proc.stdout.readline(), 30)
             assert line, f"sandbox up exited early: {banner}"
             banner += line.decode()
-        assert "apply --validate=false -f crds/" in banner and str(kubeconfig) in banner
+        assert "apply -f crds/" in banner and str(kubeconfig) in banner
         server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
         async with (
             aiohttp.ClientSession() as http,
@@ -271,3 +283,65 @@ async def test_prometheus_discovers_and_scrapes_the_pods() -> None:
             pods = await sb.api.list("/api/v1/namespaces/default/pods?labelSelector=app%3Dprom")
             assert result[0]["metric"]["pod"] == pods[0]["metadata"]["name"]
             assert result[0]["metric"]["job"] == "sandbox-engines"
+
+
+async def test_kubectl_get_explain_apply_and_logs_without_validate_false(tmp_path: Path) -> None:
+    """The real kubectl against the emulator: Tables, OpenAPI v3 validation and explain, pods/log."""
+    kubectl = _kubectl()
+    require_component(kubectl is not None, "kubectl (scripts/get-kubectl.sh fetches one)")
+    assert kubectl is not None
+    modern = _reads_openapi_v3(kubectl)
+    validate = [] if modern else ["--validate=false"]
+    from prefixtune.api.crd import build_crd
+    from prefixtune.sandbox.emulator import serve_emulator, write_kubeconfig
+    from prefixtune.sandbox.podlogs import ContainerLogs
+
+    async with serve_emulator() as (em, url):
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
+        logs = em.pod_logs = ContainerLogs()
+
+        async def run(*args: str, ok: bool = True) -> str:
+            proc = await asyncio.create_subprocess_exec(
+                kubectl,
+                f"--kubeconfig={kubeconfig}",
+                f"--cache-dir={tmp_path / 'cache'}",
+                *args,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert (proc.returncode == 0) == ok, f"kubectl {' '.join(args)}: {out.decode()} {err.decode()}"
+            return out.decode() + err.decode()
+
+        async with em.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=build_crd()) as r:
+            assert r.status == 201
+        applied = await run("apply", *validate, "-f", str(ROOT / "examples"))
+        assert "namespace/agents created" in applied and "agent-llama-70b created" in applied
+        listed = (await run("get", "servingdeployments", "-A")).splitlines()
+        assert listed[0].split() == ["NAMESPACE", "NAME", "ENGINE", "PHASE", "HITRATE", "BESTSCORE", "AGE"]
+        assert any(line.split()[:3] == ["agents", "agent-llama-70b", "trtllm"] for line in listed[1:])
+        assert "MODEL" in (await run("get", "sdep", "-o", "wide")).splitlines()[0].split()
+        if modern:  # explain and server-side validation read OpenAPI v3
+            explained = await run("explain", "servingdeployment.spec.tuning")
+            assert "KIND:       ServingDeployment" in explained and "budget" in explained
+            typo = yaml.safe_load((ROOT / "examples" / "vllm-rag.yaml").read_text())
+            typo["spec"]["engien"] = "vllm"
+            (tmp_path / "typo.yaml").write_text(yaml.safe_dump(typo))
+            refused = await run("apply", "-f", str(tmp_path / "typo.yaml"), ok=False)
+            assert 'strict decoding error: unknown field "spec.engien"' in refused
+
+        (tmp_path / "deploy.yaml").write_text(yaml.safe_dump(_manifest("kc")))
+        await run("apply", *validate, "-f", str(tmp_path / "deploy.yaml"))
+        header = (await run("get", "deployments")).splitlines()[0].split()
+        assert header == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]
+        pod = {
+            "metadata": {"name": "p"},
+            "spec": {"nodeName": "n", "containers": [{"name": "c", "image": "i"}]},
+        }
+        async with em.post("/api/v1/namespaces/default/pods", json=pod) as r:
+            uid = (await r.json())["metadata"]["uid"]
+        pods = (await run("get", "pods")).splitlines()
+        assert pods[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+        assert pods[1].split()[:3] == ["p", "0/1", "Pending"]
+        logs.write(uid, "c", "2026-01-01T00:00:00Z", "hello from the twin")
+        assert (await run("logs", "p")) == "hello from the twin\n"

@@ -254,6 +254,20 @@ async def test_wrong_flag_crash_loops_and_unknown_model_fails(sb: Sandbox) -> No
     pod = await wait_for(failed, what="phase Failed")
     term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert term["exitCode"] == 1 and "unknown model" in term["message"]
+    # kubectl logs: each run's command line and the engine's own error, the run before with --previous
+    assert "unknown model" in await _log(sb, "nomodel")
+    name = (await pods_of(sb, "bad"))[0]["metadata"]["name"]
+    previous = await _log(sb, name, "?previous=true")
+    assert "starting vllm serve" in previous and "--no-such-flag" in previous and ": error:" in previous
+
+
+async def _log(sb: Sandbox, pod: str, query: str = "") -> str:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{sb.url}/api/v1/namespaces/{NS}/pods/{pod}/log{query}") as resp,
+    ):
+        assert resp.status == 200 and resp.content_type == "text/plain", await resp.text()
+        return await resp.text()
 
 
 async def test_runtime_oom_under_load_restarts_the_twin_then_backs_off() -> None:

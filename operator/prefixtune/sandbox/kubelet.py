@@ -33,6 +33,8 @@ Container lifecycle, in sandbox time (seconds divided by ``speedup``):
   10 s, 20 s, ... 300 s (kube's), reset after 10 minutes of running; ``restartCount`` counts restarts;
   the twin restarts from the same args. restartPolicy Never: the pod's phase becomes Failed.
 * Deleting a pod stops its twin at once (no graceful termination period) and frees its address.
+* Logs (``podlogs.py``, served as ``pods/log``): each run's command line, the server listening, and
+  the exit message; the current and the previous run, forgotten with the pod.
 
 Fault injection (``faults.py``): ``Kubelet.crash`` kills a running engine (CUDA OOM or a crash), and
 ``Kubelet.metrics_faults`` makes the pods' metrics endpoints unreachable, empty, NaN or reset.
@@ -45,6 +47,7 @@ import errno
 import hashlib
 import logging
 import random
+import shlex
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -57,6 +60,7 @@ from prefixtune.sandbox import pods as podlib
 from prefixtune.sandbox.client import ApiClient, ApiStatusError
 from prefixtune.sandbox.clock import SandboxClock
 from prefixtune.sandbox.faults import MetricsFaults, install_metrics_faults
+from prefixtune.sandbox.podlogs import ContainerLogs
 from prefixtune.sandbox.standin import StandInPod, StandInServer
 from prefixtune.sandbox.tasks import Wakeup, log_failure, stop_task
 
@@ -220,6 +224,7 @@ class PodWorker:
         self.start_time = kubelet.stamp()
         self._status: dict[str, Any] = {}
         self.injected_exit = ""  # a crash injected by Kubelet.crash: the container's exit message
+        self.logging = False  # a container run started: its output goes to the node's logs
 
     @property
     def path(self) -> str:
@@ -243,6 +248,8 @@ class PodWorker:
             while True:
                 exit_ = await self._run_container(last_exit)
                 exit_.finished_at = exit_.finished_at or self.kubelet.stamp()
+                if exit_.message:
+                    self._log(exit_.message)
                 last_exit = podlib.terminated(
                     exit_.code, exit_.reason, exit_.message, exit_.started_at, exit_.finished_at
                 )
@@ -284,6 +291,9 @@ class PodWorker:
         except podlib.LaunchError as err:
             return _Exit(err.exit_code, err.reason, err.message, started)
         self.container_name = plan.container
+        self.kubelet.logs.start(self.uid, self.container_name)
+        self.logging = True
+        self._log(f"prefixtune twin kubelet: starting {shlex.join(plan.argv)}")
         adapter = get_adapter(plan.engine)
         try:
             parsed = adapter.parse(list(plan.argv), plan.files)
@@ -329,6 +339,9 @@ class PodWorker:
             await server.stop()
             reason = "address already in use" if err.errno == errno.EADDRINUSE else str(err)
             return _Exit(1, "Error", f"OSError: cannot bind {self.ip}:{parsed.port}: {reason}", started)
+        self._log(
+            f"prefixtune twin: {plan.engine.value} serving {parsed.model} on http://{self.ip}:{parsed.port}"
+        )
         self.server = server
         try:
             await self._probe_until_exit(server, running, plan.engine.value)
@@ -357,6 +370,9 @@ class PodWorker:
         except OSError as err:
             reason = "address already in use" if err.errno == errno.EADDRINUSE else str(err)
             return _Exit(1, "Error", f"OSError: cannot bind {self.ip}:{parsed.port}: {reason}", started)
+        self._log(
+            f"prefixtune stand-in: {parsed.engine.value} serving {parsed.model} on {self.ip}:{parsed.port}"
+        )
         self.server = pod
         try:
             await self._probe_until_exit(pod, running, parsed.engine.value)
@@ -399,6 +415,11 @@ class PodWorker:
                 )
         finally:
             exited.cancel()
+
+    def _log(self, text: str) -> None:
+        """A line of the running container's output (``podlogs.py``), on the sandbox clock."""
+        if self.logging:
+            self.kubelet.logs.write(self.uid, self.container_name, self.kubelet.stamp(), text)
 
     async def _stop_server(self) -> None:
         server, self.server = self.server, None
@@ -465,6 +486,7 @@ class Kubelet:
         self.knob_overrides: dict[str, object] = {}  # knobs every engine runs regardless of its command
         self.gpus = config.gpus  # the node's nvidia.com/gpu allocatable now (set_gpus; None: no limit)
         self.stand_ins = StandInServer()  # every stand-in pod's endpoints (``KubeletConfig.stand_in``)
+        self.logs = ContainerLogs()  # the containers' output, served as pods/log by the emulator
 
     async def set_gpus(self, gpus: int | None) -> None:
         """Change the node's GPU allocatable (capacity freed or taken elsewhere); Pending pods are
@@ -614,6 +636,7 @@ class Kubelet:
     async def _stop(self, uid: str) -> None:
         _, task = self.workers.pop(uid)
         await stop_task(task)
+        self.logs.forget(uid)  # the pod is gone, and its log files with it
 
     async def stop_all(self) -> None:
         for uid in list(self.workers):

@@ -226,6 +226,7 @@ async def sandbox(options: SandboxOptions | None = None) -> AsyncIterator[Sandbo
                     await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
                 controllers = ControllerManager(api, cfg, clock)
                 kubelet = Kubelet(api, cfg, clock)
+                emulator.pod_logs = kubelet.logs  # pods/log reads the node's logs, as via its kubelet
                 files.callback(kubelet.close)  # its address octet is claimed until the sandbox ends
                 kubelet.metrics_faults = opts.metrics_faults
                 kubelet.knob_overrides = dict(opts.knob_overrides or {})
@@ -297,15 +298,17 @@ def usage_text(sb: Sandbox) -> str:
         "",
         "Use it:",
         f"  export KUBECONFIG={kc}",
-        f"  kubectl --kubeconfig {kc} apply --validate=false -f crds/",
-        f"  kubectl --kubeconfig {kc} apply --validate=false -f examples/vllm-rag.yaml",
-        f"  kubectl --kubeconfig {kc} get deployments,pods,endpoints -o wide",
+        f"  kubectl --kubeconfig {kc} apply -f crds/",
+        f"  kubectl --kubeconfig {kc} apply -f examples/",
+        f"  kubectl --kubeconfig {kc} get servingdeployments,deployments,pods -A",
+        f"  kubectl --kubeconfig {kc} logs deployment/<name>   # the twin's log",
         f"  KUBECONFIG={kc} <the operator>   # kopf's default login reads the kubeconfig",
         f"  prefixtune run -A --standalone --kubeconfig {kc} --time-scale {sb.config.speedup:g} \\",
         f"      --clock-file {sb.clock_file}   # windows and timeouts on the sandbox's clock",
         "",
-        "kubectl needs --validate=false (no OpenAPI); scale, diff and server-side apply are not",
-        "emulated. Ctrl-C stops everything.",
+        "kubectl before 1.27 needs apply --validate=false (no OpenAPI v2); kubectl scale, diff,",
+        "server-side apply and get -w's columns are not emulated.",
+        "Ctrl-C stops everything.",
     ]
     return "\n".join(lines)
 

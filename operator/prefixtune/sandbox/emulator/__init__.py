@@ -6,7 +6,8 @@ with the server-side behaviour that kopf, the official ``kubernetes`` client and
 * Server metadata on create: ``uid``, ``creationTimestamp``, ``generation`` 1, a ``resourceVersion``
   from one global counter, ``metadata.namespace`` from the URL, names from ``generateName``; names
   are validated (DNS-1123 subdomains); 404 for undeclared resources; ``status`` is dropped on create
-  when the resource has a status subresource.
+  when the resource has a status subresource, and a built-in kind gets the status its registry
+  strategy sets (``strategies.py``: ``{}`` for a Deployment, ``Pending`` and the QoS class for a Pod).
 * Writes: every write bumps the resourceVersion (a no-op write changes nothing, as on the real
   server); a stale ``metadata.resourceVersion`` in a merge patch, strategic merge patch or PUT body
   gives 409 Conflict; a failed JSON-patch ``test`` gives 422 Invalid; ``generation`` increments only
@@ -35,6 +36,20 @@ with the server-side behaviour that kopf, the official ``kubernetes`` client and
 * Garbage collection: when an owner is really deleted, its dependents (``ownerReferences[].uid``) are
   deleted in the background, transitively; dependents that still have a live owner only lose the
   dangling reference; ``propagationPolicy: Orphan`` strips the references instead.
+* Tables for ``kubectl get`` (``tables.py``, ``printers.py``): an ``Accept`` of
+  ``application/json;as=Table;g=meta.k8s.io`` answers a ``meta.k8s.io`` Table of the CRD's
+  ``additionalPrinterColumns`` (JSONPath) or of the built-in printers of pods, deployments,
+  replicasets, namespaces and services (NAME AGE otherwise), with ``includeObject``.
+* ``pods/log`` (``logs.py``): plain text from ``pod_logs`` (the sandbox kubelet's ``ContainerLogs``),
+  with the server's container choice and errors, ``previous``, ``tailLines``, ``limitBytes`` and
+  ``timestamps`` (not ``follow``).
+* OpenAPI v3 (``openapi.py``): ``/openapi/v3`` and one document per group version, the CRDs'
+  schemas under their GVKs, every PATCH declaring ``fieldValidation`` (so ``kubectl apply`` validates
+  on the server without ``--validate=false``, and ``kubectl explain`` works); with
+  ``fieldValidation=Strict`` a custom resource's fields its schema does not declare are a 400.
+* Namespaces are objects (``default``, ``kube-system`` and ``kube-public`` exist from the start)
+  and are required as the NamespaceLifecycle admission plugin requires them: a create or update in
+  a missing namespace is 404 ``namespaces "x" not found``, a create in a terminating one 403.
 * Events (core v1 and events.k8s.io) are ordinary objects, so kopf's ``generateName`` events are stored.
 * Fault injection (``faults=ApiFaults(...)``, off by default; ``faults.py``): 500/503 answers, 409 on
   status patches and dropped watches for the clients under test (by bearer token), and an audit of
@@ -43,15 +58,15 @@ with the server-side behaviour that kopf, the official ``kubernetes`` client and
 What it does NOT emulate:
 
 * Admission (webhooks, LimitRanges, quotas), authentication and RBAC (every request is allowed).
-* Schema validation, pruning and defaulting by the server (no OpenAPI; kubectl needs
-  ``--validate=false``), except the name checks above; field selectors accept any dotted path.
-* Server-side apply (415), ``kubectl diff``, the scale subresource of built-in resources (a
-  Deployment's), protobuf bodies (415), pagination (``limit`` is ignored and everything is
-  returned), periodic watch bookmarks.
-* Controllers: Deployments never get ReplicaSets, Pods or status; whatever plays the kubelet must
-  patch ``/status`` itself. Namespaces are served as objects (``default``, ``kube-system`` and
-  ``kube-public`` exist from the start) but are not required for namespaced writes, and deleting one
-  cascades nothing.
+* Schema validation (types, enums, CEL rules), pruning and defaulting by the server, except the name
+  checks above and ``fieldValidation=Strict``'s unknown fields of custom resources; OpenAPI v2;
+  schemas of built-in kinds; field selectors accept any dotted path.
+* Server-side apply (415), ``kubectl diff``, Tables in watch streams (``kubectl get -w``), the scale
+  subresource of built-in resources (a Deployment's), protobuf bodies (415), pagination (``limit``
+  is ignored and everything is returned), periodic watch bookmarks.
+* Controllers: Deployments never get ReplicaSets, Pods or a filled status; whatever plays the kubelet must
+  patch ``/status`` itself. Deleting a namespace cascades nothing (its objects stay, and can only
+  be deleted).
 * Foreground deletion is treated as background; garbage collection timing is immediate, not real.
 
 It relies on kmock **private internals** (``_objects``, ``_lock``, ``_buses``, ``_serve_*``,
@@ -60,8 +75,10 @@ its own tests, including characterisation tests of the stock emulator.
 
 The package, one module per seam: ``store`` (``RealisticEmulator``: dispatching, writes, reads),
 ``watch`` (the event log and the watch streams), ``crds``, ``scale`` (the scale subresource),
-``gc`` (garbage collection), ``discovery``, ``errors`` (``Status`` objects), ``core`` (the state
-and lookups they share) and ``serving`` (HTTP and kubeconfigs).
+``gc`` (garbage collection), ``discovery``, ``tables`` (Table responses; ``printers`` and
+``jsonpath`` fill them), ``strategies`` (the status set on create), ``logs`` (``pods/log``),
+``openapi``, ``errors`` (``Status`` objects), ``core`` (the state and lookups they share) and
+``serving`` (HTTP and kubeconfigs).
 """
 
 from prefixtune.sandbox.emulator.crds import CRD_RESOURCE

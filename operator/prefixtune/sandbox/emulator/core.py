@@ -21,6 +21,7 @@ from kmock._internal import k8s_dicts, rendering
 
 from prefixtune.sandbox import _selectors
 from prefixtune.sandbox.emulator.errors import api_error, not_found
+from prefixtune.sandbox.emulator.logs import PodLogSource
 from prefixtune.sandbox.emulator.scale import ScalePaths
 from prefixtune.sandbox.faults import ApiFaults
 
@@ -71,6 +72,7 @@ class EmulatorCore(kmock.KubernetesEmulator):
     builtins: bool = True  # declare kmock's bundled built-in resources (core, apps, events, CRDs...)
     namespaces: tuple[str, ...] = ("default", "kube-system", "kube-public")  # pre-created with builtins
     faults: ApiFaults | None = None  # fault injection for the clients under test (off by default)
+    pod_logs: PodLogSource | None = None  # where pods/log reads containers' logs (the sandbox kubelet)
     _rv: int = attrs.field(default=0, init=False)
     # The scale subresource's paths of each custom resource whose CRD declares it (crds.py).
     _scales: dict[kmock.resource, ScalePaths] = attrs.field(factory=dict, init=False)

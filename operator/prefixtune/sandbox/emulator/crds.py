@@ -11,6 +11,8 @@ import kmock
 
 from prefixtune.sandbox.emulator.core import ALL_VERBS, EmulatorCore, _meta, _now, builtin_groups
 from prefixtune.sandbox.emulator.errors import api_error
+from prefixtune.sandbox.emulator.openapi import ServedResource, strict_decoding_message, unknown_fields
+from prefixtune.sandbox.emulator.printers import BUILTIN_PRINTERS, DEFAULT_PRINTER, Printer, crd_printer
 from prefixtune.sandbox.emulator.scale import ScalePaths
 
 CRD_RESOURCE = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -21,6 +23,8 @@ class CustomResources(EmulatorCore):
     """Custom resources, declared directly (``declare``) or from a stored CRD (``register_crd``)."""
 
     _custom: dict[str, set[kmock.resource]] = attrs.field(factory=dict, init=False)  # CRD name -> served
+    _printers: dict[kmock.resource, Printer] = attrs.field(factory=dict, init=False)  # Table columns
+    _schemas: dict[kmock.resource, dict[str, Any]] = attrs.field(factory=dict, init=False)  # openAPIV3Schema
 
     def declare(
         self,
@@ -44,6 +48,7 @@ class CustomResources(EmulatorCore):
             subresources={"status"} if status else set(),
         )
         self._custom.setdefault(f"{res.plural}.{res.group}", set()).add(res)
+        self._printers[res] = crd_printer(())
         return res
 
     def register_crd(self, crd: Mapping[str, Any]) -> list[kmock.resource]:
@@ -70,12 +75,54 @@ class CustomResources(EmulatorCore):
                 categories=names.get("categories") or (),
                 subresources=subresources,
             )
+            self._printers[res] = crd_printer(version.get("additionalPrinterColumns") or ())
+            schema = (version.get("schema") or {}).get("openAPIV3Schema")
+            if isinstance(schema, dict):
+                self._schemas[res] = copy.deepcopy(schema)
+            else:
+                self._schemas.pop(res, None)
             served.add(res)
         for gone in self._custom.get(crd_name, set()) - served:
             del self.resources[gone]
             self._scales.pop(gone, None)
+            self._printers.pop(gone, None)
+            self._schemas.pop(gone, None)
         self._custom[crd_name] = served
         return sorted(served, key=lambda r: (str(r.group), str(r.version)))
+
+    def printer(self, res: kmock.resource) -> Printer:
+        """The Table printer of a resource: its CRD's printer columns, a built-in printer, or NAME AGE."""
+        if res in self._printers:
+            return self._printers[res]
+        return BUILTIN_PRINTERS.get((str(res.group), str(res.plural)), DEFAULT_PRINTER)
+
+    def served_resources(self) -> list[ServedResource]:
+        """Every served resource with its kind, scope and (for a CRD version) its schema."""
+        served = []
+        for res in self._get_resources():
+            if not res.plural or "/" in str(res.plural) or not res.version:
+                continue
+            info = self.resources[res] if res in self.resources else kmock.ResourceInfo()
+            served.append(
+                ServedResource(
+                    group=str(res.group or ""),
+                    version=str(res.version),
+                    plural=str(res.plural),
+                    kind=info.kind or str(res.plural).capitalize(),
+                    namespaced=bool(info.namespaced),
+                    schema=self._schemas.get(res),
+                )
+            )
+        return served
+
+    def strict_check(self, res: kmock.resource, obj: Mapping[str, Any], field_validation: str | None) -> None:
+        """``?fieldValidation=Strict``: a custom resource's fields its schema does not declare are a 400."""
+        schema = self._schemas.get(res)
+        if field_validation != "Strict" or schema is None:
+            return
+        fields = unknown_fields(obj, schema)
+        if fields:
+            raise api_error(400, strict_decoding_message(fields))
 
     def _is_custom(self, res: kmock.resource) -> bool:
         return (
@@ -141,6 +188,8 @@ class CustomResources(EmulatorCore):
     async def _drop_crd(self, crd: Mapping[str, Any]) -> None:
         name = str(_meta(crd).get("name"))
         for res in self._custom.pop(name, set()):
+            self._printers.pop(res, None)
+            self._schemas.pop(res, None)
             if res in self.resources:
                 del self.resources[res]
             self._scales.pop(res, None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import re
 import uuid
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ import kmock
 from kmock._internal import parsing, rendering
 
 from prefixtune.sandbox import _patches
-from prefixtune.sandbox.emulator import scale
+from prefixtune.sandbox.emulator import openapi, scale, tables
 from prefixtune.sandbox.emulator.core import (
     NAMESPACES,
     _content,
@@ -31,8 +32,10 @@ from prefixtune.sandbox.emulator.core import (
 )
 from prefixtune.sandbox.emulator.crds import CRD_RESOURCE, CustomResources
 from prefixtune.sandbox.emulator.discovery import Discovery
-from prefixtune.sandbox.emulator.errors import api_error, details, kind_ref, not_found, render_error
+from prefixtune.sandbox.emulator.errors import ApiError, api_error, details, kind_ref, not_found, render_error
 from prefixtune.sandbox.emulator.gc import GarbageCollection
+from prefixtune.sandbox.emulator.logs import pod_log
+from prefixtune.sandbox.emulator.strategies import initial_status
 from prefixtune.sandbox.emulator.watch import Watches
 from prefixtune.sandbox.faults import ApiFaults, bearer
 
@@ -40,6 +43,9 @@ from prefixtune.sandbox.faults import ApiFaults, bearer
 # collection: the collection is routed through a marker name (no namespace can start with a dot).
 _NAMESPACE_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?$")
 _NAMESPACE_COLLECTION = ".collection"
+_PODS = kmock.resource("", "v1", "pods")
+_POD_LOG_PATH = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods/(?P<name>[^/]+)/log/?$")
+_OPENAPI_INFO_VERSION = "v1.26.4"  # kmock 0.8's /version gitVersion (v1.26.4+k3s1)
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real server's generateName alphabet
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _PATH_SEGMENT_GROUPS = frozenset({"rbac.authorization.k8s.io"})  # names like "system:foo" are valid there
@@ -66,6 +72,19 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
     # ------------------------------------------------------------------------------------ dispatching
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if raw_request.method == "GET" and raw_request.path.startswith("/openapi/"):
+            return self._serve_openapi(raw_request.path)
+        if "protobuf" in raw_request.headers.get("Content-Type", "") and raw_request.method in (
+            "POST",
+            "PUT",
+            "PATCH",
+        ):
+            # kmock decodes bodies as text first: a real protobuf body (kubectl create deployment)
+            # would be a 500 there, not the 415 below
+            return render_error(api_error(415, "protobuf request bodies are not emulated; send JSON"))
+        log_path = _POD_LOG_PATH.match(raw_request.path) if raw_request.method == "GET" else None
+        if log_path is not None:  # plain text, outside kmock's reactions (they keep a reply's headers)
+            return await self._serve_pod_log(log_path["namespace"], log_path["name"], raw_request.query)
         if raw_request.path.rstrip("/") == "/api/v1/namespaces":
             marked = raw_request.rel_url.with_path(f"/api/v1/namespaces/{_NAMESPACE_COLLECTION}").with_query(
                 raw_request.rel_url.query
@@ -100,6 +119,26 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
         response = await super().__call__(raw_request)
         faults.record(client, method, path, int(response.status), "", body)
         return response
+
+    def _serve_openapi(self, path: str) -> aiohttp.web.StreamResponse:
+        """``/openapi/v3`` and its group-version documents (``openapi.py``); v2 is not served."""
+        by_gv: dict[str, list[openapi.ServedResource]] = {}
+        for res in self.served_resources():
+            by_gv.setdefault(res.gv_path, []).append(res)
+        documents = {
+            gv: openapi.group_version_document(items, _OPENAPI_INFO_VERSION) for gv, items in by_gv.items()
+        }
+        wanted = path.rstrip("/").removeprefix("/openapi/v3").lstrip("/")
+        if path.rstrip("/") == "/openapi/v3":
+            return aiohttp.web.json_response(openapi.index(documents))
+        if path.startswith("/openapi/v3/") and wanted in documents:
+            return aiohttp.web.json_response(documents[wanted])
+        message = (
+            "the sandbox's API server serves OpenAPI v3 only (/openapi/v3)"
+            if path.startswith("/openapi/v2")
+            else f"no OpenAPI v3 document for {wanted!r}"
+        )
+        return render_error(api_error(404, message))
 
     @staticmethod
     def _namespace_request(request: rendering.Request) -> rendering.Request:
@@ -173,6 +212,7 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             return await self._write_scale(kind, res, key, current, request, dry)
         if kind == "delete":
             return 200, await self._delete(res, key, current, request, dry)
+        self._admit_namespace(res, key[1], key[2], creating=False)
         if kind == "replace":
             body = self._body_object(request)
             if _meta(body).get("name") not in (None, key[2]):
@@ -184,6 +224,8 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             new: Any = copy.deepcopy(body)
         else:
             new = self._apply_patch(res, request, current)
+        if isinstance(new, Mapping):
+            self.strict_check(res, new, request.params.get("fieldValidation"))
         return 200, await self._update(res, key, current, new, request.subresource, dry)
 
     async def _write_scale(
@@ -225,6 +267,8 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
                 if self._live((res, namespace, name)) is None:
                     break
         self._validate_name(res, str(name))
+        self._admit_namespace(res, namespace, str(name), creating=True)
+        self.strict_check(res, obj, request.params.get("fieldValidation"))
         key: _Key = (res, namespace, str(name))
         if self._live(key) is not None:
             raise api_error(
@@ -256,11 +300,12 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             )
         if "status" in info.subresources:
             obj.pop("status", None)
+            if not self._is_custom(res):  # a built-in's status struct, as its strategy sets it
+                obj["status"] = initial_status(str(res.group), str(res.plural), obj)
         if res == CRD_RESOURCE:
             obj["status"] = self._crd_status(obj)
-        if res == NAMESPACES:  # what the namespace strategy sets on create
+        if res == NAMESPACES:  # what the namespace strategy sets on create (besides the status)
             obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
-            obj["status"] = {"phase": "Active"}
         if dry:
             return obj
         meta["resourceVersion"] = str(self._next_rv())
@@ -481,6 +526,41 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             )
         return url_namespace
 
+    def _admit_namespace(self, res: kmock.resource, namespace: str | None, name: str, creating: bool) -> None:
+        """The NamespaceLifecycle admission plugin: no writes into a namespace that does not exist.
+
+        As kube-apiserver's plugin (k8s.io/apiserver ``pkg/admission/plugin/namespace/lifecycle/
+        admission.go``, kubernetes 04791b49): a create or an update of a namespaced object whose
+        namespace is missing is refused with the namespace's NotFound (404, ``namespaces "x" not
+        found``, details kind ``namespaces``); a create in a terminating namespace is Forbidden (403,
+        cause ``NamespaceTerminating``); deletes always pass. Only with ``builtins`` (without them no
+        namespaces are served).
+        """
+        if not self.builtins or namespace is None or res == NAMESPACES:
+            return
+        found = self._live((NAMESPACES, None, namespace))
+        if found is None:
+            raise api_error(404, f'namespaces "{namespace}" not found', name=namespace, kind="namespaces")
+        terminating = "deletionTimestamp" in _meta(found) or (found.get("status") or {}).get("phase") == (
+            "Terminating"
+        )
+        if creating and terminating:
+            raise api_error(
+                403,
+                f'{kind_ref(res)} "{name}" is forbidden: unable to create new content in namespace '
+                f"{namespace} because it is being terminated",
+                name=name,
+                group=res.group,
+                kind=res.plural,
+                causes=[
+                    {
+                        "reason": "NamespaceTerminating",
+                        "message": f"namespace {namespace} is being terminated",
+                        "field": "metadata.namespace",
+                    }
+                ],
+            )
+
     def _validate_name(self, res: kmock.resource, name: str) -> None:
         if name in (".", "..") or "/" in name or "%" in name or len(name) > 253:
             raise api_error(
@@ -508,6 +588,10 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             raise not_found(request.resource, request.name)
         if request.subresource == "scale":
             return scale.scale_of(current, self._scales[request.resource])
+        if request.subresource is None:
+            table = self._as_table(request, [current], str(_meta(current).get("resourceVersion", "")))
+            if table is not None:
+                return table
         return current
 
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
@@ -518,12 +602,51 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
         async with self._lock:
             items = [obj for _, obj in self._scan(request) if selector(obj)]
             rv = self._rv
+        table = self._as_table(request, items, str(rv))
+        if table is not None:
+            return table
         return {
             "apiVersion": api_version(res),
             "kind": f"{info.kind or str(res.plural).capitalize()}List",
             "metadata": {"resourceVersion": str(rv)},
             "items": items,
         }
+
+    async def _serve_pod_log(
+        self, namespace: str, name: str, query: Mapping[str, str]
+    ) -> aiohttp.web.StreamResponse:
+        """``GET pods/<name>/log`` (``logs.py``): plain text from the pod's log source."""
+        async with self._lock:
+            pod = self._live((_PODS, namespace, name))
+        try:
+            if pod is None:
+                raise not_found(_PODS, name)
+            body = pod_log(pod, dict(query), self.pod_logs)
+        except ApiError as exc:
+            return render_error(exc)
+        return aiohttp.web.Response(body=body, content_type="text/plain")
+
+    def _as_table(
+        self, request: rendering.Request, objects: list[dict[str, Any]], resource_version: str
+    ) -> dict[str, Any] | None:
+        """The objects as a ``meta.k8s.io`` Table when the Accept header asks for one (``tables.py``)."""
+        version = tables.requested_table(request.headers.get("Accept", ""))
+        if version is None:
+            return None
+        assert request.resource is not None
+        try:
+            include = tables.include_object(request.params.get("includeObject"))
+        except tables.TableRequestError as exc:
+            raise api_error(400, str(exc)) from exc
+        now = datetime.datetime.now(tz=datetime.UTC)
+        return tables.to_table(
+            objects,
+            self.printer(request.resource),
+            version=version,
+            include=include,
+            resource_version=resource_version,
+            now=now,
+        )
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         return render_error(exc)
