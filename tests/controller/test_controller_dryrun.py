@@ -30,7 +30,11 @@ from prefixtune.engines import get_adapter
 from prefixtune.tuning.policy import initial_state
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = sorted(
+    p
+    for p in (ROOT / "examples").glob("*.yaml")
+    if yaml.safe_load(p.read_text()).get("kind") == "ServingDeployment"
+)  # the ServingDeployments (a Namespace file sits beside them)
 KUBE = kubernetes_validate.utils.latest_version()
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
