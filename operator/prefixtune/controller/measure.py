@@ -62,6 +62,10 @@ class _Start:
     wall: float  # when the start scrape was taken (wall seconds)
     snaps: dict[str, Snapshot]
     last_partial: float = 0.0
+    # The scrapes of the early-abort checks since (at most PARTIAL_EVERY per pod): the window's
+    # counters are read over every sample, as Prometheus' increase() does, so that a counter reset
+    # between two of them is seen even when the counter has climbed past its start value by the end.
+    between: dict[str, list[Snapshot]] = field(default_factory=dict)
 
 
 @dataclass
@@ -189,7 +193,7 @@ class Meter:
         self, spec: ServingDeploymentSpec, start: _Start, end: Mapping[str, Snapshot], pods: Sequence[PodView]
     ) -> Window | None:
         chains = {
-            name: [start.snaps[name], end[name]]
+            name: [start.snaps[name], *start.between.get(name, ()), end[name]]
             for name in (p.name for p in pods)
             if name in start.snaps and name in end
         }
@@ -275,6 +279,8 @@ class Meter:
                 self.starts[uid] = _Start(key, now, end, now)  # rolling windows while watching
         else:
             start.last_partial = now
+            for name, snap in end.items():
+                start.between.setdefault(name, []).append(snap)
         if signals is None:
             return MetricsUnavailable(
                 reason=self._unanswered(f"no {subject} pod answered a metrics scrape", errors),
