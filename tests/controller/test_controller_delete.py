@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,10 @@ import kopf
 
 from prefixtune.api.crd import build_crd
 from prefixtune.controller.handlers import build_registry
-from prefixtune.controller.operator import operator_argv, spawn_operator
+from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
 from prefixtune.sandbox import up
 from prefixtune.sandbox.kubelet import KubeletConfig
+from prefixtune.sandbox.waiting import wait_until
 
 SDEPS = "/apis/prefixtune.io/v1alpha1/namespaces/default/servingdeployments"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
@@ -38,16 +38,6 @@ def test_the_operator_registers_no_handler_that_needs_a_finalizer() -> None:
     assert not [h.id for h in (*spawning, *changing) if h.requires_finalizer]
 
 
-async def _until(what: str, check: Callable[[], Awaitable[Any]], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = await check()
-        if found:
-            return found
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"not within {timeout_s:g}s: {what}")
-
-
 async def test_a_delete_completes_with_the_operator_running_or_stopped() -> None:
     """With the operator running, a deleted resource goes at once and the garbage collector removes
     its engine Deployment; with the operator stopped, a delete completes too (nothing holds it). A
@@ -56,6 +46,8 @@ async def test_a_delete_completes_with_the_operator_running_or_stopped() -> None
     with tempfile.TemporaryDirectory(prefix="prefixtune-delete-") as tmp:
         async with up.sandbox(up.SandboxOptions(crds=[build_crd()], config=cfg, load=False)) as sb:
             api = sb.api
+            # Deadlines on the sandbox's clock: a machine too busy for it to keep up extends them.
+            until = partial(wait_until, every_s=0.5, clock=sb.clock.now)
             spec = {"engine": "vllm", "model": "m/x", "tuning": {"mode": "off"}}
             body = {"apiVersion": "prefixtune.io/v1alpha1", "kind": "ServingDeployment"}
 
@@ -74,25 +66,24 @@ async def test_a_delete_completes_with_the_operator_running_or_stopped() -> None
                 legacy = {"name": "legacy", "finalizers": [KOPF_FINALIZER]}
                 await api.create(SDEPS, {**body, "metadata": legacy, "spec": spec})
                 for name in ("running", "stopped", "legacy"):
-                    obj = await _until(f"the operator handled {name}", lambda n=name: handled(n))
+                    obj = await until(lambda n=name: handled(n), 60.0, f"the operator handled {name}")
                     assert not obj["metadata"].get("finalizers"), obj["metadata"]
                 # Several ticks later (the tuning loop runs), still no finalizer.
                 await asyncio.sleep(3.0)
                 obj = await api.get(f"{SDEPS}/running")
                 assert obj is not None and not obj["metadata"].get("finalizers")
                 await api.delete(f"{SDEPS}/running")
-                await _until("the deleted resource is gone", lambda: gone(f"{SDEPS}/running"), 10.0)
-                await _until(
-                    "its engine Deployment is garbage-collected", lambda: gone(f"{DEPLOYMENTS}/running")
+                await until(lambda: gone(f"{SDEPS}/running"), 10.0, "the deleted resource is gone")
+                await until(
+                    lambda: gone(f"{DEPLOYMENTS}/running"), 60.0, "its engine Deployment is garbage-collected"
                 )
             finally:
-                proc.terminate()
-                proc.wait(15)
+                stop_operator(proc, 15.0)
             log = (Path(tmp) / "op.log").read_text(errors="replace")
             assert proc.returncode is not None
             await api.delete(f"{SDEPS}/stopped")  # no operator any more
-            await _until("deleted without the operator", lambda: gone(f"{SDEPS}/stopped"), 10.0)
-            await _until("its child collected", lambda: gone(f"{DEPLOYMENTS}/stopped"))
+            await until(lambda: gone(f"{SDEPS}/stopped"), 10.0, "deleted without the operator")
+            await until(lambda: gone(f"{DEPLOYMENTS}/stopped"), 60.0, "its child collected")
             await api.delete(f"{SDEPS}/legacy")  # its old finalizer was removed while the operator ran
-            await _until("the released resource deleted", lambda: gone(f"{SDEPS}/legacy"), 10.0)
+            await until(lambda: gone(f"{SDEPS}/legacy"), 10.0, "the released resource deleted")
     assert "Traceback" not in log, log[-3000:]

@@ -3,29 +3,17 @@ own process (``prefixtune run``), the twin kubelet running the rendered engine a
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from prefixtune.api.crd import build_crd
-from prefixtune.controller.operator import operator_argv, spawn_operator
+from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
 from prefixtune.sandbox import up
 from prefixtune.sandbox.kubelet import KubeletConfig
+from prefixtune.sandbox.waiting import wait_until
 
 SDEPS = "/apis/prefixtune.io/v1alpha1/namespaces/default/servingdeployments"
-
-
-async def _until(what: str, check: Callable[[], Awaitable[Any]], timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = await check()
-        if found:
-            return found
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"not within {timeout_s:g}s: {what}")
 
 
 async def test_an_engine_that_cannot_start_says_why_in_the_ready_condition() -> None:
@@ -48,10 +36,11 @@ async def test_an_engine_that_cannot_start_says_why_in_the_ready_condition() -> 
                     ready = next((c for c in conditions if c["type"] == "Ready"), None)
                     return ready if ready is not None and ready["reason"] == "EngineFailing" else None
 
-                ready = await _until("Ready=False EngineFailing", failing, 90.0)
+                ready = await wait_until(
+                    failing, 90.0, "Ready=False EngineFailing", every_s=0.5, clock=sb.clock.now
+                )
             finally:
-                proc.terminate()
-                proc.wait(15)
+                stop_operator(proc, 15.0)
     assert ready["status"] == "False"
     assert "tensor parallel size" in ready["message"] and "got 4" in ready["message"], ready
     assert "pod tp4-" in ready["message"] and "back-off" not in ready["message"], ready
