@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import yaml
+from tests.sandbox.conftest import call
 
 from prefixtune.sandbox.emulator import RealisticEmulator, kubeconfig, serve_emulator, write_kubeconfig
 
@@ -59,17 +59,6 @@ def widget_crd(
             ],
         },
     }
-
-
-@pytest.fixture
-async def em() -> AsyncIterator[RealisticEmulator]:
-    async with serve_emulator() as (emulator, _url):
-        yield emulator
-
-
-async def call(em: RealisticEmulator, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
-    async with em.request(method, path, **kwargs) as response:
-        return response.status, await response.json(content_type=None)
 
 
 async def make_cm(em: RealisticEmulator, name: str | None = "cm", **extra: Any) -> dict[str, Any]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from tests.sandbox.conftest import call
 
-from prefixtune.sandbox.emulator import RealisticEmulator, jsonpath, printers, serve_emulator, tables
+from prefixtune.sandbox.emulator import RealisticEmulator, jsonpath, printers, tables
 
 # What kubectl's human-readable get sends (kubernetes/kubectl pkg/cmd/get/get.go, transformRequests).
 KUBECTL_GET = {
@@ -47,17 +47,6 @@ def gadget_crd(columns: list[dict[str, Any]] | None) -> dict[str, Any]:
             "versions": [version],
         },
     }
-
-
-@pytest.fixture
-async def em() -> AsyncIterator[RealisticEmulator]:
-    async with serve_emulator() as (emulator, _url):
-        yield emulator
-
-
-async def call(em: RealisticEmulator, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
-    async with em.request(method, path, **kwargs) as response:
-        return response.status, await response.json(content_type=None)
 
 
 async def test_a_custom_resource_list_is_a_table_of_its_printer_columns(em: RealisticEmulator) -> None:
