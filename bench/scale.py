@@ -14,7 +14,9 @@ the sandbox's clock. N resources are created, each tuning on a short cadence (wa
   prefixtune-operator) over the window;
 * CPU seconds per resource-hour and RSS: the operator process's (``/proc``), RSS at the end and its
   peak (VmHWM);
-* trials finished in the window, and how far the resources got (phases at the end).
+* trials finished in the window, and how far the resources got (phases at the end);
+* ``handled_s``: from the first create until the operator had written every resource's status (the
+  settle and the window begin after it).
 
 Watch-event lag (the emulator's write to the operator's handler) is not measured: nothing in the
 operator stamps when a handler saw an event yet (``watch_lag``: null, with the reason).
@@ -219,6 +221,27 @@ async def _snapshot(sb: Any, metrics_url: str, pid: int) -> dict[str, Any]:
     }
 
 
+async def _handled(sb: Any) -> int:
+    """How many of the resources the operator has written a status for."""
+    objs = await sb.api.list(f"{SDEP}/namespaces/{NAMESPACE}/servingdeployments")
+    return sum(1 for o in objs if o.get("status"))
+
+
+async def _until_handled(sb: Any, n: int, proc: subprocess.Popen[bytes], log: Path) -> float:
+    """Wait until the operator has handled all ``n`` resources; when that happened (monotonic).
+    The deadline follows its progress: 60 s without one more resource handled fails the run."""
+    from prefixtune.sandbox.waiting import wait_until
+
+    async def done() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the operator exited with {proc.returncode}; see {log}")
+        return await _handled(sb) >= n
+
+    await wait_until(done, 60.0, f"the operator to handle all {n} resources", clock=sb.clock.now,
+                     progress=lambda: _handled(sb))  # fmt: skip
+    return time.monotonic()
+
+
 async def run_one(n: int, duration_s: float, settle_s: float, log_dir: Path) -> dict[str, Any]:
     from prefixtune.api.crd import build_crd
     from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
@@ -243,6 +266,10 @@ async def run_one(n: int, duration_s: float, settle_s: float, log_dir: Path) -> 
             for i in range(n):
                 await sb.api.create(f"{SDEP}/namespaces/{NAMESPACE}/servingdeployments", resource(i))
             created_s = time.monotonic() - t0
+            # The settle begins once the operator has handled every resource (each has a status): a
+            # fixed sleep from the creates would measure a window in which a slow-starting operator
+            # (imports, the first list) may not have reconciled anything yet.
+            handled_s = await _until_handled(sb, n, proc, log) - t0
             await asyncio.sleep(settle_s)
             if proc.poll() is not None:
                 raise RuntimeError(f"the operator exited with {proc.returncode}; see {log}")
@@ -255,6 +282,7 @@ async def run_one(n: int, duration_s: float, settle_s: float, log_dir: Path) -> 
             row = summarize(n, after["t"] - before["t"], before, after)
             row.update(
                 create_s=round(created_s, 1),
+                handled_s=round(handled_s, 1),
                 phases_at_end=after["phases"],
                 probe_cpu_share=round(share, 3),
                 machine_busy=machine_busy(share),

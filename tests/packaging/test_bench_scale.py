@@ -51,3 +51,4 @@ def test_a_small_fleet_runs_and_reports_every_figure(tmp_path: Path) -> None:
     assert row["n"] == 3 and row["reconciles"] > 0 and row["api_requests"] > 0
     assert row["rss_mb"] > 0 and row["operator_cpu_s"] >= 0
     assert row["reconcile_p99_s"] is not None and row["decision_p50_s"] is not None
+    assert row["handled_s"] >= row["create_s"]  # the window began after every resource was handled
