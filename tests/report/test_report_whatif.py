@@ -189,3 +189,17 @@ def test_table_legend_says_the_slo_and_the_rules() -> None:
     legend = text.split("\n\n", 1)[1]
     assert "TTFT p99 <= 800ms and ITL p99 <= 100ms" in legend
     assert f"({whatif.BEST_OBJECTIVE})" in legend and "median TTFT" in legend
+
+
+def test_whatif_axes_start_at_zero() -> None:
+    from prefixtune.report import plots
+
+    # 2% apart: on axes cut to the data's range this fills the panel
+    rows = [_row(16, hit_rate=0.50, goodput_tokens_per_s=5000.0, ttft_p99_s=0.100),
+            _row(32, hit_rate=0.51, goodput_tokens_per_s=5100.0, ttft_p99_s=0.102)]  # fmt: skip
+    fig = plots.whatif_figure(rows, "block_size", [16, 32], [], title="t", slo_ttft_s=2.0)
+    hit, ttft, goodput = fig.axes
+    assert hit.get_ylim() == (0.0, 1.0)
+    assert ttft.get_ylim()[0] == 0.0 and ttft.get_ylim()[1] >= 2000.0  # the SLO line is in view
+    assert goodput.get_ylim()[0] == 0.0 and 5100.0 < goodput.get_ylim()[1] < 6000.0
+    assert "TTFT SLO" in ttft.get_legend_handles_labels()[1]

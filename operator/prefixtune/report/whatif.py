@@ -306,7 +306,15 @@ def write_outputs(
     for knob, values in plotted:
         others = [n for n in names if n != knob and len(dict(sweeps)[n]) > 1]
         title = f"{setup['engine']} · {setup['model']} · {setup['gpu']} · {setup['workload']}"
-        path = plots.whatif_plot(results, knob, values, others, out_dir / f"whatif_{knob}.png", title=title)
+        path = plots.whatif_plot(
+            results,
+            knob,
+            values,
+            others,
+            out_dir / f"whatif_{knob}.png",
+            title=title,
+            slo_ttft_s=setup.get("slo_ttft_s"),
+        )
         images.append(path.name)
     doc = {
         "setup": dict(setup),
