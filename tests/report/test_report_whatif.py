@@ -122,13 +122,84 @@ def test_small_sweep_in_parallel(
     assert inline == {k: v for k, v in ok128.items() if k != "wall_seconds"}
 
 
+def _row(block_size: int, status: str = "ok", **metrics: float) -> dict[str, Any]:
+    base = {"hit_rate": 0.5, "ttft_p50_s": 0.1, "ttft_p99_s": 1.5, "itl_p99_s": 0.05,
+            "goodput_tokens_per_s": 1234.5, "output_tokens_per_s": 2000.0}  # fmt: skip
+    return {"config": {"block_size": block_size}, "status": status, **base, **metrics}
+
+
 def test_format_table_hides_metrics_of_infeasible_points() -> None:
-    rows = [
-        {"config": {"block_size": 16}, "status": "oom_runtime", "hit_rate": 0.5, "ttft_p50_s": 0.1,
-         "ttft_p99_s": 0.2, "goodput_tokens_per_s": 10.0, "output_tokens_per_s": 10.0},
-        {"config": {"block_size": 32}, "status": "ok", "hit_rate": 0.5, "ttft_p50_s": 0.1,
-         "ttft_p99_s": 1.5, "goodput_tokens_per_s": 1234.5, "output_tokens_per_s": 2000.0},
-    ]  # fmt: skip
+    rows = [_row(16, "oom_runtime", ttft_p99_s=0.2), _row(32)]
     lines = whatif.format_table(rows, ["block_size"]).splitlines()
-    assert lines[1].split() == ["16", "oom_runtime", "-", "-", "-", "-", "-"]
-    assert lines[2].split() == ["32", "ok", "50.0%", "100ms", "1.50s", "1234", "2000"]
+    assert lines[1].split() == ["16", "oom_runtime", "-", "-", "-", "-", "-", "-", "-"]
+    assert lines[2].split() == [
+        "32",
+        "ok",
+        "50.0%",
+        "100ms",
+        "1.50s",
+        "50ms",
+        "1234",
+        "2000",
+        "met",
+        "<-",
+        "best",
+    ]
+
+
+def test_slo_verdict_names_the_limits_a_row_breaks() -> None:
+    slo = whatif.TableSlo(ttft_p99_s=2.0, itl_p99_s=0.15)
+    assert whatif.slo_verdict(_row(16), slo) == "met"
+    assert whatif.slo_verdict(_row(16, ttft_p99_s=2.5), slo) == "ttft"
+    assert whatif.slo_verdict(_row(16, itl_p99_s=0.2), slo) == "itl"
+    assert whatif.slo_verdict(_row(16, ttft_p99_s=2.5, itl_p99_s=0.2), slo) == "ttft+itl"
+    assert whatif.slo_verdict(_row(16, "oom_startup"), slo) == "-"
+    # the limits are the run's, not fixed
+    assert whatif.slo_verdict(_row(16, ttft_p99_s=1.5), whatif.TableSlo(ttft_p99_s=1.0)) == "ttft"
+
+
+def test_best_row_is_the_highest_goodput_of_the_feasible_rows() -> None:
+    rows = [
+        _row(16, "oom_runtime", goodput_tokens_per_s=9000.0),  # infeasible: never best
+        _row(32, goodput_tokens_per_s=1500.0, output_tokens_per_s=1600.0),
+        _row(64, goodput_tokens_per_s=1400.0, output_tokens_per_s=3000.0),  # more tokens, fewer in SLO
+        _row(128, goodput_tokens_per_s=1500.0),  # a tie: the first keeps it
+    ]
+    assert whatif.best_index(rows) == 1
+    marks = [
+        line.endswith(whatif.BEST_MARK) for line in whatif.format_table(rows, ["block_size"]).splitlines()
+    ]
+    assert marks[1:5] == [False, True, False, False]
+    assert whatif.best_index([_row(16, goodput_tokens_per_s=0.0), _row(32, "oom_startup")]) is None
+
+
+def test_overloaded_rows_are_flagged_by_their_median_ttft() -> None:
+    slo = whatif.TableSlo(ttft_p99_s=2.0, itl_p99_s=0.15)
+    tail = _row(32, ttft_p50_s=0.3, ttft_p99_s=4.0)  # a burst: the p99 misses, the median does not
+    queue = _row(64, ttft_p50_s=50.0, ttft_p99_s=90.0, goodput_tokens_per_s=10.0)
+    assert not whatif.overloaded(tail, slo) and whatif.overloaded(queue, slo)
+    assert not whatif.overloaded(_row(16, "oom_runtime", ttft_p50_s=50.0), slo)
+    lines = whatif.format_table([tail, queue], ["block_size"], slo).splitlines()
+    assert whatif.OVERLOADED_MARK not in lines[1] and lines[2].endswith(whatif.OVERLOADED_MARK)
+    assert lines[1].split()[-3:] == ["ttft", "<-", "best"]
+
+
+def test_table_legend_says_the_slo_and_the_rules() -> None:
+    text = whatif.format_table([_row(16)], ["block_size"], whatif.TableSlo(ttft_p99_s=0.8, itl_p99_s=0.1))
+    legend = text.split("\n\n", 1)[1]
+    assert "TTFT p99 <= 800ms and ITL p99 <= 100ms" in legend
+    assert f"({whatif.BEST_OBJECTIVE})" in legend and "median TTFT" in legend
+
+
+def test_whatif_axes_start_at_zero() -> None:
+    from prefixtune.report import plots
+
+    # 2% apart: on axes cut to the data's range this fills the panel
+    rows = [_row(16, hit_rate=0.50, goodput_tokens_per_s=5000.0, ttft_p99_s=0.100),
+            _row(32, hit_rate=0.51, goodput_tokens_per_s=5100.0, ttft_p99_s=0.102)]  # fmt: skip
+    fig = plots.whatif_figure(rows, "block_size", [16, 32], [], title="t", slo_ttft_s=2.0)
+    hit, ttft, goodput = fig.axes
+    assert hit.get_ylim() == (0.0, 1.0)
+    assert ttft.get_ylim()[0] == 0.0 and ttft.get_ylim()[1] >= 2000.0  # the SLO line is in view
+    assert goodput.get_ylim()[0] == 0.0 and 5100.0 < goodput.get_ylim()[1] < 6000.0
+    assert "TTFT SLO" in ttft.get_legend_handles_labels()[1]

@@ -357,6 +357,33 @@ def test_cli_run_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["setup"]["workload"]["workload"] == "rag" and data["hit_rate"] > 0.5
 
 
+def test_cli_run_plain_output_is_rounded() -> None:
+    from prefixtune.twin.cli import format_plain, format_plain_value, significant
+
+    assert significant(20.449627481155982, 4) == "20.45"
+    assert significant(0.013558493261516702, 4) == "0.01356"
+    assert significant(12345.6, 4) == "12346" and significant(0.0, 4) == "0"
+    assert format_plain_value("hit_rate", 0.6229030828638349) == "0.623"
+    assert format_plain_value("prefill_tokens_saved_fraction", 0.62290308) == "0.623"
+    assert format_plain_value("output_tokens_per_s", 188.805395284479) == "188.8"
+    assert format_plain_value("kv_pool_tokens", 454048) == "454048"
+    text = format_plain({"status": "ok", "ttft_p99_s": 0.039463263251105545, "setup": {"x": 1}})
+    assert text.splitlines() == [
+        "status                           ok",
+        "ttft_p99_s                       0.03946",
+    ]
+
+
+def test_cli_run_plain_output_explains_gpu_busy_fraction() -> None:
+    from prefixtune.twin.cli import PLAIN_LABELS, format_plain
+
+    lines = format_plain({"gpu_busy_fraction": 0.9961234, "mean_running": 1.2}).splitlines()
+    label, legend = PLAIN_LABELS["gpu_busy_fraction"]
+    assert lines[0].split(maxsplit=2) == ["gpu_busy_fraction", "0.996", f"({label})"]
+    assert lines[-1] == legend and "not load" in label and "mean_running" in legend
+    assert format_plain({"mean_running": 1.2}).splitlines() == ["mean_running                     1.200"]
+
+
 def test_cli_errors_name_the_problem(capsys: pytest.CaptureFixture[str]) -> None:
     from prefixtune.twin.cli import main
 

@@ -180,9 +180,26 @@ def whatif_plot(
     path: Path,
     *,
     title: str,
+    slo_ttft_s: float | None = None,
 ) -> Path:
+    """``whatif_figure`` as a PNG at ``path``."""
+    return _save(whatif_figure(results, knob, values, others, title=title, slo_ttft_s=slo_ttft_s), path)
+
+
+def whatif_figure(
+    results: Sequence[Mapping[str, Any]],
+    knob: str,
+    values: Sequence[Any],
+    others: Sequence[str],
+    *,
+    title: str,
+    slo_ttft_s: float | None = None,
+) -> Figure:
     """Hit rate, TTFT p99 and goodput against ``knob``: one line per combination of the ``others``
-    swept knobs; infeasible points (status other than ok) marked with a red X on the x axis."""
+    swept knobs; infeasible points (status other than ok) marked with a red X on the x axis.
+
+    Every y axis starts at zero (all three are shares, rates or durations), and the hit rate's ends
+    at 1, so a 2% difference looks like 2%; ``slo_ttft_s`` draws the TTFT SLO on its panel."""
     fig = Figure(figsize=(12.0, 4.5))
     categorical = any(isinstance(v, bool | str) for v in values)
     xpos = {_key(v): (float(i) if categorical else float(v)) for i, v in enumerate(values)}
@@ -207,14 +224,24 @@ def whatif_plot(
                 bad_label = False
         if categorical:
             ax.set_xticks([xpos[_key(v)] for v in values], [str(v) for v in values])
+        if key == "ttft_p99_s" and slo_ttft_s is not None:
+            ax.axhline(slo_ttft_s * scale, color="tab:gray", linestyle="--", label="TTFT SLO")
+            ax.legend(loc="best", fontsize=7)
         ax.set_xlabel(knob)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
+        if key == "hit_rate":
+            ax.set_ylim(0.0, 1.0)
+        else:
+            shown = [float(r[key]) * scale for r in results if r["status"] == "ok"]
+            if key == "ttft_p99_s" and slo_ttft_s is not None:
+                shown.append(slo_ttft_s * scale)
+            ax.set_ylim(0.0, 1.08 * max(shown) if shown and max(shown) > 0 else 1.0)
         handles, labels = ax.get_legend_handles_labels()
         if handles and col == 0 and len(labels) <= 12:
             ax.legend(loc="best", fontsize=7)
     fig.suptitle(title)
-    return _save(fig, path)
+    return fig
 
 
 def _key(value: Any) -> Any:

@@ -7,7 +7,8 @@
 Runs the twin once per point of the cartesian product of the sweeps (other knobs at the engine's
 defaults), in parallel processes, and writes ``results.json`` plus one PNG per swept knob (hit rate,
 TTFT p99 and goodput against it; infeasible points, out of memory at start or under load, marked).
-Values are checked against the engine adapter's knob specs before anything runs.
+Values are checked against the engine adapter's knob specs before anything runs. The table judges
+each row against the SLO, marks the best (``best_index``) and the overloaded (``overloaded``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -31,7 +33,21 @@ DEFAULT_SLO_TTFT_S = 2.0  # the API's default spec.tuning.slo
 DEFAULT_SLO_ITL_S = 0.15
 _TRUE = {"true", "on", "yes", "1"}
 _FALSE = {"false", "off", "no", "0"}
-TABLE_KEYS = ("status", "hit_rate", "ttft_p50_s", "ttft_p99_s", "goodput_tokens_per_s", "output_tokens_per_s")
+TABLE_KEYS = (
+    "status",
+    "hit_rate",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "itl_p99_s",
+    "goodput_tokens_per_s",
+    "output_tokens_per_s",
+)
+# The tuner's default objective (tuning.objective, spec.tuning.objective: goodput): output tokens/s
+# of requests that met both SLOs, which the twin measures per request (basis goodput_tokens_per_s).
+BEST_OBJECTIVE = "goodput"
+BEST_KEY = "goodput_tokens_per_s"
+BEST_MARK = "<- best"
+OVERLOADED_MARK = "OVERLOADED"
 
 
 class SweepError(ValueError):
@@ -198,16 +214,80 @@ def _fmt(key: str, value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def format_table(results: Sequence[Mapping[str, Any]], swept: Sequence[str]) -> str:
-    header = [*swept, *TABLE_KEYS]
+@dataclass(frozen=True)
+class TableSlo:
+    """The SLO the table judges rows by (the run's --slo-ttft / --slo-itl, which goodput counts against)."""
+
+    ttft_p99_s: float = DEFAULT_SLO_TTFT_S
+    itl_p99_s: float = DEFAULT_SLO_ITL_S
+
+
+def slo_verdict(result: Mapping[str, Any], slo: TableSlo) -> str:
+    """``met``, or which p99 limits the row breaks (``ttft``, ``itl``, ``ttft+itl``); ``-`` if infeasible."""
+    if result["status"] != "ok":
+        return "-"
+    broken = [
+        name
+        for name, observed, limit in (
+            ("ttft", result["ttft_p99_s"], slo.ttft_p99_s),
+            ("itl", result["itl_p99_s"], slo.itl_p99_s),
+        )
+        if float(observed) > limit
+    ]
+    return "+".join(broken) or "met"
+
+
+def overloaded(result: Mapping[str, Any], slo: TableSlo) -> bool:
+    """The engine could not keep up: the MEDIAN TTFT is over the TTFT SLO.
+
+    A p99 over the SLO is a tail (a burst); a median over it means at least half the requests
+    waited in the queue longer than the whole budget. The twin's what-if runs drain the queue after
+    the last arrival, so a queue that grows through the run shows up exactly there, in the median.
+    """
+    return result["status"] == "ok" and float(result["ttft_p50_s"]) > slo.ttft_p99_s
+
+
+def best_index(results: Sequence[Mapping[str, Any]]) -> int | None:
+    """The row the tuner's objective (``BEST_OBJECTIVE``) ranks first: the highest goodput among
+    feasible rows (the first on a tie); None when no row served a token within the SLO."""
+    best: int | None = None
+    for i, r in enumerate(results):
+        if r["status"] != "ok" or not float(r[BEST_KEY]) > 0:
+            continue
+        if best is None or float(r[BEST_KEY]) > float(results[best][BEST_KEY]):
+            best = i
+    return best
+
+
+def format_table(
+    results: Sequence[Mapping[str, Any]], swept: Sequence[str], slo: TableSlo | None = None
+) -> str:
+    """One row per point; an ``slo`` column (met, or the p99 limits broken), the best row and
+    overloaded engines marked, and a legend under the table saying the SLO and both rules."""
+    slo = slo or TableSlo()
+    header = [*swept, *TABLE_KEYS, "slo", ""]
     rows = [header]
-    for r in results:
+    best = best_index(results)
+    for i, r in enumerate(results):
         infeasible = r["status"] != "ok"
         cells = [_fmt(k, r["config"][k]) for k in swept]
         cells += [_fmt(k, r[k]) if (k == "status" or not infeasible) else "-" for k in TABLE_KEYS]
+        marks = [BEST_MARK] if i == best else []
+        if overloaded(r, slo):
+            marks.append(OVERLOADED_MARK)
+        cells += [slo_verdict(r, slo), " ".join(marks)]
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines += [
+        "",
+        f"slo: TTFT p99 <= {_fmt('slo_s', slo.ttft_p99_s)} and ITL p99 <= {_fmt('slo_s', slo.itl_p99_s)}"
+        " (met, or which limit a row breaks)",
+        f"{BEST_MARK}: the highest goodput (tokens/s of requests within both SLOs), the tuner's"
+        f" default objective ({BEST_OBJECTIVE})" + ("" if best is not None else "; no row has any"),
+        f"{OVERLOADED_MARK}: median TTFT over the TTFT SLO: the engine falls behind and its queue grows",
+    ]
+    return "\n".join(lines)
 
 
 def write_outputs(
@@ -226,7 +306,15 @@ def write_outputs(
     for knob, values in plotted:
         others = [n for n in names if n != knob and len(dict(sweeps)[n]) > 1]
         title = f"{setup['engine']} · {setup['model']} · {setup['gpu']} · {setup['workload']}"
-        path = plots.whatif_plot(results, knob, values, others, out_dir / f"whatif_{knob}.png", title=title)
+        path = plots.whatif_plot(
+            results,
+            knob,
+            values,
+            others,
+            out_dir / f"whatif_{knob}.png",
+            title=title,
+            slo_ttft_s=setup.get("slo_ttft_s"),
+        )
         images.append(path.name)
     doc = {
         "setup": dict(setup),
@@ -348,6 +436,6 @@ def main(argv: Sequence[str], stderr: TextIO | None = None) -> int:
     if ns.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(format_table(results, [n for n, _ in sweeps]))
+        print(format_table(results, [n for n, _ in sweeps], TableSlo(ns.slo_ttft, ns.slo_itl)))
         print(f"\nwrote {Path(ns.out) / RESULTS_JSON} and {', '.join(doc['plots'])}")
     return 0

@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from prefixtune.engines.base import ArgsError
 from prefixtune.twin.cliargs import add_target_args, add_workload_source
@@ -28,6 +30,52 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "cache": ("prefixtune.twin.replay", "cache_main", "replay a workload through a cache model only"),
     "whatif": ("prefixtune.report.whatif", "main", "sweep knobs through the twin; table, plots, JSON"),
 }
+
+
+# Labels and legends for summary keys a bare number would mislead on (the JSON keeps the key only).
+PLAIN_LABELS: dict[str, tuple[str, str]] = {
+    "gpu_busy_fraction": (
+        "engine busy, not load",
+        "gpu_busy_fraction: share of the window the engine spent in steps (any request running);"
+        " one request keeps it near 1, so read load from mean_running and the TTFTs",
+    ),
+}
+_FRACTION_KEYS = frozenset({"hit_rate", "kv_usage_mean"})
+
+
+def format_plain_value(key: str, value: object) -> str:
+    """A summary value rounded for reading: shares to 3 decimals, other floats (seconds, rates,
+    means) to 4 significant digits; ints, bools and strings as they are."""
+    if not isinstance(value, float):
+        return str(value)
+    if key in _FRACTION_KEYS or key.endswith("_fraction"):
+        return f"{value:.3f}"
+    return significant(value, 4)
+
+
+def significant(value: float, digits: int) -> str:
+    """``value`` to ``digits`` significant digits in fixed notation (12345.6 -> 12346, 0.013558 ->
+    0.01356); never an exponent, never fewer digits before the point than the value has."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:.{decimals}f}"
+
+
+def format_plain(data: Mapping[str, Any]) -> str:
+    """``twin run``'s plain output: one ``key value`` line per summary field (not the setup),
+    rounded, a short label after the values that need one and their legends at the end."""
+    lines, legends = [], []
+    for key, value in data.items():
+        if key == "setup":
+            continue
+        line = f"{key:32s} {format_plain_value(key, value)}"
+        if key in PLAIN_LABELS:
+            label, legend = PLAIN_LABELS[key]
+            line += f"  ({label})"
+            legends.append(legend)
+        lines.append(line)
+    return "\n".join([*lines, *(["", *legends] if legends else [])])
 
 
 def _usage() -> str:
@@ -137,9 +185,7 @@ def run_main(argv: Sequence[str]) -> int:
         return 2
     data = summary.to_dict()
     if ns.json:
-        print(json.dumps(data, indent=2, sort_keys=False))
+        print(json.dumps(data, indent=2, sort_keys=False))  # full precision
     else:
-        for key, value in data.items():
-            if key != "setup":
-                print(f"{key:32s} {value}")
+        print(format_plain(data))
     return 0  # an OOM is a result (see "status"), not a usage error
