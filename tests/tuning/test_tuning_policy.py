@@ -352,11 +352,27 @@ def test_mode_off_pauses_and_spec_change_resumes() -> None:
     now = r.baseline()
     r(RolloutReady(config=C1), now + 30)
     acts = r(SpecChanged(settings=replace(SETTINGS, mode="off"), generation=2), now + 40)
-    assert r.state.phase == "Paused" and of(acts, RollBack)
+    assert r.state.phase == "Paused" and [a.to_config for a in of(acts, RollBack)] == [DEFAULT]
     assert of(acts, RecordTrial)[0].trial.outcome == "invalidated"
     assert not of(r.tick(now + 5000), RollOut)
     r(SpecChanged(settings=SETTINGS, generation=3), now + 6000)
     assert r.state.phase == "Baseline" and r.state.epoch == 1
+
+
+def test_mode_off_runs_the_spec_config_not_the_tuned_one() -> None:
+    """Issue 18: a converged resource turned off kept its tuned config while the spec said another."""
+    r = Run(replace(SETTINGS, max_trials=1))
+    now = r.baseline()
+    r(RolloutApplied(), now + 5)
+    r(RolloutReady(config=C1), now + 30)
+    r.tick(now + 90)
+    r.win(now + 390, goodput=1200.0)  # C1 beats the spec's config: the budget is spent on it
+    assert r.state.phase == "Converged" and r.state.current == C1 and r.state.spec_config == DEFAULT
+    acts = r(SpecChanged(settings=replace(SETTINGS, max_trials=1, mode="off"), generation=2), now + 500)
+    assert r.state.phase == "Paused" and [a.to_config for a in of(acts, RollBack)] == [DEFAULT]
+    r(RolloutReady(config=DEFAULT), now + 560)
+    assert (r.state.phase, r.state.current) == ("Paused", DEFAULT)
+    assert not of(r.tick(now + 5000), RollOut) and not of(r.tick(now + 5001), RollBack)
 
 
 def test_drift_retunes_with_warm_start() -> None:

@@ -133,6 +133,8 @@ class _Ctx(Core):
             return
         phase = self.s.phase
         if phase in HALTED_PHASES:
+            if phase == Phase.PAUSED and isinstance(obs, RolloutReady) and self.s.step == Step.ROLLING_BACK:
+                rollout.on_ready(self, obs)  # turned off: the spec's config now runs (``current``)
             return
         if phase == Phase.PENDING:
             self.start()

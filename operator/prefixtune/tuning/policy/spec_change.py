@@ -124,8 +124,11 @@ def on_spec_changed(self: Core, obs: SpecChanged) -> None:
     if trial is not None:
         measurement.finish_trial(self, trial, "invalidated", reason="spec changed during the trial")
     if new.mode == "off":
-        if in_flight and trial is not None and trial.role == "trial" and not config_changed:
-            rollout.rollback(self, self.best_config(), "tuning turned off during a trial")
+        # Off runs the spec's config, what the user wrote: not a tuned one, and no trial's. (A new
+        # spec config is already ``current``: the controller rolls it out itself.)
+        on_trial = in_flight and trial is not None and trial.role == "trial"
+        if not config_changed and (on_trial or self.s.current != self.s.spec_config):
+            rollout.rollback(self, self.s.spec_config, "tuning turned off: back to the spec's config")
         self.goto(Phase.PAUSED, Step.IDLE if self.s.step != Step.ROLLING_BACK else Step.ROLLING_BACK)
         return
     if new.mode == "observe":
