@@ -337,21 +337,11 @@ class PodWorker:
             await server.start()
         except OSError as err:
             await server.stop()
-            reason = "address already in use" if err.errno == errno.EADDRINUSE else str(err)
-            return _Exit(1, "Error", f"OSError: cannot bind {self.ip}:{parsed.port}: {reason}", started)
+            return self._bind_failed(err, parsed.port, started)
         self._log(
             f"prefixtune twin: {plan.engine.value} serving {parsed.model} on http://{self.ip}:{parsed.port}"
         )
-        self.server = server
-        try:
-            await self._probe_until_exit(server, running, plan.engine.value)
-        finally:
-            await self._stop_server()
-        if self.injected_exit:
-            message, self.injected_exit = self.injected_exit, ""
-            return _Exit(1, "Error", message, started)
-        reason = server.oom_reason or "the engine exited"
-        return _Exit(server.exit_code or 1, "Error", f"torch.OutOfMemoryError: {reason}", started)
+        return await self._serve_until_exit(server, running, plan.engine.value, started, "the engine exited")
 
     async def _run_stand_in(self, parsed: Any, running: podlib.ContainerState, started: str) -> _Exit:
         """The container as a stand-in (``KubeletConfig.stand_in``): probed and stopped as a twin."""
@@ -368,20 +358,31 @@ class PodWorker:
         try:
             await pod.start()
         except OSError as err:
-            reason = "address already in use" if err.errno == errno.EADDRINUSE else str(err)
-            return _Exit(1, "Error", f"OSError: cannot bind {self.ip}:{parsed.port}: {reason}", started)
+            return self._bind_failed(err, parsed.port, started)
         self._log(
             f"prefixtune stand-in: {parsed.engine.value} serving {parsed.model} on {self.ip}:{parsed.port}"
         )
-        self.server = pod
+        return await self._serve_until_exit(pod, running, parsed.engine.value, started, "")
+
+    def _bind_failed(self, err: OSError, port: object, started: str) -> _Exit:
+        reason = "address already in use" if err.errno == errno.EADDRINUSE else str(err)
+        return _Exit(1, "Error", f"OSError: cannot bind {self.ip}:{port}: {reason}", started)
+
+    async def _serve_until_exit(
+        self, server: Any, running: podlib.ContainerState, engine: str, started: str, why: str
+    ) -> _Exit:
+        """Probe a started twin or stand-in until its process exits, then how it ended: an exit the
+        faults injected, else the runtime OOM that ends a serving engine (``why`` when it gave none)."""
+        self.server = server
         try:
-            await self._probe_until_exit(pod, running, parsed.engine.value)
+            await self._probe_until_exit(server, running, engine)
         finally:
             await self._stop_server()
         if self.injected_exit:
             message, self.injected_exit = self.injected_exit, ""
             return _Exit(1, "Error", message, started)
-        return _Exit(pod.exit_code or 1, "Error", f"torch.OutOfMemoryError: {pod.oom_reason}", started)
+        reason = server.oom_reason or why
+        return _Exit(server.exit_code or 1, "Error", f"torch.OutOfMemoryError: {reason}", started)
 
     async def _probe_until_exit(self, server: Any, running: podlib.ContainerState, engine: str) -> None:
         """Probe readiness every period until the twin's process exits (after a runtime OOM)."""
