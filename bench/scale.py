@@ -232,13 +232,19 @@ async def _until_handled(sb: Any, n: int, proc: subprocess.Popen[bytes], log: Pa
     The deadline follows its progress: 60 s without one more resource handled fails the run."""
     from prefixtune.sandbox.waiting import wait_until
 
+    seen = [0]  # handled at the last check: the progress token, without listing them again
+
     async def done() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"the operator exited with {proc.returncode}; see {log}")
-        return await _handled(sb) >= n
+        seen[0] = await _handled(sb)
+        return seen[0] >= n
+
+    async def progress() -> int:
+        return seen[0]
 
     await wait_until(done, 60.0, f"the operator to handle all {n} resources", clock=sb.clock.now,
-                     progress=lambda: _handled(sb))  # fmt: skip
+                     progress=progress)  # fmt: skip
     return time.monotonic()
 
 
