@@ -271,7 +271,7 @@ class Meter:
             return None  # a watching window: start a new one on the next tick
         signals = self._signals(spec, start, end, groups[subject])
         baseline = self._signals(spec, start, end, groups["baseline"]) if subject == "canary" else None
-        total = self._signals(spec, start, end, everyone)
+        total = None if reset is None else reset.signals  # the window over every pod, read above
         if full:
             if key[0] == "trial":
                 self.starts.pop(uid, None)
