@@ -525,9 +525,12 @@ def test_a_canary_trial_records_the_baseline_it_was_paired_with_and_the_ratio() 
         canary_pods=1,
         baseline_pods=2,
     )
-    trial = of(r(obs, now + 390), RecordTrial)[0].trial
+    acts = r(obs, now + 390)
+    trial = of(acts, RecordTrial)[0].trial
     terms = trial.terms
     assert terms is not None and terms.basis == ScoreBasis.PAIRED
+    (scored,) = [e for e in of(acts, EmitEvent) if e.reason == "TrialScored"]
+    assert "value 1333 (paired-with-baseline: trial 0's 1000 × same-window ratio 1.333)" in scored.message
     assert (terms.anchor_trial, terms.anchor, terms.baseline_window) == (0, 1000.0, 900.0)
     assert (terms.canary_pods, terms.baseline_pods) == (1, 2)
     assert terms.split == pytest.approx(300.0 / 250.0)
@@ -545,9 +548,14 @@ def test_a_rolling_trial_records_its_load_factor() -> None:
     r(RolloutReady(config=C1), now + 30)
     r.tick(now + 90)
     obs = WindowMeasured(signals=window(goodput=1250.0), offered_rps=1.25)  # 25% more load
-    trial = of(r(obs, now + 390), RecordTrial)[0].trial
+    acts = r(obs, now + 390)
+    trial = of(acts, RecordTrial)[0].trial
     terms = trial.terms
     assert terms is not None and terms.basis == ScoreBasis.LOAD_NORMALIZED
+    (scored,) = [e for e in of(acts, EmitEvent) if e.reason == "TrialScored"]
+    assert (
+        "value 1000 (load-normalized: × load factor 0.8 (reference 1 / offered 1.25 req/s))" in scored.message
+    )
     assert (terms.offered_rps, terms.reference_rps, terms.load_factor) == (1.25, 1.0, 0.8)
     assert trial.score == 1250.0 and trial.value == pytest.approx(1250.0 * 0.8)
     assert terms.anchor is None and terms.ratio is None

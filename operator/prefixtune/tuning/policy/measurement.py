@@ -28,7 +28,7 @@ from prefixtune.tuning.policy import (
     rollout,
 )
 from prefixtune.tuning.policy._core import MAX_STARVED_REPEATS, TOO_LITTLE_TRAFFIC, Core, all_missing
-from prefixtune.tuning.policy.messages import config_label, evidence, score_text
+from prefixtune.tuning.policy.messages import config_label, evidence, score_text, terms_text
 from prefixtune.tuning.state import (
     MetricsUnavailable,
     Trial,
@@ -204,7 +204,8 @@ def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
     self.event(
         "Normal",
         "BaselineMeasured" if trial.role == "baseline" else "TrialScored",
-        f"trial {trial.id} {config_label(trial.config)}: {score_text(result)}; value {value:.4g}"
+        f"trial {trial.id} {config_label(trial.config)}: {score_text(result)}; value {value:.4g} "
+        f"({terms_text(terms, settings.objective)})"
         + (f" ({'new best' if is_best else f'best is trial {best_now.id}'})" if best_now else "")
         + f"; {evidence(obs.signals)}",
     )
