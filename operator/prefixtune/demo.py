@@ -34,6 +34,8 @@ import yaml
 
 from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL
 from prefixtune.engines.knobs import api_text
+from prefixtune.report.scores import baseline_record, best_record, derivation, number
+from prefixtune.tuning.objective import GOALS
 from prefixtune.tuning.phases import Phase
 
 EXAMPLES = ("vllm-rag.yaml", "sglang-chatbot.yaml", "trtllm-agent.yaml")
@@ -99,25 +101,35 @@ def table(rows: Sequence[Sequence[str]]) -> str:
 
 
 def summary(objs: Sequence[Mapping[str, Any]]) -> str:
-    """Baseline vs best config and score per resource."""
+    """Baseline vs best config and score per resource, each score with how it was made."""
     lines = []
     for obj in objs:
         meta, status = obj.get("metadata") or {}, obj.get("status") or {}
         trials = status.get("trials") or []
-        baseline = next((t for t in trials if t.get("role") == "baseline"), None)
+        objective = str(((obj.get("spec") or {}).get("tuning") or {}).get("objective") or "goodput")
+        baseline = baseline_record(status)
         best = status.get("bestConfig") or {}
+        best_trial = best_record(status)
         name = f"{meta.get('namespace')}/{meta.get('name')} ({(obj.get('spec') or {}).get('engine')})"
         lines.append(f"{name}: phase {status.get('phase', 'Pending')}, {len(trials)} trials")
-        b_score = None if baseline is None else baseline.get("score")
-        lines.append(
-            f"  baseline: {api_text(None if baseline is None else baseline.get('config'))}"
-            f"  score {'-' if b_score is None else f'{b_score:.4g}'}"
-        )
-        s = best.get("score")
-        gain = f" ({(s / b_score - 1):+.0%} vs baseline)" if s is not None and b_score else ""
+        b_score = None if baseline is None else number(baseline.get("score"))
+        line = f"  baseline: {api_text(None if baseline is None else baseline.get('config'))}"
+        line += f"  score {'-' if b_score is None else f'{b_score:.4g}'}"
+        if baseline is not None and b_score is not None:
+            line += f" (trial {baseline.get('index')}; {derivation(baseline, objective)})"
+        lines.append(line)
+        s = number(best.get("score"))
+        gain = ""
+        if s is not None and b_score and objective in GOALS:
+            # better or worse as the objective counts it (ttft scores are negative seconds: a score
+            # of the wrong sign compares to nothing)
+            with contextlib.suppress(ValueError):
+                gain = f" ({GOALS[objective].ratio(s, b_score) - 1:+.0%} vs baseline)"
         lines.append(
             f"  best:     {api_text(best.get('config'))}  score {'-' if s is None else f'{s:.4g}'}{gain}"
         )
+        if best_trial is not None and s is not None:
+            lines.append(f"            trial {best_trial.get('index')}; {derivation(best_trial, objective)}")
         infeasible = [t for t in trials if t.get("outcome") == "infeasible"]
         if infeasible:
             lines.append(

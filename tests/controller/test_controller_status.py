@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from prefixtune.api import parse_spec
+from prefixtune.api.enums import TrialRole
 from prefixtune.controller import render as R
 from prefixtune.controller import status as S
 from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.actions import EmitEvent, Recommend, SetCondition
+from prefixtune.tuning.objective import ScoreBasis
 from prefixtune.tuning.phases import Phase
 from prefixtune.tuning.policy import initial_state
 from prefixtune.tuning.settings import TuningSettings
-from prefixtune.tuning.state import MAX_TEXT, Trial
+from prefixtune.tuning.state import MAX_TEXT, Trial, ValueTerms
 
 BASE = KnobConfig(0.9, 16, True, "fcfs")
 
@@ -56,6 +58,52 @@ def test_status_is_valid_for_the_api_model_and_round_trips_the_policy_state() ->
     assert [t.index for t in model.trials] == [0, 1, 2]
     assert S.policy_state_of(status) == state
     assert status["diagnosis"]["hitRate"] == 0.6
+
+
+def test_each_trial_record_shows_its_role_score_basis_and_terms() -> None:
+    sig = Signals(window_s=60, requests=100, hit_rate=0.5)
+    paired = ValueTerms(
+        basis=ScoreBasis.PAIRED, anchor_trial=0, anchor=10.0, ratio=1.25, baseline_window=8.0,
+        canary_pods=1, baseline_pods=2, split=1.0,
+    )  # fmt: skip
+    rolling = ValueTerms(
+        basis=ScoreBasis.LOAD_NORMALIZED, load_factor=0.8, offered_rps=2.5, reference_rps=2.0
+    )
+    trials = [
+        Trial(id=0, epoch=0, role="baseline", config=BASE, outcome="ok", started_at=1.0, signals=sig,
+              score=10.0, value=10.0, terms=ValueTerms(basis=ScoreBasis.MEASURED)),
+        Trial(id=1, epoch=0, role="trial", config=BASE.with_(block_size=32), outcome="ok", started_at=2.0,
+              signals=sig, score=5.0, value=12.5, terms=paired),
+        Trial(id=2, epoch=0, role="trial", config=BASE.with_(block_size=64), outcome="ok", started_at=3.0,
+              signals=sig, score=15.0, value=12.0, terms=rolling),
+        Trial(id=3, epoch=0, role="trial", config=BASE.with_(block_size=32), outcome="infeasible",
+              started_at=4.0, failure="oom"),
+    ]  # fmt: skip
+    state = initial_state("vllm", TuningSettings(), BASE).model_copy(
+        update={"phase": Phase.EXPLORING, "trials": trials, "best": 1, "next_trial_id": 4}
+    )
+    status = S.build_status(state, [], None, now=10.0, generation=1, ready=(True, "ReplicasReady", "1/1"))  # type: ignore[arg-type]
+    model = S.validate_status(status)
+    records = status["trials"]
+    assert [r["role"] for r in records] == ["baseline", "trial", "trial", "trial"]
+    assert [r.get("scoreBasis") for r in records] == [
+        "measured",
+        "paired-with-baseline",
+        "load-normalized",
+        None,
+    ]
+    assert [r.get("score") for r in records] == [10.0, 12.5, 12.0, None]
+    assert [r.get("windowScore") for r in records] == [10.0, 5.0, 15.0, None]
+    assert "scoreTerms" not in records[0] and "scoreTerms" not in records[3]
+    assert records[1]["scoreTerms"] == {
+        "baselineTrial": 0, "baselineScore": 10.0, "ratio": 1.25, "baselineWindowScore": 8.0,
+        "canaryPods": 1, "baselinePods": 2, "requestSplit": 1.0,
+    }  # fmt: skip
+    assert records[2]["scoreTerms"] == {"loadFactor": 0.8, "offeredRps": 2.5, "referenceRps": 2.0}
+    assert model.trials[1].score_terms is not None and model.trials[1].score_terms.ratio == 1.25
+    assert model.best_config is not None and model.best_config.trial == 1
+    # the API's roles are the policy's (one list, two spellings of it)
+    assert {str(r) for r in TrialRole} == set(get_args(Trial.model_fields["role"].annotation))
 
 
 def test_last_transition_time_moves_only_when_the_status_flips() -> None:

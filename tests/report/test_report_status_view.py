@@ -89,11 +89,12 @@ def test_format_table(recorded: dict[str, Any]) -> None:
         "TRIALS",
         "BEST",
         "SCORE",
+        "BASIS",
         "HIT",
         "TTFT-P99",
     ]
     assert lines[1].split()[:5] == ["demo", "chat", "vllm", "Converged", "7/11"]
-    assert lines[2].split() == ["demo", "b", "trtllm", "Pending", "-/20", "-", "-", "-", "-"]
+    assert lines[2].split() == ["demo", "b", "trtllm", "Pending", "-/20", "-", "-", "-", "-", "-"]
     assert lines[0].index("PHASE") == lines[1].index("Converged") == lines[2].index("Pending")
     assert format_table([]) == "No ServingDeployments found."
 

@@ -8,6 +8,7 @@ from prefixtune.tuning.objective import (
     Paired,
     Score,
     confidence_better,
+    load_factor,
     load_normalized,
     paired,
     score,
@@ -96,6 +97,9 @@ def test_load_normalisation_is_bounded_and_skips_ttft() -> None:
     assert load_normalized(100.0, "goodput", offered_rps=10.0, reference_rps=1.0) == 50.0  # bounded
     assert load_normalized(100.0, "throughput", offered_rps=None, reference_rps=1.0) == 100.0
     assert load_normalized(-1.0, "ttft", offered_rps=2.0, reference_rps=1.0) == -1.0
+    # the factor a trial records is the one applied (None: not rescaled)
+    assert load_factor("goodput", 10.0, 1.0) == 0.5 and load_factor("goodput", 1.0, 1.25) == 1.25
+    assert load_factor("ttft", 2.0, 1.0) is None and load_factor("goodput", None, 1.0) is None
 
 
 def test_paired_canary_vs_baseline() -> None:
@@ -133,10 +137,12 @@ def test_paired_goodput_follows_the_requests_each_side_was_sent() -> None:
     # a side finishing a third of the other's requests: corrected by at most 2, so it stays worse
     starved = paired(side(20.0, 20.0), side(60.0, 60.0), "goodput", SLO, 1)
     assert isinstance(starved, Paired) and starved.ratio == pytest.approx((1 / 3) * 2)
+    assert (starved.split, pods.split, tie.split) == (0.5, pytest.approx(1.2), pytest.approx(82.0 / 56.0))
     better = paired(side(56.0, 73.0), lucky, "goodput", SLO, 1)
     assert isinstance(better, Paired) and better.ratio == pytest.approx(73.0 / 56.0)
     throughput = paired(lucky, unlucky, "throughput", SLO, 1)
     assert isinstance(throughput, Paired) and throughput.ratio == pytest.approx(1.0)  # output 1000 each
+    assert throughput.split == 1.0  # throughput is not corrected for the split
 
 
 def test_severe_breach() -> None:

@@ -5,6 +5,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.signals import Signals
@@ -18,6 +20,7 @@ from prefixtune.tuning.actions import (
     SetCondition,
 )
 from prefixtune.tuning.drive import TrialRun, drive
+from prefixtune.tuning.objective import ScoreBasis
 from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.phases import Phase, Step
 from prefixtune.tuning.policy import drift, initial_state, step
@@ -506,6 +509,79 @@ def test_canary_value_is_anchored_to_the_config_the_stable_pods_run() -> None:
         assert anchor is not None
         # the ratio compares the canary with the stable pods, so it scales *their* config's value
         assert trial.value == anchor * (canary_goodput / 500.0)
+
+
+def test_a_canary_trial_records_the_baseline_it_was_paired_with_and_the_ratio() -> None:
+    r = Run(replace(SETTINGS, strategy="canary"))
+    now = r.baseline(value=1000.0)
+    baseline = r.state.trial(0)
+    assert baseline.terms is not None and baseline.terms.basis == ScoreBasis.MEASURED  # no reference yet
+    assert baseline.value == baseline.score == 1000.0
+    r(RolloutReady(config=C1), now + 30)
+    r.tick(now + 90)
+    obs = WindowMeasured(
+        signals=window(goodput=720.0, requests=300.0),  # sent 300 requests: more than its share
+        baseline_signals=window(goodput=900.0, requests=500.0),  # two stable pods, same window
+        canary_pods=1,
+        baseline_pods=2,
+    )
+    acts = r(obs, now + 390)
+    trial = of(acts, RecordTrial)[0].trial
+    terms = trial.terms
+    assert terms is not None and terms.basis == ScoreBasis.PAIRED
+    (scored,) = [e for e in of(acts, EmitEvent) if e.reason == "TrialScored"]
+    assert "value 1333 (paired-with-baseline: trial 0's 1000 × same-window ratio 1.333)" in scored.message
+    assert (terms.anchor_trial, terms.anchor, terms.baseline_window) == (0, 1000.0, 900.0)
+    assert (terms.canary_pods, terms.baseline_pods) == (1, 2)
+    assert terms.split == pytest.approx(300.0 / 250.0)
+    assert trial.score == 720.0  # the canary pod's own window
+    # everything a reader needs to recompute the value from the terms
+    assert terms.ratio == pytest.approx((720.0 / 1) / (900.0 / 2) / (300.0 / 250.0))
+    assert trial.value == pytest.approx(terms.anchor * terms.ratio)
+    assert trial.to_status()["terms"]["basis"] == "paired-with-baseline"
+
+
+def test_a_rolling_trial_records_its_load_factor() -> None:
+    r = Run()  # rolling: every pod runs the trial, scored against the baseline's arrival rate
+    now = r.baseline(value=1000.0)
+    assert r.state.reference_rps == 1.0
+    r(RolloutReady(config=C1), now + 30)
+    r.tick(now + 90)
+    obs = WindowMeasured(signals=window(goodput=1250.0), offered_rps=1.25)  # 25% more load
+    acts = r(obs, now + 390)
+    trial = of(acts, RecordTrial)[0].trial
+    terms = trial.terms
+    assert terms is not None and terms.basis == ScoreBasis.LOAD_NORMALIZED
+    (scored,) = [e for e in of(acts, EmitEvent) if e.reason == "TrialScored"]
+    assert (
+        "value 1000 (load-normalized: × load factor 0.8 (reference 1 / offered 1.25 req/s))" in scored.message
+    )
+    assert (terms.offered_rps, terms.reference_rps, terms.load_factor) == (1.25, 1.0, 0.8)
+    assert trial.score == 1250.0 and trial.value == pytest.approx(1250.0 * 0.8)
+    assert terms.anchor is None and terms.ratio is None
+
+
+def test_a_single_pod_window_without_an_arrival_rate_is_scored_as_measured() -> None:
+    r = Run()
+    now = r.baseline(value=1000.0)
+    r(RolloutReady(config=C1), now + 30)
+    r.tick(now + 90)
+    trial = of(r(WindowMeasured(signals=window(goodput=1100.0)), now + 390), RecordTrial)[0].trial
+    assert trial.terms is not None and trial.terms.basis == ScoreBasis.MEASURED
+    assert trial.value == trial.score == 1100.0
+    assert trial.terms.model_dump(exclude_none=True) == {"basis": ScoreBasis.MEASURED}
+
+
+def test_a_canary_without_a_measured_stable_config_keeps_its_own_score() -> None:
+    r = Run(replace(SETTINGS, strategy="canary"))
+    now = r.baseline(value=1000.0)
+    r(RolloutReady(config=C1), now + 30)
+    r.tick(now + 90)
+    r.state.trials[0].value = None  # the stable config has no value to anchor to
+    obs = WindowMeasured(signals=window(goodput=600.0, requests=250.0), baseline_signals=window())
+    trial = of(r(obs, now + 390), RecordTrial)[0].trial
+    assert trial.terms is not None and trial.terms.basis == ScoreBasis.MEASURED
+    assert trial.value == trial.score == 600.0
 
 
 def _spec_change(r: Run, now: float, key: str, generation: int) -> list[Action]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 # One Phase: the tuning policy's phase is status.phase; one Objective: the policy's.
+from prefixtune.tuning.objective import ScoreBasis as ScoreBasis
 from prefixtune.tuning.phases import Phase as Phase
 from prefixtune.tuning.settings import Objective as Objective
 
@@ -52,6 +53,13 @@ class TrialOutcome(StrEnum):
     INVALIDATED = "invalidated"
     NOT_APPLIED = "not_applied"  # the engine ran other knob values than rendered: never scored
     RUNNING = "running"
+
+
+class TrialRole(StrEnum):
+    """What a trial measured: the running config (a tuning run's baseline) or a config tried."""
+
+    BASELINE = "baseline"
+    TRIAL = "trial"
 
 
 class Bound(StrEnum):

@@ -53,7 +53,9 @@ from prefixtune.api.enums import (
     Objective,
     Phase,
     RolloutStrategy,
+    ScoreBasis,
     TrialOutcome,
+    TrialRole,
     TuningMode,
 )
 from prefixtune.engines.base import EngineName, KnobConfig, KnobSpec
@@ -520,6 +522,9 @@ class Condition(_Model):
 class BestConfig(_Model):
     config: KnobValues
     score: StrictFloat | None = Field(None, description="Objective value of the best trial.")
+    trial: Annotated[StrictInt, Field(ge=0)] | None = _omittable(
+        "The best trial's index in status.trials (its score's basis and terms are there)."
+    )
     confidence: Ratio | None = Field(None, description="Confidence that it beats the baseline, 0..1.")
 
 
@@ -534,8 +539,47 @@ class TrialBudget(_Model):
     max_trials: Annotated[StrictInt, Field(ge=1)] = Field(description="spec.tuning.budget.maxTrials.")
 
 
+class ScoreTerms(_Model):
+    """The terms a trial's score was computed from (which apply depends on its scoreBasis)."""
+
+    baseline_trial: Annotated[StrictInt, Field(ge=0)] | None = _omittable(
+        "paired-with-baseline: the trial whose score anchors this one (the config the stable pods ran)."
+    )
+    baseline_score: StrictFloat | None = _omittable(
+        "paired-with-baseline: that trial's score. score = baselineScore * ratio (the ttft objective: "
+        "baselineScore / ratio)."
+    )
+    ratio: StrictFloat | None = _omittable(
+        "paired-with-baseline: how much better the canary did than the stable pods over the same window "
+        "(> 1: better): (windowScore / canaryPods) / (baselineWindowScore / baselinePods) / requestSplit "
+        "(the ttft objective: baselineWindowScore / windowScore)."
+    )
+    baseline_window_score: StrictFloat | None = _omittable(
+        "paired-with-baseline: the stable pods' own score over the same window."
+    )
+    canary_pods: Annotated[StrictInt, Field(ge=1)] | None = _omittable(
+        "paired-with-baseline: pods under test."
+    )
+    baseline_pods: Annotated[StrictInt, Field(ge=1)] | None = _omittable("paired-with-baseline: stable pods.")
+    request_split: StrictFloat | None = _omittable(
+        "paired-with-baseline, goodput: the canary's requests per pod over the stable pods', within "
+        "[0.5, 2] (goodput follows the requests a side was sent); 1 for the other objectives."
+    )
+    load_factor: StrictFloat | None = _omittable(
+        "load-normalized: referenceRps / offeredRps within [0.5, 2]. score = windowScore * loadFactor."
+    )
+    offered_rps: StrictFloat | None = _omittable("load-normalized: the arrival rate over the window.")
+    reference_rps: StrictFloat | None = _omittable(
+        "load-normalized: the arrival rate of the tuning run's baseline window (what every window is "
+        "rescaled to)."
+    )
+
+
 class TrialRecord(_Model):
     index: Annotated[StrictInt, Field(ge=0)] = Field(description="Trial number, assigned once, increasing.")
+    role: TrialRole | None = _omittable(
+        "baseline: the running config measured at the start of a tuning run; trial: a config tried."
+    )
     config: KnobValues
     outcome: TrialOutcome
     reason: str = ""
@@ -546,7 +590,21 @@ class TrialRecord(_Model):
         description="Measured signals (null: not measured).",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
-    score: StrictFloat | None = None
+    score: StrictFloat | None = Field(
+        None,
+        description="What the tuner compares trials by (objective units), made from the window as "
+        "scoreBasis says.",
+    )
+    score_basis: ScoreBasis | None = _omittable(
+        "How score was made: measured (the window's own score), paired-with-baseline (a canary: the "
+        "stable config's score times the same-window ratio) or load-normalized (rolling: the window's "
+        "score times a load factor). The terms are in scoreTerms."
+    )
+    window_score: StrictFloat | None = _omittable(
+        "The objective as measured over the window on the pods under test (for a canary, its pods "
+        "only): raw, not comparable across trials unless scoreBasis is measured."
+    )
+    score_terms: ScoreTerms | None = _omittable("The terms score was computed from (see scoreBasis).")
     kv_tokens: StrictInt | None = Field(
         None, description="The KV pool the engine reported running (tokens), read back after the rollout."
     )

@@ -24,7 +24,7 @@ from prefixtune.tuning.objective import confidence_better
 from prefixtune.tuning.phases import Phase, TuningReason
 from prefixtune.tuning.policy._core import trials_spent
 from prefixtune.tuning.policy.messages import tuning_condition
-from prefixtune.tuning.state import PolicyState, Trial, clip
+from prefixtune.tuning.state import PolicyState, Trial, ValueTerms, clip
 
 MAX_TRIALS_IN_STATUS = 50
 # Every free-text and list field of the status is bounded, so that no message (a pod's, an engine's,
@@ -138,6 +138,7 @@ def trial_record(trial: Trial) -> dict[str, Any]:
     """A trial as ``status.trials[]`` shows it (the API's TrialRecord)."""
     record: dict[str, Any] = {
         "index": int(trial.id),
+        "role": trial.role,
         "config": knob_values(trial.config),
         "outcome": trial.outcome,
         "reason": clip(
@@ -154,16 +155,48 @@ def trial_record(trial: Trial) -> dict[str, Any]:
         record["finishedAt"] = iso(trial.finished_at)
     if finite(trial.value) is not None:
         record["score"] = finite(trial.value)
+        if trial.terms is not None:
+            record["scoreBasis"] = str(trial.terms.basis)
+            terms = score_terms(trial.terms)
+            if terms:
+                record["scoreTerms"] = terms
+    if finite(trial.score) is not None:
+        record["windowScore"] = finite(trial.score)
     if trial.kv_tokens is not None:
         record["kvTokens"] = int(trial.kv_tokens)
     return record
+
+
+def score_terms(terms: ValueTerms) -> dict[str, Any]:
+    """A trial's ValueTerms as ``status.trials[].scoreTerms`` shows them (the API's ScoreTerms): the
+    terms known and finite, nothing else."""
+    out: dict[str, Any] = {}
+    for key, value in (
+        ("baselineTrial", terms.anchor_trial),
+        ("canaryPods", terms.canary_pods),
+        ("baselinePods", terms.baseline_pods),
+    ):
+        if value is not None:
+            out[key] = int(value)
+    for key, number in (
+        ("baselineScore", terms.anchor),
+        ("ratio", terms.ratio),
+        ("baselineWindowScore", terms.baseline_window),
+        ("requestSplit", terms.split),
+        ("loadFactor", terms.load_factor),
+        ("offeredRps", terms.offered_rps),
+        ("referenceRps", terms.reference_rps),
+    ):
+        if finite(number) is not None:
+            out[key] = finite(number)
+    return out
 
 
 def best_config(state: PolicyState) -> dict[str, Any] | None:
     if state.best is None:
         return None
     best = state.trial(state.best)
-    out: dict[str, Any] = {"config": knob_values(best.config)}
+    out: dict[str, Any] = {"config": knob_values(best.config), "trial": int(best.id)}
     if finite(best.value) is not None:
         out["score"] = finite(best.value)
     confidence = beats_baseline_confidence(state, best)

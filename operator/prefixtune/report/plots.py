@@ -17,6 +17,8 @@ matplotlib.use("Agg")
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from prefixtune.report.scores import ScoreRow, score_label
+
 DPI = 100
 SIZE = (8.0, 4.5)  # inches: 800 x 450 pixels at DPI
 INFEASIBLE_OUTCOMES = ("infeasible",)
@@ -47,49 +49,67 @@ def _number(value: Any) -> float | None:
         return None
 
 
+BASIS_MARKER: dict[str, str] = {  # an ok trial's marker: how its score was made
+    "measured": "o",
+    "paired-with-baseline": "D",
+    "load-normalized": "s",
+}
+
+
 def score_plot(
-    trials: Sequence[Mapping[str, Any]], path: Path, *, objective: str, slo_score: float | None = None
+    rows: Sequence[ScoreRow], path: Path, *, objective: str, slo_score: float | None = None
 ) -> Path:
-    """Score per trial (marker by outcome), best-so-far as a step line, the SLO line when given."""
+    """``score_figure`` as a PNG at ``path``."""
+    return _save(score_figure(rows, objective=objective, slo_score=slo_score), path)
+
+
+def score_figure(rows: Sequence[ScoreRow], *, objective: str, slo_score: float | None = None) -> Figure:
+    """The score per trial as the report's table shows it (``scores.score_rows``: the same number,
+    labelled ``score (objective)``), an ok trial's marker by its basis, others by outcome; the best
+    so far as a step line, the SLO line when given."""
     fig = Figure(figsize=SIZE)
     ax = fig.add_subplot(1, 1, 1)
     best: float | None = None
     best_x: list[int] = []
     best_y: list[float] = []
     seen: set[str] = set()
-    for t in trials:
-        idx = int(t.get("index", 0))
-        outcome = str(t.get("outcome", "ok"))
-        score = _number(t.get("score"))
-        marker, colour = OUTCOME_STYLE.get(outcome, ("o", "black"))
-        label = outcome if outcome not in seen else None
-        seen.add(outcome)
-        if score is None:
+    for row in rows:
+        marker, colour = OUTCOME_STYLE.get(row.outcome, ("o", "black"))
+        if row.score is None:
+            label = row.outcome if row.outcome not in seen else None
+            seen.add(row.outcome)
             # Not scored (infeasible, invalidated): marked on the axis so every trial shows.
-            ax.scatter([idx], [0.0], marker=marker, color=colour, s=60, label=label, zorder=3)
-            ax.annotate(outcome, (idx, 0.0), textcoords="offset points", xytext=(0, 8), ha="center",
+            ax.scatter(
+                [row.index], [0.0], marker=marker, color=colour, s=60, label=label, zorder=3, gid="unscored"
+            )
+            ax.annotate(row.outcome, (row.index, 0.0), textcoords="offset points", xytext=(0, 8), ha="center",
                         fontsize=7, color=colour)  # fmt: skip
         else:
-            ax.scatter([idx], [score], marker=marker, color=colour, s=50, label=label, zorder=3)
-            if outcome == "ok":
-                best = score if best is None else max(best, score)
+            key = f"{row.outcome}, {row.basis}" if row.outcome == "ok" and row.basis else row.outcome
+            if row.outcome == "ok" and row.basis:
+                marker = BASIS_MARKER.get(str(row.basis), marker)
+            ax.scatter([row.index], [row.score], marker=marker, color=colour, s=50,
+                       label=key if key not in seen else None, zorder=3, gid="score")  # fmt: skip
+            seen.add(key)
+            if row.outcome == "ok":
+                best = row.score if best is None else max(best, row.score)
         if best is not None:
-            best_x.append(idx)
+            best_x.append(row.index)
             best_y.append(best)
     if best_x:
         ax.step(best_x, best_y, where="post", color="tab:green", label="best so far")
     if slo_score is not None:
         ax.axhline(slo_score, color="tab:red", linestyle="--", linewidth=1, label="SLO")
     ax.set_xlabel("trial")
-    ax.set_ylabel(f"score ({objective})")
-    ax.set_title("Score per trial")
+    ax.set_ylabel(score_label(objective))
+    ax.set_title("Score per trial (what the tuner compares; marker: how it was made)")
     ax.grid(alpha=0.3)
     if seen or best_x:
         ax.legend(loc="best", fontsize=8)
-    return _save(fig, path)
+    return fig
 
 
-def config_plot(trials: Sequence[Mapping[str, Any]], path: Path) -> Path:
+def config_plot(trials: Sequence[Mapping[str, Any]], path: Path, *, label: str = "score") -> Path:
     """Configurations tried: memory fraction vs block size, coloured by score, infeasible marked."""
     fig = Figure(figsize=SIZE)
     ax = fig.add_subplot(1, 1, 1)
@@ -102,7 +122,7 @@ def config_plot(trials: Sequence[Mapping[str, Any]], path: Path) -> Path:
         ys = [ypos[int(t["config"]["blockSize"])] for t in scored]
         cs = [float(t["score"]) for t in scored]
         points = ax.scatter(xs, ys, c=cs, cmap="viridis", s=90, edgecolors="black", zorder=3)
-        fig.colorbar(points, ax=ax, label="score")
+        fig.colorbar(points, ax=ax, label=label)
         for t, x, y in zip(scored, xs, ys, strict=True):
             ax.annotate(_trial_label(t), (x, y), textcoords="offset points", xytext=(6, 6), fontsize=7)
     seen: set[str] = set()

@@ -24,6 +24,7 @@ import yaml
 
 from prefixtune.report import plots
 from prefixtune.report.cluster import event_time, sort_events
+from prefixtune.report.scores import score_label, score_rows
 from prefixtune.report.status_view import config_text, format_detail, summarize, trials_of
 from prefixtune.tuning.objective import GOALS, goal
 
@@ -65,16 +66,18 @@ def _cell(value: Any, digits: int = 4) -> str:
     return html.escape(str(value))
 
 
-def _trial_rows(trials: Sequence[Mapping[str, Any]]) -> str:
+def _trial_rows(trials: Sequence[Mapping[str, Any]], objective: str) -> str:
     rows = []
-    for t in trials:
+    for t, row in zip(trials, score_rows(trials, objective), strict=True):
         s = t.get("signals") or {}
         ttft50, ttft99 = s.get("ttft_p50_s"), s.get("ttft_p99_s")
-        outcome = str(t.get("outcome", "?"))
         rows.append(
-            f'<tr class="{html.escape(outcome)}"><td>{_cell(t.get("index"))}</td>'
-            f"<td>{html.escape(config_text(t.get('config')))}</td><td>{html.escape(outcome)}</td>"
-            f"<td>{_cell(t.get('score'))}</td><td>{_cell(s.get('hit_rate'), 3)}</td>"
+            f'<tr class="{html.escape(row.outcome)}"><td>{_cell(row.index)}</td>'
+            f"<td>{html.escape(config_text(t.get('config')))}</td><td>{html.escape(row.outcome)}</td>"
+            f"<td>{_cell(t.get('role'))}</td>"
+            f'<td class="score">{_cell(row.score)}</td><td>{_cell(row.basis and str(row.basis))}</td>'
+            f"<td>{_cell(row.how or None)}</td>"
+            f'<td class="window">{_cell(row.window_score)}</td><td>{_cell(s.get("hit_rate"), 3)}</td>'
             f"<td>{_cell(None if ttft50 is None else ttft50 * 1000)}</td>"
             f"<td>{_cell(None if ttft99 is None else ttft99 * 1000)}</td>"
             f"<td>{_cell(s.get('output_tokens_per_s'))}</td><td>{_cell(s.get('goodput_tokens_per_s'))}</td>"
@@ -96,21 +99,26 @@ def _event_rows(events: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def objective_of(resource: Mapping[str, Any]) -> str:
+    """spec.tuning.objective (the API's default when the spec omits it)."""
+    return str(((resource.get("spec") or {}).get("tuning") or {}).get("objective") or "goodput")
+
+
 def render_plots(resource: Mapping[str, Any], out_dir: Path) -> list[Path]:
     """Write the report's PNGs into ``out_dir``; returns their paths."""
     spec = resource.get("spec") or {}
     trials = trials_of(resource)
-    objective = str((spec.get("tuning") or {}).get("objective") or "goodput")
+    objective = objective_of(resource)
     ttft_slo = _slo_seconds(spec, "ttftP99", 2.0)
     return [
         plots.score_plot(
-            trials,
+            score_rows(trials, objective),
             out_dir / SCORE_PNG,
             objective=objective,
             # For the ttft objective the score is -TTFT p99: the SLO is a line on the score axis.
             slo_score=goal(objective).slo_score(ttft_slo) if objective in GOALS else None,
         ),
-        plots.config_plot(trials, out_dir / CONFIGS_PNG),
+        plots.config_plot(trials, out_dir / CONFIGS_PNG, label=score_label(objective)),
         plots.signal_plot(
             trials,
             out_dir / HIT_RATE_PNG,
@@ -130,8 +138,12 @@ def render_plots(resource: Mapping[str, Any], out_dir: Path) -> list[Path]:
         plots.signal_plot(
             trials,
             out_dir / THROUGHPUT_PNG,
-            series=[("output_tokens_per_s", "output tokens/s"), ("goodput_tokens_per_s", "goodput tokens/s")],
-            title="Throughput per trial",
+            series=[
+                ("output_tokens_per_s", "output tokens/s (pods under test, raw)"),
+                ("goodput_tokens_per_s", "goodput tokens/s (pods under test, raw)"),
+            ],
+            # A canary's window is its own pods': not the score, and not comparable across trials.
+            title="Raw throughput of the pods under test per trial (not the score: see the score plot)",
             ylabel="tokens/s",
         ),
     ]
@@ -142,6 +154,7 @@ def render_html(
 ) -> str:
     facts = summarize(resource)
     trials = trials_of(resource)
+    objective = objective_of(resource)
     title = f"prefixtune report: {facts['namespace']}/{facts['name']}"
     figures = "\n".join(f'<img src="{html.escape(name)}" alt="{html.escape(name)}">' for name in images)
     event_section = (
@@ -161,9 +174,16 @@ def render_html(
 <h2>Plots</h2>
 {figures}
 <h2>Trials</h2>
-<table><tr><th>#</th><th>config</th><th>outcome</th><th>score</th><th>hit rate</th><th>TTFT p50 ms</th>
-<th>TTFT p99 ms</th><th>output tok/s</th><th>goodput tok/s</th><th>started</th><th>reason</th></tr>
-{_trial_rows(trials)}
+<p>The score is what the tuner compares, made from the trial's window as its basis says (the terms
+are printed, so each can be recomputed). The window columns are raw, as measured on the pods under
+test: for a canary its own pods only, so they are not comparable across trials.</p>
+<table><tr><th colspan="4"></th><th colspan="3">what the tuner compares</th>
+<th colspan="6">window: the pods under test (raw)</th><th colspan="2"></th></tr>
+<tr><th>#</th><th>config</th><th>outcome</th><th>role</th><th>{html.escape(score_label(objective))}</th>
+<th>basis</th><th>how the score was made</th><th>window {html.escape(score_label(objective))}</th>
+<th>hit rate</th><th>TTFT p50 ms</th><th>TTFT p99 ms</th><th>output tok/s</th><th>goodput tok/s</th>
+<th>started</th><th>reason</th></tr>
+{_trial_rows(trials, objective)}
 </table>
 <h2>Decisions (Events)</h2>
 {event_section}

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prefixtune.engines.knobs import api_text
+from prefixtune.report.scores import basis_of, best_record, derivation
 from prefixtune.tuning.phases import Phase
 
 DEFAULT_BUDGET = 20  # spec.tuning.budget.maxTrials when the spec omits it (the API's default)
@@ -68,13 +69,16 @@ def summarize(resource: Mapping[str, Any]) -> dict[str, Any]:
     hit_rate = _float(signals.get("hit_rate"))
     if hit_rate is None:
         hit_rate = _float(diagnosis.get("hitRate"))
+    objective = str(tuning.get("objective") or "goodput")
+    best_trial = best_record(status)
+    best_basis = None if best_trial is None else basis_of(best_trial)
     return {
         "namespace": str(meta.get("namespace") or "default"),
         "name": str(meta.get("name") or "?"),
         "engine": str(spec.get("engine") or "?"),
         "model": str(spec.get("model") or "?"),
         "mode": str(tuning.get("mode") or "auto"),
-        "objective": str(tuning.get("objective") or "goodput"),
+        "objective": objective,
         "phase": str(status.get("phase") or Phase.PENDING),
         # The budget as the operator counts it (status.budget); None before it has (an older release).
         "trials": _int(budget.get("used")),
@@ -84,6 +88,10 @@ def summarize(resource: Mapping[str, Any]) -> dict[str, Any]:
         "currentConfig": status.get("currentConfig"),
         "bestConfig": best.get("config"),
         "bestScore": _float(best.get("score")),
+        # how the best's score was made (None: the best trial's record is not kept, or has no basis)
+        "bestTrial": None if best_trial is None else _int(best_trial.get("index")),
+        "bestBasis": None if best_basis is None else str(best_basis),
+        "bestScoreHow": None if best_trial is None else derivation(best_trial, objective) or None,
         "confidence": _float(best.get("confidence")),
         "latestTrial": latest_index,
         "hitRate": hit_rate,
@@ -135,6 +143,12 @@ def format_detail(facts: Mapping[str, Any]) -> str:
         f"  current      {config_text(facts['currentConfig'])}",
         f"  best         {config_text(facts['bestConfig'])}",
         f"  score        {_num(facts['bestScore'])}  confidence {_pct(facts['confidence'])}",
+    ]
+    if facts["bestScore"] is not None:
+        # the best's score with its basis and terms, so it can be recomputed (bestConfig.trial)
+        how = facts.get("bestScoreHow") or "its record is not in status.trials"
+        lines.append(f"               trial {_count(facts.get('bestTrial'))}: {how}")
+    lines += [
         f"  latest       {latest} hit rate {_pct(facts['hitRate'])}  "
         f"TTFT p50 {_secs(facts['ttftP50S'])}  p99 {_secs(facts['ttftP99S'])}",
         f"  diagnosis    {facts['bound']}-bound" if facts["bound"] != "unknown" else "  diagnosis    unknown",
@@ -152,7 +166,18 @@ def format_detail(facts: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-TABLE_COLUMNS = ("NAMESPACE", "NAME", "ENGINE", "PHASE", "TRIALS", "BEST", "SCORE", "HIT", "TTFT-P99")
+TABLE_COLUMNS = (
+    "NAMESPACE",
+    "NAME",
+    "ENGINE",
+    "PHASE",
+    "TRIALS",
+    "BEST",
+    "SCORE",
+    "BASIS",
+    "HIT",
+    "TTFT-P99",
+)
 
 
 def format_table(all_facts: Sequence[Mapping[str, Any]]) -> str:
@@ -170,6 +195,7 @@ def format_table(all_facts: Sequence[Mapping[str, Any]]) -> str:
                 f"{_count(f['trials'])}/{f['budget']}",
                 config_text(f["bestConfig"]),
                 _num(f["bestScore"]),
+                f.get("bestBasis") or "-",
                 _pct(f["hitRate"]),
                 _secs(f["ttftP99S"]),
             ]

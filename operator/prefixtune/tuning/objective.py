@@ -32,12 +32,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.settings import Objective, Slo
 
 SCORING = "v2: goodput per-request SLO, tail penalty for throughput and ttft only"
 LOAD_FACTOR_BOUNDS = (0.5, 2.0)  # load-aware normalisation is a first-order correction: keep it bounded
+
+
+class ScoreBasis(StrEnum):
+    """How a trial's value (the number the optimizer compares, ``status.trials[].score``) was made
+    from its window: the terms of each are in ``ValueTerms`` (``tuning/state.py``)."""
+
+    MEASURED = "measured"  # the window's own score, as measured on the pods under test
+    # canary: the stable config's value times the canary/baseline ratio over the same window
+    PAIRED = "paired-with-baseline"
+    # rolling (all pods): the window's score times the bounded reference/offered arrival-rate factor
+    LOAD_NORMALIZED = "load-normalized"
 
 
 @dataclass(frozen=True)
@@ -214,10 +226,16 @@ def load_normalized(
     is returned unchanged. ``offered_rps`` must be the ARRIVAL rate, not the completion rate (which
     depends on the config under test).
     """
+    factor = load_factor(objective, offered_rps, reference_rps)
+    return value if factor is None else value * factor
+
+
+def load_factor(objective: str, offered_rps: float | None, reference_rps: float | None) -> float | None:
+    """The factor ``load_normalized`` multiplies by: ``reference / offered`` within
+    ``LOAD_FACTOR_BOUNDS``; None when it does not rescale (a TTFT score, or a rate not known)."""
     if not goal(objective).load_scaled or not offered_rps or not reference_rps:
-        return value
-    factor = min(max(reference_rps / offered_rps, LOAD_FACTOR_BOUNDS[0]), LOAD_FACTOR_BOUNDS[1])
-    return value * factor
+        return None
+    return min(max(reference_rps / offered_rps, LOAD_FACTOR_BOUNDS[0]), LOAD_FACTOR_BOUNDS[1])
 
 
 @dataclass(frozen=True)
@@ -227,6 +245,11 @@ class Paired:
     ratio: float
     canary: Score
     baseline: Score
+    canary_pods: int = 1
+    baseline_pods: int = 1
+    # goodput: the sides' requests-per-pod ratio (bounded) the per-pod ratio was divided by; 1.0
+    # where no such correction applies
+    split: float = 1.0
 
 
 def paired(
@@ -262,14 +285,19 @@ def paired(
     if isinstance(b, InsufficientData):
         return InsufficientData("baseline: " + b.reason, b.missing, b.requests)
     g = goal(objective)
+    split = 1.0
     if g.per_pod:
         ratio = g.ratio(c.value / canary_pods, b.value / baseline_pods)
         if g.per_request and math.isfinite(ratio) and c.requests > 0 and b.requests > 0:
-            split = (c.requests / canary_pods) / (b.requests / baseline_pods)
-            ratio /= min(max(split, LOAD_FACTOR_BOUNDS[0]), LOAD_FACTOR_BOUNDS[1])
+            shares = (c.requests / canary_pods) / (b.requests / baseline_pods)
+            split = min(max(shares, LOAD_FACTOR_BOUNDS[0]), LOAD_FACTOR_BOUNDS[1])
+            ratio /= split
     else:
         ratio = g.ratio(c.value, b.value)
-    return Paired(ratio=float(ratio), canary=c, baseline=b)
+    return Paired(
+        ratio=float(ratio), canary=c, baseline=b, canary_pods=canary_pods, baseline_pods=baseline_pods,
+        split=float(split),
+    )  # fmt: skip
 
 
 def severe_breach(signals: Signals, slo: Slo, factor: float) -> str | None:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from prefixtune.engines.base import KnobConfig
 from prefixtune.engines.knobs import to_api
 from prefixtune.metrics.signals import Signals
+from prefixtune.tuning.objective import ScoreBasis
 from prefixtune.tuning.phases import Phase, Step, TuningReason
 from prefixtune.tuning.settings import TuningSettings
 
@@ -41,6 +42,32 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
 
 
+class ValueTerms(_Model):
+    """How a trial's ``value`` was made from its window, with every term needed to recompute it
+    (``status.trials[].scoreBasis`` and ``scoreTerms`` show them):
+
+    - ``measured``: value = the window's own score (``Trial.score``);
+    - ``paired-with-baseline`` (a canary): value = ``anchor * ratio`` (``anchor / ratio`` for the
+      ttft objective), ``anchor`` being the value of trial ``anchor_trial``, the config the stable
+      pods ran; ``ratio`` = (score / canary_pods) / (baseline_window / baseline_pods) / split for
+      rates (the ttft objective: baseline_window / score);
+    - ``load-normalized`` (rolling): value = score * load_factor, load_factor = reference_rps /
+      offered_rps within ``LOAD_FACTOR_BOUNDS``.
+    """
+
+    basis: ScoreBasis
+    anchor_trial: int | None = None
+    anchor: float | None = None
+    ratio: float | None = None
+    baseline_window: float | None = None  # the stable pods' own score over the same window
+    canary_pods: int | None = None
+    baseline_pods: int | None = None
+    split: float | None = None
+    load_factor: float | None = None
+    offered_rps: float | None = None
+    reference_rps: float | None = None
+
+
 class Trial(_Model):
     id: int  # monotonically assigned, never reused
     epoch: int  # the tuning generation it belongs to (drift and spec changes start a new one)
@@ -57,7 +84,8 @@ class Trial(_Model):
     signals: Signals | None = None
     score: float | None = None  # the window's own score (objective units, SLO penalty applied)
     value: float | None = None  # what the optimizer is told: load-normalised / paired score
-    basis: str = ""
+    basis: str = ""  # which signals ``score`` came from (Score.basis)
+    terms: ValueTerms | None = None  # how ``value`` was made from the window (None: not scored)
     invalidations: int = 0  # pod restarts that forced a re-measurement
     # The effective config read back from the engine after the rollout (config_checked): a trial is
     # scored only once verified; one whose engine runs other knob values ends not_applied.
@@ -80,6 +108,7 @@ class Trial(_Model):
             "score": self.score,
             "value": self.value,
             "basis": self.basis or None,
+            "terms": None if self.terms is None else self.terms.model_dump(mode="json", exclude_none=True),
             "kvTokens": self.kv_tokens,
         }
 

@@ -10,8 +10,11 @@ from prefixtune.tuning.actions import (
 )
 from prefixtune.tuning.objective import (
     InsufficientData,
+    Paired,
     Score,
+    ScoreBasis,
     goal,
+    load_factor,
     load_normalized,
     paired,
     score,
@@ -25,8 +28,15 @@ from prefixtune.tuning.policy import (
     rollout,
 )
 from prefixtune.tuning.policy._core import MAX_STARVED_REPEATS, TOO_LITTLE_TRAFFIC, Core, all_missing
-from prefixtune.tuning.policy.messages import config_label, evidence, score_text
-from prefixtune.tuning.state import MetricsUnavailable, Trial, TrialInvalidated, WindowMeasured, clip
+from prefixtune.tuning.policy.messages import config_label, evidence, score_text, terms_text
+from prefixtune.tuning.state import (
+    MetricsUnavailable,
+    Trial,
+    TrialInvalidated,
+    ValueTerms,
+    WindowMeasured,
+    clip,
+)
 
 
 def begin_baseline(self: Core, warm: bool) -> None:
@@ -156,6 +166,7 @@ def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
     canary = settings.strategy == "canary" and trial.role == "trial" and obs.baseline_signals is not None
     result: Score | InsufficientData
     value: float | None = None
+    terms: ValueTerms | None = None
     if canary:
         assert obs.baseline_signals is not None
         pair = paired(
@@ -166,18 +177,19 @@ def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
             result = pair
         else:
             result = pair.canary
-            value = measurement.paired_value(self, pair.ratio, pair.canary.value)
+            value, terms = measurement.paired_value(self, pair)
     else:
         result = score(obs.signals, settings.objective, settings.slo, settings.min_requests)
         if isinstance(result, Score):
-            value = load_normalized(result.value, settings.objective, obs.offered_rps, self.s.reference_rps)
+            value, terms = measurement.normalized_value(self, result.value, obs.offered_rps)
     if isinstance(result, InsufficientData):
         measurement.insufficient(self, trial, result)
         return
-    assert value is not None
+    assert value is not None and terms is not None
     trial.signals = obs.signals
     trial.score = result.value
     trial.basis = result.basis
+    trial.terms = terms
     measurement.finish_trial(self, trial, "ok", value=value, reason=score_text(result))
     before = self.s.best
     best_now = self.best_by_mean()
@@ -192,7 +204,8 @@ def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
     self.event(
         "Normal",
         "BaselineMeasured" if trial.role == "baseline" else "TrialScored",
-        f"trial {trial.id} {config_label(trial.config)}: {score_text(result)}; value {value:.4g}"
+        f"trial {trial.id} {config_label(trial.config)}: {score_text(result)}; value {value:.4g} "
+        f"({terms_text(terms, settings.objective)})"
         + (f" ({'new best' if is_best else f'best is trial {best_now.id}'})" if best_now else "")
         + f"; {evidence(obs.signals)}",
     )
@@ -203,19 +216,45 @@ def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
     exploration.decide(self)
 
 
-def paired_value(self: Core, ratio: float, own: float) -> float:
-    """A canary's value: the stable config's value moved by the same-window ratio.
+def paired_value(self: Core, pair: Paired) -> tuple[float, ValueTerms]:
+    """A canary's value: the stable config's value moved by the same-window ratio, with its terms.
 
     The anchor is what the baseline pods run now (``current``), not the best trial: the ratio
     compares the canary with those pods. Without a usable anchor (none measured, a zero score,
-    an infinite ratio) the canary's own score is used.
+    an infinite ratio) the canary's own score is used (basis ``measured``).
     """
+    own = pair.canary.value
     stable = self.stable_trial()
     anchor = stable.value if stable is not None else None
-    if anchor is None or not math.isfinite(ratio) or ratio <= 0 or not math.isfinite(anchor):
-        return own
+    ratio = pair.ratio
+    if (
+        stable is None
+        or anchor is None
+        or not math.isfinite(ratio)
+        or ratio <= 0
+        or not math.isfinite(anchor)
+    ):
+        return own, ValueTerms(basis=ScoreBasis.MEASURED)
     scaled = goal(self.s.settings.objective).scaled(anchor, ratio)
-    return own if scaled is None else scaled
+    if scaled is None:
+        return own, ValueTerms(basis=ScoreBasis.MEASURED)
+    return scaled, ValueTerms(
+        basis=ScoreBasis.PAIRED, anchor_trial=stable.id, anchor=anchor, ratio=ratio,
+        baseline_window=pair.baseline.value, canary_pods=pair.canary_pods,
+        baseline_pods=pair.baseline_pods, split=pair.split,
+    )  # fmt: skip
+
+
+def normalized_value(self: Core, own: float, offered_rps: float | None) -> tuple[float, ValueTerms]:
+    """A window's value scored on all the pods it measured (rolling, or a baseline): rescaled to
+    the reference arrival rate where ``load_factor`` applies, else its own score."""
+    reference = self.s.reference_rps
+    factor = load_factor(self.s.settings.objective, offered_rps, reference)
+    if factor is None:
+        return own, ValueTerms(basis=ScoreBasis.MEASURED)
+    return load_normalized(own, self.s.settings.objective, offered_rps, reference), ValueTerms(
+        basis=ScoreBasis.LOAD_NORMALIZED, load_factor=factor, offered_rps=offered_rps, reference_rps=reference
+    )
 
 
 def insufficient(self: Core, trial: Trial, why: InsufficientData) -> None:
@@ -262,6 +301,7 @@ def abort(self: Core, trial: Trial, signals: Signals, breach: str) -> None:
     trial.signals = signals
     value = partial.value if isinstance(partial, Score) else None
     trial.score = value
+    trial.terms = None if value is None else ValueTerms(basis=ScoreBasis.MEASURED)
     measurement.finish_trial(
         self, trial, "aborted", value=value, reason=f"severe SLO breach: {breach}", failure=""
     )

@@ -7,10 +7,12 @@ from prefixtune.engines.knobs import config_text
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.objective import (
     Score,
+    ScoreBasis,
+    goal,
 )
 from prefixtune.tuning.phases import Phase, Step, TuningReason
 from prefixtune.tuning.policy._core import trials_spent
-from prefixtune.tuning.state import PolicyState
+from prefixtune.tuning.state import PolicyState, ValueTerms
 
 
 def config_label(c: KnobConfig) -> str:
@@ -22,6 +24,23 @@ def score_text(s: Score) -> str:
     if s.breaches:
         text += "; SLO breached: " + ", ".join(s.breaches)
     return text
+
+
+def terms_text(terms: ValueTerms, objective: str) -> str:
+    """How a trial's value was made, in an Event: ``paired-with-baseline: trial 0's 321.9 x
+    same-window ratio 1.4`` (the status's scoreTerms hold every term)."""
+    if terms.basis == ScoreBasis.PAIRED:
+        op = "/" if goal(objective).negative else "×"
+        return (
+            f"{terms.basis}: trial {terms.anchor_trial}'s {terms.anchor or 0.0:.4g} {op} same-window ratio "
+            f"{terms.ratio or 0.0:.4g}"
+        )
+    if terms.basis == ScoreBasis.LOAD_NORMALIZED:
+        return (
+            f"{terms.basis}: × load factor {terms.load_factor or 0.0:.4g} (reference "
+            f"{terms.reference_rps or 0.0:.3g} / offered {terms.offered_rps or 0.0:.3g} req/s)"
+        )
+    return str(terms.basis)
 
 
 def evidence(s: Signals) -> str:
