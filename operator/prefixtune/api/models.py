@@ -400,6 +400,11 @@ class TuningSpec(_Model):
         description='"off" (deploy only; quote it in YAML: a bare off is the boolean false), '
         "observe (measure and recommend only) or auto (tune and roll out).",
     )
+    paused: StrictBool = Field(
+        False,
+        description="Pause tuning: a trial in flight is stopped and rolled back (the stable config "
+        "keeps running), nothing new starts; false resumes in the same epoch (prefixtune pause|resume).",
+    )
     objective: Objective = Field(Objective.GOODPUT, description="What the tuner maximises.")
     slo: SloSpec = _section(SloSpec, "Latency objectives.")
     space: SearchSpaceSpec = _section(SearchSpaceSpec, "Search space; defaults come from the engine adapter.")

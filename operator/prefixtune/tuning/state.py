@@ -268,6 +268,10 @@ class PolicyState(_Model):
     reference_rps: float | None = None
     recommendation: KnobConfig | None = None  # last recommendation made (observe mode)
     capacity_wait: CapacityWait | None = None  # a trial that found no capacity, to retry
+    # Paused by spec.tuning.paused: the phase it resumes in (None: not paused by it; mode off has its
+    # own Paused), and whether the spec changed meanwhile so that resuming starts a fresh baseline.
+    paused_from: Phase | None = None
+    resume_fresh: bool = False
     note: str = ""  # why the phase is what it is (converged reason, failure)
     # The Tuning condition's reason for ``note`` (None: the phase's own, e.g. Converged)
     note_reason: TuningReason | None = None

@@ -11,7 +11,8 @@ actions and stores the state. Phases:
   Pending -> Baseline (measure the running config) -> Exploring (per trial: RollingOut ->
   WaitingReady -> WarmingUp -> Measuring -> Scoring) -> Converged (apply the best, keep watching)
   -> drift -> Baseline of a new epoch (history kept: warm start; the seed changes with the epoch).
-  Observing (mode observe: measure, diagnose, recommend; never roll out), Paused (mode off),
+  Observing (mode observe: measure, diagnose, recommend; never roll out), Paused (mode off, or
+  spec.tuning.paused: ``control``),
   Failed (a rollback itself failed: a human must look).
 
 Safety rules enforced here:
@@ -51,6 +52,7 @@ from prefixtune.tuning.actions import Action
 from prefixtune.tuning.optimizer import Suggestion, TrialResult, suggest
 from prefixtune.tuning.phases import HALTED_PHASES, ROLLOUT_STEPS, Phase, Step
 from prefixtune.tuning.policy import (
+    control,
     exploration,
     measurement,
     observe,
@@ -138,7 +140,7 @@ class _Ctx(Core):
             return
         if phase == Phase.PENDING:
             self.start()
-            if not isinstance(obs, WindowMeasured):
+            if not isinstance(obs, WindowMeasured) or self.s.phase in HALTED_PHASES:
                 return
             phase = self.s.phase
         if phase == Phase.OBSERVING:
@@ -167,6 +169,9 @@ class _Ctx(Core):
     def start(self) -> None:
         mode = self.s.settings.mode
         self.signals_condition()
+        if self.s.settings.paused and mode != "off":
+            control.pause(self, config_changed=False, changed=False)
+            return
         if mode == "auto" and self.s.settings.refusal:
             # The objective cannot be scored from what this release exports: never tune blind.
             self.goto(Phase.OBSERVING, Step.MEASURING)
