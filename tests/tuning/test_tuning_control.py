@@ -13,11 +13,15 @@ from prefixtune.tuning.phases import TuningReason
 from prefixtune.tuning.policy._core import trials_spent
 from prefixtune.tuning.policy.messages import tuning_condition
 from prefixtune.tuning.state import (
+    Approved,
     PolicyState,
     RolloutApplied,
+    RolloutFailed,
     RolloutReady,
     SpecChanged,
+    WhatIf,
     WindowMeasured,
+    recommendation_id,
 )
 
 CANARY = replace(SETTINGS, strategy="canary")
@@ -107,6 +111,65 @@ def test_a_converged_resource_resumes_watching() -> None:
     assert (r.state.phase, r.state.step, r.state.current) == ("Converged", "Watching", C1)
 
 
+def observing_with_recommendation() -> Run:
+    r = Run(replace(SETTINGS, mode="observe"))
+    r.tick(0.0)
+    better = WhatIf(config=C1, signals=window(goodput=1500.0))
+    acts = r(WindowMeasured(signals=window(goodput=1000.0), what_if=(better,)), 600)
+    assert r.state.recommendation == C1 and "Recommendation" in reasons(acts)
+    return r
+
+
+def test_approve_rolls_the_current_recommendation_out_once() -> None:
+    r = observing_with_recommendation()
+    acts = r(Approved(id=recommendation_id(C1)), 700)
+    [out] = of(acts, RollOut)
+    assert (out.config, out.strategy) == (C1, "rolling") and "Approved" in reasons(acts)
+    assert (r.state.step, r.state.recommendation, r.state.approval) == (
+        "RollingOut",
+        None,
+        recommendation_id(C1),
+    )
+    r(RolloutApplied(), 705)
+    r(RolloutReady(config=C1), 760)
+    assert (r.state.phase, r.state.step, r.state.current) == ("Observing", "Measuring", C1)
+    assert r.state.measure_from == 760  # the window starts on the approved config's pods
+    # nothing is recommended now: the same approval again rolls nothing out
+    again = r(Approved(id=recommendation_id(C1)), 800)
+    assert not of(again, RollOut) and "ApprovalIgnored" in reasons(again)
+
+
+def test_a_stale_approval_does_nothing_and_says_so() -> None:
+    r = observing_with_recommendation()
+    acts = r(Approved(id=recommendation_id(C2)), 700)
+    assert not of(acts, RollOut) and r.state.step == "Measuring" and r.state.recommendation == C1
+    [warning] = [a for a in of(acts, EmitEvent) if a.reason == "ApprovalIgnored"]
+    assert (
+        warning.type == "Warning" and "stale" in warning.message and recommendation_id(C1) in warning.message
+    )
+    no_rec = Run(replace(SETTINGS, mode="observe"))
+    no_rec.tick(0.0)
+    acts = no_rec(Approved(id=recommendation_id(C1)), 100)
+    assert not of(acts, RollOut) and "ApprovalIgnored" in reasons(acts)
+
+
+def test_an_approved_config_that_fails_goes_back_to_the_config_before() -> None:
+    r = observing_with_recommendation()
+    r(Approved(id=recommendation_id(C1)), 700)
+    acts = r(RolloutFailed(config=C1, failure="oom_startup"), 750)
+    assert [a.to_config for a in of(acts, RollBack)] == [DEFAULT] and "ApprovedConfigFailed" in reasons(acts)
+    r(RolloutReady(config=DEFAULT), 800)
+    assert (r.state.phase, r.state.step, r.state.current) == ("Observing", "Measuring", DEFAULT)
+
+
+def test_switching_to_observe_mid_trial_completes_the_rollback() -> None:
+    r, now = canary_trial_warming()
+    acts = r(SpecChanged(settings=replace(CANARY, mode="observe"), generation=2), now + 10)
+    assert [a.to_config for a in of(acts, RollBack)] == [DEFAULT]
+    r(RolloutReady(config=DEFAULT), now + 60)
+    assert (r.state.phase, r.state.step, r.state.target) == ("Observing", "Measuring", None)
+
+
 def converged_on_c1() -> tuple[Run, float]:
     r = Run(replace(SETTINGS, max_trials=1))
     now = r.baseline()
@@ -133,6 +196,14 @@ def test_rolling_back_to_the_spec_config_says_so() -> None:
     assert [a.to_config for a in of(acts, RollBack)] == [DEFAULT]
     [off] = [a for a in of(acts, EmitEvent) if a.reason == "TuningOff"]
     assert "spec's config" in off.message
+
+
+def test_the_control_fields_round_trip() -> None:
+    r = observing_with_recommendation()
+    r(Approved(id="abc"), 700)
+    r(SpecChanged(settings=replace(SETTINGS, mode="observe", paused=True), generation=2), 800)
+    back = PolicyState.from_json(r.state.to_json())
+    assert (back.paused_from, back.approval) == ("Observing", "abc") and back == r.state
 
 
 def test_the_pause_round_trips() -> None:

@@ -68,6 +68,10 @@ PLURAL = "servingdeployments"
 SINGULAR = "servingdeployment"
 SHORT_NAMES = ("sdep",)
 CATEGORIES = ("prefixtune",)
+# On a ServingDeployment: approves observe mode's recommendation whose status.recommendation.id it
+# names (``prefixtune approve``); acted on once, ignored (with a Warning Event) when stale.
+APPROVE_ANNOTATION: Final = f"{API_GROUP}/approve"
+APPROVAL_MAX_CHARS: Final = 64
 
 # Read only by the local sandbox: which synthetic workload its load generator sends to this
 # deployment. In a real cluster traffic comes from users and the annotation is ignored.
@@ -567,6 +571,9 @@ class DiagnosisStatus(_Model):
 class Recommendation(_Model):
     """What observe mode would roll out, and why."""
 
+    id: str | None = _omittable(
+        "Names this recommendation: approve it with the annotation prefixtune.io/approve set to it."
+    )
     config: KnobValues
     reason: str
     score: StrictFloat | None = Field(None, description="Expected objective value (measured or the twin's).")

@@ -11,8 +11,8 @@ actions and stores the state. Phases:
   Pending -> Baseline (measure the running config) -> Exploring (per trial: RollingOut ->
   WaitingReady -> WarmingUp -> Measuring -> Scoring) -> Converged (apply the best, keep watching)
   -> drift -> Baseline of a new epoch (history kept: warm start; the seed changes with the epoch).
-  Observing (mode observe: measure, diagnose, recommend; never roll out), Paused (mode off, or
-  spec.tuning.paused: ``control``),
+  Observing (mode observe: measure, diagnose, recommend; never roll out; an approval rolls the
+  recommendation out once: ``control``), Paused (mode off, or spec.tuning.paused: ``control``),
   Failed (a rollback itself failed: a human must look).
 
 Safety rules enforced here:
@@ -65,6 +65,7 @@ from prefixtune.tuning.policy.history import bound as bound_history
 from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.space import SearchSpace
 from prefixtune.tuning.state import (
+    Approved,
     ConfigChecked,
     MetricsUnavailable,
     Observation,
@@ -133,6 +134,9 @@ class _Ctx(Core):
         if isinstance(obs, SpecInvalid):
             spec_change.on_spec_invalid(self, obs)
             return
+        if isinstance(obs, Approved):
+            control.on_approved(self, obs)
+            return
         phase = self.s.phase
         if phase in HALTED_PHASES:
             if phase == Phase.PAUSED and isinstance(obs, RolloutReady) and self.s.step == Step.ROLLING_BACK:
@@ -144,7 +148,10 @@ class _Ctx(Core):
                 return
             phase = self.s.phase
         if phase == Phase.OBSERVING:
-            observe.on_observing(self, obs)
+            if self.s.step in ROLLOUT_STEPS:
+                control.on_observing_rollout(self, obs)
+            else:
+                observe.on_observing(self, obs)
             return
         if isinstance(obs, Tick):
             self.on_tick()

@@ -1,4 +1,5 @@
-"""A person's control of a tuning run: pause and resume (``spec.tuning.paused``).
+"""A person's control of a tuning run: pause and resume (``spec.tuning.paused``), and the approval
+of observe mode's recommendation (``Approved``: the annotation ``prefixtune.io/approve``).
 
 Pinning a config and rolling back to the spec's are spec edits (``spec.config`` and ``tuning.mode:
 off``, written by ``prefixtune pin``/``rollback``): ``spec_change`` handles them, and says which it
@@ -7,10 +8,20 @@ was in its Event.
 
 from __future__ import annotations
 
-from prefixtune.tuning.phases import TRIAL_STEPS, Phase, Step
+from prefixtune.tuning.actions import RollOut
+from prefixtune.tuning.phases import ROLLOUT_STEPS, TRIAL_STEPS, Phase, Step
 from prefixtune.tuning.policy import exploration, measurement, rollout
 from prefixtune.tuning.policy._core import Core
 from prefixtune.tuning.policy.messages import config_label
+from prefixtune.tuning.state import (
+    Approved,
+    Observation,
+    RolloutApplied,
+    RolloutFailed,
+    RolloutReady,
+    Tick,
+    recommendation_id,
+)
 
 PAUSED = "paused"  # Trial.failure of a trial stopped by a pause: not scored, not learned, not counted
 # Where a pause can resume without a fresh baseline; from any other phase (Failed) resuming restarts.
@@ -87,3 +98,78 @@ def resume(self: Core, *, changed: bool) -> bool:
         if not rolling_back:
             exploration.decide(self)
     return True
+
+
+def on_approved(self: Core, obs: Approved) -> None:
+    """An approval not handled yet: acted on once (``approval``). It rolls observe mode's current
+    recommendation out, directly and to every pod (the person approved that config, not a trial
+    of it; observe mode then measures it as the running config, and a rollout that fails goes back
+    to the config before). One that names another recommendation (stale: the recommendation changed
+    since) or arrives with none to approve does nothing but say so in a Warning Event."""
+    self.s.approval = obs.id
+    rec = self.s.recommendation
+    current = None if rec is None else recommendation_id(rec)
+    if self.s.phase != Phase.OBSERVING or self.s.step in ROLLOUT_STEPS or rec is None:
+        if self.s.phase != Phase.OBSERVING:
+            why = f"phase {self.s.phase}"
+        elif rec is None:
+            why = "observe mode recommends nothing now"
+        else:
+            why = "a rollout is in flight"
+        why = f"approval {obs.id!r} ignored: no recommendation to roll out ({why})"
+        self.event("Warning", "ApprovalIgnored", why)
+        return
+    if obs.id != current:
+        self.event(
+            "Warning",
+            "ApprovalIgnored",
+            f"approval {obs.id!r} ignored: it does not match the current recommendation {current} "
+            f"{config_label(rec)} (stale); nothing rolled out; approve again to roll that one out",
+        )
+        return
+    self.s.recommendation = None
+    self.s.target = rec
+    self.s.last_rollout_at = self.now
+    self.goto(step=Step.ROLLING_OUT)
+    self.actions.append(RollOut(rec, "rolling", f"approved recommendation {current}"))
+    self.event(
+        "Normal",
+        "Approved",
+        f"recommendation {current} {config_label(rec)} approved: rolling it out to every pod (replacing "
+        f"{config_label(self.s.current)}); observe mode goes on measuring it",
+    )
+
+
+def on_observing_rollout(self: Core, obs: Observation) -> None:
+    """Observe mode with a rollout in flight (an approved recommendation, or the rollback of a trial
+    stopped by the switch to observe): followed to its end, then measuring resumes on the pods'
+    config. Windows that span it are not the running config's and are dropped."""
+    st = self.s.step
+    if isinstance(obs, RolloutApplied):
+        if st == Step.ROLLING_OUT:
+            self.goto(step=Step.WAITING_READY)
+    elif isinstance(obs, RolloutReady):
+        if obs.config is not None and self.s.target is not None and obs.config != self.s.target:
+            return  # a stale report about an earlier rollout
+        self.s.current = self.s.target or self.s.current
+        self.s.target = None
+        self.goto(step=Step.MEASURING)
+        self.s.measure_from = self.now
+    elif isinstance(obs, RolloutFailed):
+        failed(self, obs.failure or "crash", obs.reason)
+    elif isinstance(obs, Tick) and self.now - self.s.step_since > self.s.settings.ready_timeout_s:
+        failed(self, "timeout", f"not ready within {self.s.settings.ready_timeout_s:g}s")
+
+
+def failed(self: Core, failure: str, detail: str) -> None:
+    if self.s.step == Step.ROLLING_BACK:
+        rollout.on_failed(self, failure, detail)  # a failed rollback: Failed, a human must look
+        return
+    target = self.s.target
+    self.event(
+        "Warning",
+        "ApprovedConfigFailed",
+        f"the approved config {config_label(target or self.s.current)} failed: {failure} {detail}".rstrip()
+        + f"; rolling back to {config_label(self.s.current)}",
+    )
+    rollout.rollback(self, self.s.current, f"the approved config failed ({failure})")
