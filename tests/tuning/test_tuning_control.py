@@ -211,3 +211,13 @@ def test_the_pause_round_trips() -> None:
     r(SpecChanged(settings=PAUSED, config=C2, generation=2), now + 10)
     back = PolicyState.from_json(r.state.to_json())
     assert (back.paused_from, back.resume_fresh) == ("Exploring", True) and back == r.state
+
+
+def test_a_pause_undoes_an_approved_rollout_in_flight() -> None:
+    r = observing_with_recommendation()
+    r(Approved(id=recommendation_id(C1)), 700)
+    acts = r(SpecChanged(settings=replace(SETTINGS, mode="observe", paused=True), generation=2), 710)
+    assert [a.to_config for a in of(acts, RollBack)] == [DEFAULT]
+    r(RolloutReady(config=DEFAULT), 760)
+    assert (r.state.phase, r.state.step, r.state.current, r.state.target) == ("Paused", "Idle", DEFAULT, None)
+

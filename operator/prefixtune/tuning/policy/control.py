@@ -54,9 +54,11 @@ def pause(self: Core, *, config_changed: bool, changed: bool) -> None:
             safe = self.s.current if self.s.current != trial.config else self.best_config()
             rollout.rollback(self, safe, f"trial {trial.id} stopped: tuning paused")
             stopped += f" and rolled back to {config_label(safe)}"
-    elif origin == Phase.CONVERGED and self.s.step in (Step.ROLLING_OUT, Step.WAITING_READY):
-        rollout.rollback(self, self.s.current, "tuning paused while applying the best config")
-        stopped = f"; applying the best config stopped, back to {config_label(self.s.current)}"
+    elif self.s.step in (Step.ROLLING_OUT, Step.WAITING_READY) and self.s.target is not None:
+        # Applying the best (Converged) or an approved recommendation (Observing): undone.
+        what = "the best config" if origin == Phase.CONVERGED else config_label(self.s.target)
+        rollout.rollback(self, self.s.current, f"tuning paused while applying {what}")
+        stopped = f"; applying {what} stopped, back to {config_label(self.s.current)}"
     self.s.paused_from = origin
     self.s.resume_fresh = changed or origin not in RESUMABLE
     self.goto(Phase.PAUSED, Step.ROLLING_BACK if self.s.step == Step.ROLLING_BACK else Step.IDLE)
