@@ -157,7 +157,12 @@ def approve_change(resource: Mapping[str, Any]) -> Change:
         raise ControlError(f"{what}: the recommendation has no id (an older operator wrote it); wait a tick")
     annotations = meta.get("annotations") or {}
     if isinstance(annotations, Mapping) and annotations.get(APPROVE_ANNOTATION) == rid:
-        return Change(None, f"{what}: recommendation {rid} is already approved")
+        raise ControlError(
+            f"{what}: recommendation {rid} is already approved (annotation {APPROVE_ANNOTATION}); the "
+            "operator acts on an approval once: if its Events say ApprovalIgnored (paused, a rollout in "
+            f"flight), remove it (kubectl annotate sdep {meta.get('name')} {APPROVE_ANNOTATION}-), "
+            "wait for a tick and approve again"
+        )
     patch = _guarded(meta, {"metadata": {"annotations": {APPROVE_ANNOTATION: rid}}})
     return Change(
         patch,

@@ -135,6 +135,9 @@ async def test_approve_names_the_current_recommendation(cluster: Cluster, capsys
     body = await cluster.get("chat")
     assert body["metadata"]["annotations"][APPROVE_ANNOTATION] == "0123456789ab"
     assert body["spec"] == observe  # the spec is the user's: approve writes only the annotation
+    assert await cluster.run(control.approve, "chat") == 1  # acted on once: say how to give it again
+    err = capsys.readouterr().err
+    assert "already approved" in err and "kubectl annotate sdep chat prefixtune.io/approve-" in err
 
 
 async def test_a_missing_resource_is_a_clear_error(cluster: Cluster, capsys: Any) -> None:

@@ -221,3 +221,15 @@ def test_a_pause_undoes_an_approved_rollout_in_flight() -> None:
     r(RolloutReady(config=DEFAULT), 760)
     assert (r.state.phase, r.state.step, r.state.current, r.state.target) == ("Paused", "Idle", DEFAULT, None)
 
+
+def test_an_approval_ignored_while_paused_can_be_given_again_after_removing_it() -> None:
+    r = observing_with_recommendation()
+    rid = recommendation_id(C1)
+    r(SpecChanged(settings=replace(SETTINGS, mode="observe", paused=True), generation=2), 650)
+    ignored = r(Approved(id=rid), 700)
+    assert not of(ignored, RollOut) and "ApprovalIgnored" in reasons(ignored) and r.state.approval == rid
+    r(SpecChanged(settings=replace(SETTINGS, mode="observe"), generation=3), 800)
+    assert (r.state.phase, r.state.recommendation) == ("Observing", C1)
+    removed = r(Approved(id=""), 810)  # the annotation removed: forgotten, silently
+    assert r.state.approval == "" and not removed
+    assert [a.config for a in of(r(Approved(id=rid), 820), RollOut)] == [C1]

@@ -263,7 +263,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     else:
         state = unchanged_spec(state, spec, settings)
     approval = approval_of(body)
-    if approval and approval != state.approval and state.phase != Phase.PENDING:
+    if approval != state.approval and state.phase != Phase.PENDING:
         state = await _advance(state, Approved(id=approval), now, actions)
 
     children = await read_children(client, owner)

@@ -208,7 +208,8 @@ class SpecInvalid(_Obs):
 
 class Approved(_Obs):
     """The resource carries an approval (annotation ``prefixtune.io/approve``) the policy has not
-    handled yet: observe mode rolls its recommendation out once when ``id`` is its id."""
+    handled yet: observe mode rolls its recommendation out once when ``id`` is its id ("": the
+    annotation was removed, so that the same id set again approves again)."""
 
     kind: Literal["approved"] = "approved"
     id: str = Field(max_length=64)

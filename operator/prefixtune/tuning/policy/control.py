@@ -107,8 +107,11 @@ def on_approved(self: Core, obs: Approved) -> None:
     recommendation out, directly and to every pod (the person approved that config, not a trial
     of it; observe mode then measures it as the running config, and a rollout that fails goes back
     to the config before). One that names another recommendation (stale: the recommendation changed
-    since) or arrives with none to approve does nothing but say so in a Warning Event."""
+    since) or arrives with none to approve (paused, a rollout in flight, another mode) does nothing
+    but say so in a Warning Event; an empty ``id`` (the annotation removed) forgets the last one."""
     self.s.approval = obs.id
+    if not obs.id:
+        return  # the annotation was removed: the same id approves again once set again
     rec = self.s.recommendation
     current = None if rec is None else recommendation_id(rec)
     if self.s.phase != Phase.OBSERVING or self.s.step in ROLLOUT_STEPS or rec is None:
