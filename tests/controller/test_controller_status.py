@@ -326,3 +326,16 @@ def test_the_tuning_condition_of_a_converged_run_names_the_best_and_what_it_does
     assert message.endswith("value 123; applying it")
     watching = state.model_copy(update={"step": "Watching", "current": best.config})
     assert tuning_condition(watching)[2].endswith("; watching for drift")
+
+
+def test_a_paused_resource_says_so_in_its_tuning_condition_at_its_generation() -> None:
+    paused = initial_state("vllm", TuningSettings(paused=True), BASE).model_copy(
+        update={"phase": Phase.PAUSED, "paused_from": Phase.EXPLORING}
+    )
+    status = S.build_status(paused, [], None, now=1.0, generation=4, ready=(True, "R", "m"))
+    tuning = next(c for c in status["conditions"] if c["type"] == "Tuning")
+    assert (tuning["status"], tuning["reason"], tuning["observedGeneration"]) == ("False", "Paused", 4)
+    assert "paused by spec.tuning.paused" in tuning["message"] and status["phase"] == "Paused"
+    off = initial_state("vllm", TuningSettings(mode="off"), BASE).model_copy(update={"phase": Phase.PAUSED})
+    status = S.build_status(off, [], None, now=1.0, generation=4, ready=(True, "R", "m"))
+    assert next(c for c in status["conditions"] if c["type"] == "Tuning")["reason"] == "TuningOff"
