@@ -165,3 +165,17 @@ async def test_a_resource_changed_since_it_was_read_is_not_overwritten(cluster: 
     with pytest.raises(ClusterError, match="changed by someone else meanwhile"):
         await asyncio.to_thread(patch_deployment, "default", "chat", patch, str(cluster.kubeconfig))
     assert "tuning" not in (await cluster.get("chat"))["spec"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_a_pinned_trial_config_parses_back_to_the_trials_config(engine: str) -> None:
+    """The operator names the pinned trial in its Pinned Event by comparing spec.config with the
+    trials' configs: the status's camelCase config must parse back to the very same knobs."""
+    from prefixtune.api import parse_spec
+    from prefixtune.engines import get_adapter
+    from prefixtune.engines.knobs import to_api
+
+    base = get_adapter(engine).default_config()
+    for config in (base, base.with_(memory_fraction=0.8125), base.with_(prefix_caching=False)):
+        pinned = {"engine": engine, "model": "meta-llama/Llama-3.1-8B-Instruct", "config": to_api(config)}
+        assert parse_spec(pinned).knob_config() == config
