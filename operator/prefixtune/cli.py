@@ -23,6 +23,19 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "sandbox": ("prefixtune.sandbox.cli", "main", "run the local sandbox cluster"),
     "status": ("prefixtune.report.status_view", "main", "show ServingDeployments: phase, trials, best"),
     "report": ("prefixtune.report.report", "main", "write an HTML report with plots of a ServingDeployment"),
+    "pause": (
+        "prefixtune.control",
+        "pause",
+        "pause tuning (spec.tuning.paused); the stable config runs",
+    ),
+    "resume": ("prefixtune.control", "resume", "resume a paused tuning run in its epoch"),
+    "pin": ("prefixtune.control", "pin", 'run trial N\'s (or the best) config, tuning "off" (spec.config)'),
+    "rollback": ("prefixtune.control", "rollback", 'back to the spec\'s config: tuning.mode "off"'),
+    "approve": (
+        "prefixtune.control",
+        "approve",
+        "roll observe mode's recommendation out once",
+    ),
 }
 
 

@@ -122,7 +122,8 @@ def test_spec_to_settings_maps_every_field() -> None:
         {
             "engine": "vllm", "model": "m/x", "replicas": 2,
             "tuning": {
-                "mode": "observe", "objective": "throughput", "slo": {"ttftP99": "1500ms", "itlP99": "80ms"},
+                "mode": "observe", "paused": True, "objective": "throughput",
+                "slo": {"ttftP99": "1500ms", "itlP99": "80ms"},
                 "space": {"memoryFraction": {"min": 0.8, "max": 0.95}, "blockSize": [16, 32]},
                 "trial": {"warmup": "1m", "measure": "5m", "minRequests": 50}, "budget": {"maxTrials": 7},
                 "rollout": {"minInterval": "2m"}, "drift": {"threshold": 0.3},
@@ -130,7 +131,7 @@ def test_spec_to_settings_maps_every_field() -> None:
         }
     )  # fmt: skip
     s = tuning_settings(spec, "ns", "rag")
-    assert (s.mode, s.objective, s.strategy) == ("observe", "throughput", "canary")
+    assert (s.mode, s.paused, s.objective, s.strategy) == ("observe", True, "throughput", "canary")
     assert (s.slo.ttft_p99_s, s.slo.itl_p99_s) == (1.5, 0.08)
     assert s.space.memory_fraction == (0.8, 0.95) and s.space.block_size == (16, 32)
     assert s.space.schedule_policy is None
@@ -139,6 +140,7 @@ def test_spec_to_settings_maps_every_field() -> None:
     assert s.ready_timeout_s >= 600
     single = parse_spec({"engine": "vllm", "model": "m/x", "replicas": 1})
     assert tuning_settings(single, "ns", "a").strategy == "rolling"
+    assert tuning_settings(single, "ns", "a").paused is False
     assert tuning_settings(single, "ns", "a", ready_timeout=30).ready_timeout_s == 30
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from prefixtune.api import parse_spec
-from prefixtune.controller.reconcile import deployment_key, spec_key, unchanged_spec
+from prefixtune.controller.reconcile import approval_of, deployment_key, spec_key, unchanged_spec
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.tuning.policy import initial_state
 from prefixtune.tuning.policy.spec_change import replicas_only
@@ -106,3 +106,13 @@ def test_settings_from_outside_the_spec_follow_without_a_spec_change() -> None:
     state = unchanged_spec(initial_state("vllm", settings, spec.knob_config(), 1, "k"), spec, settings)
     longer = tuning_settings(spec, "ns", "a", ready_timeout=5000.0)
     assert unchanged_spec(state, spec, longer).settings == longer
+
+
+def test_the_approval_is_read_from_its_annotation_bounded() -> None:
+    def body(annotations: object) -> dict[str, Any]:
+        return {"metadata": {"name": "a", "annotations": annotations}}
+
+    assert approval_of(body({"prefixtune.io/approve": " 0123456789ab "})) == "0123456789ab"
+    assert approval_of(body({"other": "x"})) == approval_of({"metadata": {}}) == ""
+    assert approval_of(body({"prefixtune.io/approve": 7})) == approval_of(body("junk")) == ""
+    assert len(approval_of(body({"prefixtune.io/approve": "x" * 10_000}))) == 64

@@ -16,7 +16,7 @@ from prefixtune.tuning.objective import ScoreBasis
 from prefixtune.tuning.phases import Phase
 from prefixtune.tuning.policy import initial_state
 from prefixtune.tuning.settings import TuningSettings
-from prefixtune.tuning.state import MAX_TEXT, Trial, ValueTerms
+from prefixtune.tuning.state import MAX_TEXT, Trial, ValueTerms, recommendation_id
 
 BASE = KnobConfig(0.9, 16, True, "fcfs")
 
@@ -124,13 +124,36 @@ def test_trials_are_capped_but_ids_kept() -> None:
 
 
 def test_recommendation_is_kept_until_replaced() -> None:
-    state = initial_state("vllm", TuningSettings(mode="observe"), BASE)
-    rec = Recommend(BASE.with_(prefix_caching=False), "hit rate 1% < 5%")
+    off = BASE.with_(prefix_caching=False)
+    state = initial_state("vllm", TuningSettings(mode="observe"), BASE).model_copy(
+        update={"recommendation": off}
+    )
+    rec = Recommend(off, "hit rate 1% < 5%")
     status = S.build_status(state, [rec], None, now=1.0, generation=1, ready=(True, "R", ""))
     assert status["recommendation"]["config"]["prefixCaching"] is False
     again = S.build_status(state, [], status, now=2.0, generation=1, ready=(True, "R", ""))
     assert again["recommendation"] == status["recommendation"]
     S.validate_status(again)
+
+
+def test_the_recommendation_has_the_id_an_approval_names_and_goes_once_approved() -> None:
+    """``prefixtune approve`` writes status.recommendation.id into prefixtune.io/approve; once the
+    policy rolled it out (it has no recommendation then) the status shows none."""
+    off = BASE.with_(prefix_caching=False)
+    state = initial_state("vllm", TuningSettings(mode="observe"), BASE).model_copy(
+        update={"recommendation": off}
+    )
+    status = S.build_status(
+        state, [Recommend(off, "why")], None, now=1.0, generation=1, ready=(True, "R", "")
+    )
+    assert status["recommendation"]["id"] == recommendation_id(off) != recommendation_id(BASE)
+    S.validate_status(status)
+    older = {**status, "recommendation": {"config": status["recommendation"]["config"], "reason": "why"}}
+    kept = S.build_status(state, [], older, now=2.0, generation=1, ready=(True, "R", ""))
+    assert kept["recommendation"] == status["recommendation"]  # one an older release wrote gets its id
+    approved = state.model_copy(update={"recommendation": None})
+    gone = S.build_status(approved, [], status, now=3.0, generation=1, ready=(True, "R", ""))
+    assert gone["recommendation"] is None
 
 
 def test_invalid_spec_status_names_the_field_and_is_failed() -> None:
@@ -150,7 +173,9 @@ def test_every_free_text_and_list_field_is_bounded() -> None:
     huge = "x" * 100_000
     state = _state_with_trials(60)
     trials = [t.model_copy(update={"reason": huge}) for t in state.trials]  # type: ignore[attr-defined]
-    state = state.model_copy(update={"trials": trials})  # type: ignore[attr-defined]
+    # the policy records what it recommends (observe mode) as it emits it
+    update = {"trials": trials, "recommendation": BASE.with_(block_size=32)}
+    state = state.model_copy(update=update)  # type: ignore[attr-defined]
     old = {
         "type": "Degraded",
         "status": "True",
@@ -349,3 +374,16 @@ def test_the_tuning_condition_of_a_converged_run_names_the_best_and_what_it_does
     assert message.endswith("value 123; applying it")
     watching = state.model_copy(update={"step": "Watching", "current": best.config})
     assert tuning_condition(watching)[2].endswith("; watching for drift")
+
+
+def test_a_paused_resource_says_so_in_its_tuning_condition_at_its_generation() -> None:
+    paused = initial_state("vllm", TuningSettings(paused=True), BASE).model_copy(
+        update={"phase": Phase.PAUSED, "paused_from": Phase.EXPLORING}
+    )
+    status = S.build_status(paused, [], None, now=1.0, generation=4, ready=(True, "R", "m"))
+    tuning = next(c for c in status["conditions"] if c["type"] == "Tuning")
+    assert (tuning["status"], tuning["reason"], tuning["observedGeneration"]) == ("False", "Paused", 4)
+    assert "paused by spec.tuning.paused" in tuning["message"] and status["phase"] == "Paused"
+    off = initial_state("vllm", TuningSettings(mode="off"), BASE).model_copy(update={"phase": Phase.PAUSED})
+    status = S.build_status(off, [], None, now=1.0, generation=4, ready=(True, "R", "m"))
+    assert next(c for c in status["conditions"] if c["type"] == "Tuning")["reason"] == "TuningOff"

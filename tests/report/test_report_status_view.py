@@ -149,3 +149,14 @@ def test_the_trials_counter_reads_the_budget_the_operator_spent_not_the_records(
     assert (facts["trials"], facts["budget"]) == (5, 5) and len(status["trials"]) == 7
     assert "  trials       5 of 5 spent; records: 1 infeasible, 1 invalidated, 5 ok" in format_detail(facts)
     assert format_table([facts]).splitlines()[1].split()[4] == "5/5"
+
+
+def test_the_detail_shows_the_id_an_approval_names() -> None:
+    rec = {"id": "0123456789ab", "config": {"blockSize": 32}, "reason": "twin what-if"}
+    observing = {
+        "metadata": {"name": "x"},
+        "spec": {"engine": "vllm", "model": "m", "tuning": {"mode": "observe"}},
+        "status": {"phase": "Observing", "recommendation": rec},
+    }
+    text = format_detail(summarize(observing))
+    assert "recommends   block 32 (id 0123456789ab: prefixtune approve NAME): twin what-if" in text

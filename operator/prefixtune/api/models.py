@@ -70,6 +70,10 @@ PLURAL = "servingdeployments"
 SINGULAR = "servingdeployment"
 SHORT_NAMES = ("sdep",)
 CATEGORIES = ("prefixtune",)
+# On a ServingDeployment: approves observe mode's recommendation whose status.recommendation.id it
+# names (``prefixtune approve``); acted on once, ignored (with a Warning Event) when stale.
+APPROVE_ANNOTATION: Final = f"{API_GROUP}/approve"
+APPROVAL_MAX_CHARS: Final = 64
 
 # Read only by the local sandbox: which synthetic workload its load generator sends to this
 # deployment. In a real cluster traffic comes from users and the annotation is ignored.
@@ -402,6 +406,11 @@ class TuningSpec(_Model):
         description='"off" (deploy only; quote it in YAML: a bare off is the boolean false), '
         "observe (measure and recommend only) or auto (tune and roll out).",
     )
+    paused: StrictBool = Field(
+        False,
+        description="Pause tuning: a trial in flight is stopped and rolled back (the stable config "
+        "keeps running), nothing new starts; false resumes in the same epoch (prefixtune pause|resume).",
+    )
     objective: Objective = Field(Objective.GOODPUT, description="What the tuner maximises.")
     slo: SloSpec = _section(SloSpec, "Latency objectives.")
     space: SearchSpaceSpec = _section(SearchSpaceSpec, "Search space; defaults come from the engine adapter.")
@@ -620,6 +629,9 @@ class DiagnosisStatus(_Model):
 class Recommendation(_Model):
     """What observe mode would roll out, and why."""
 
+    id: str | None = _omittable(
+        "Names this recommendation: approve it with the annotation prefixtune.io/approve set to it."
+    )
     config: KnobValues
     reason: str
     score: StrictFloat | None = Field(None, description="Expected objective value (measured or the twin's).")

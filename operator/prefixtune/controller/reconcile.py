@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixtune.api import validate_spec
-from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL, ServingDeploymentSpec
+from prefixtune.api.models import (
+    API_GROUP,
+    API_VERSION,
+    APPROVAL_MAX_CHARS,
+    APPROVE_ANNOTATION,
+    PLURAL,
+    ServingDeploymentSpec,
+)
 from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.api_calls import require
 from prefixtune.controller.drift import Drift, drift_actions
@@ -58,6 +65,7 @@ from prefixtune.tuning.phases import ROLLOUT_STEPS, Phase
 from prefixtune.tuning.policy import initial_state, step
 from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.state import (
+    Approved,
     Observation,
     PolicyState,
     SpecChanged,
@@ -141,6 +149,14 @@ def spec_key(spec: ServingDeploymentSpec) -> str:
     the policy answers without touching the trial or the epoch. A default that follows the
     replicas (the rollout strategy: canary from 2) is part of the key, so crossing it is not."""
     return _digest(spec.model_dump(mode="json", by_alias=True, exclude={"replicas"}))
+
+
+def approval_of(body: dict[str, Any]) -> str:
+    """The approval the resource carries (``prefixtune.io/approve``: a recommendation's id), bounded
+    ("" when none). A value too long to be an id is kept cut: it matches no recommendation."""
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(APPROVE_ANNOTATION) if isinstance(annotations, dict) else None
+    return value.strip()[:APPROVAL_MAX_CHARS] if isinstance(value, str) else ""
 
 
 def unchanged_spec(state: PolicyState, spec: ServingDeploymentSpec, settings: TuningSettings) -> PolicyState:
@@ -246,6 +262,9 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
         state = await _advance(state, obs, now, actions)
     else:
         state = unchanged_spec(state, spec, settings)
+    approval = approval_of(body)
+    if approval != state.approval and state.phase != Phase.PENDING:
+        state = await _advance(state, Approved(id=approval), now, actions)
 
     children = await read_children(client, owner)
     ensured_want = desired(state)

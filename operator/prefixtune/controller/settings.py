@@ -82,6 +82,7 @@ def tuning_settings(
     missing, refusal = release_gaps(spec)
     return TuningSettings(
         mode=mode,
+        paused=bool(tuning.paused),
         objective=objective,
         slo=Slo(ttft_p99_s=float(tuning.slo.ttft_p99), itl_p99_s=float(tuning.slo.itl_p99)),
         space=space_override(spec),

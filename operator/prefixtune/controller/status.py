@@ -24,7 +24,7 @@ from prefixtune.tuning.objective import confidence_better
 from prefixtune.tuning.phases import Phase, TuningReason
 from prefixtune.tuning.policy._core import trials_spent
 from prefixtune.tuning.policy.messages import tuning_condition
-from prefixtune.tuning.state import PolicyState, Trial, ValueTerms, clip
+from prefixtune.tuning.state import PolicyState, Trial, ValueTerms, clip, recommendation_id
 
 MAX_TRIALS_IN_STATUS = 50
 # Every free-text and list field of the status is bounded, so that no message (a pod's, an engine's,
@@ -234,12 +234,21 @@ def diagnosis_status(diag: Diagnosis) -> dict[str, Any]:
 
 
 def recommendation_status(
-    actions: Sequence[Action], previous: Mapping[str, Any] | None
+    state: PolicyState, actions: Sequence[Action], previous: Mapping[str, Any] | None
 ) -> dict[str, Any] | None:
-    latest = [a for a in actions if isinstance(a, Recommend)]
+    """Observe mode's recommendation with its id (what ``prefixtune.io/approve`` names); none once
+    the policy has none (approved and rolled out, or another mode)."""
+    rec = state.recommendation
+    if rec is None:
+        return None
+    latest = [a for a in actions if isinstance(a, Recommend) and a.config == rec]
     if latest:
-        return {"config": knob_values(latest[-1].config), "reason": clip(latest[-1].reason)}
-    return dict(previous) if previous else None
+        out = {"config": knob_values(rec), "reason": clip(latest[-1].reason)}
+    elif previous and previous.get("config") == knob_values(rec):
+        out = dict(previous)
+    else:
+        out = {"config": knob_values(rec), "reason": ""}
+    return {**out, "id": recommendation_id(rec)}
 
 
 @dataclass(frozen=True)
@@ -306,7 +315,7 @@ def build_status(
         "budget": {"used": trials_spent(state), "maxTrials": int(state.settings.max_trials)},
         "trials": trials + active,
         "diagnosis": diagnosis_status(diagnosis) if diagnosis is not None else kept,
-        "recommendation": recommendation_status(actions, prev.get("recommendation")),
+        "recommendation": recommendation_status(state, actions, prev.get("recommendation")),
         "policy": {"schema": POLICY_SCHEMA, POLICY_KEY: state.to_json()},
     }
     if scale is not None:

@@ -45,6 +45,12 @@ def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     except ApiException as exc:
         if exc.status == 404:
             raise ClusterError(f"{what}: not found (404)") from exc
+        if exc.status == 409:
+            raise ClusterError(
+                f"{what}: changed by someone else meanwhile (409 Conflict); run it again"
+            ) from exc
+        if exc.status == 422:
+            raise ClusterError(f"{what}: the API server refused the change (422): {_message(exc)}") from exc
         if exc.status in (401, 403):
             raise ClusterError(f"{what}: access denied ({exc.status} {exc.reason})") from exc
         raise ClusterError(f"{what}: the API server answered {exc.status} {exc.reason}") from exc
@@ -52,6 +58,39 @@ def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise ClusterError(f"{what}: cannot reach the API server: {exc}") from exc
     except ValueError as exc:
         raise ClusterError(f"{what}: the API server sent something that is not JSON: {exc}") from exc
+
+
+MAX_MESSAGE = 300  # characters of an API server's refusal shown to the user
+
+
+def _message(exc: Any) -> str:
+    """The ``message`` of a Kubernetes Status in an error's body, bounded and printable."""
+    try:
+        text = str(json.loads(exc.body or "{}").get("message") or "")
+    except (ValueError, AttributeError):
+        text = ""
+    text = "".join(c if c.isprintable() else " " for c in text)
+    return (text[:MAX_MESSAGE] + " ...") if len(text) > MAX_MESSAGE else text or str(exc.reason)
+
+
+def patch_deployment(
+    namespace: str, name: str, patch: Mapping[str, Any], kubeconfig: str | None = None
+) -> dict[str, Any]:
+    """A JSON merge patch of a ServingDeployment (its spec or metadata; a ``resourceVersion`` in the
+    patch makes it conditional: 409 when the resource changed since it was read)."""
+    custom, _ = _clients(kubeconfig)
+    body = _call(
+        f"ServingDeployment {namespace}/{name}",
+        custom.patch_namespaced_custom_object,
+        API_GROUP,
+        API_VERSION,
+        namespace,
+        PLURAL,
+        name,
+        dict(patch),
+        _content_type="application/merge-patch+json",
+    )
+    return dict(body)
 
 
 def get_deployment(namespace: str, name: str, kubeconfig: str | None = None) -> dict[str, Any]:

@@ -156,7 +156,8 @@ def format_detail(facts: Mapping[str, Any]) -> str:
     lines.extend(f"    - {note}" for note in facts["notes"])
     rec = facts.get("recommendation")
     if isinstance(rec, Mapping) and rec.get("config"):
-        lines.append(f"  recommends   {config_text(rec.get('config'))}: {rec.get('reason', '')}")
+        rid = f" (id {rec['id']}: prefixtune approve NAME)" if rec.get("id") else ""
+        lines.append(f"  recommends   {config_text(rec.get('config'))}{rid}: {rec.get('reason', '')}")
     for c in facts["conditions"]:
         healthy = c["status"] == "True" if c["type"] == "Ready" else c["status"] != "True"
         if healthy:

@@ -4,7 +4,8 @@ its ``Reason`` enum). Nothing else compares phase or step names as strings.
 
 Phase: where the tuning run is (also ``status.phase``). Step: where the current trial (or the
 converged apply) is. Idle: deciding, or waiting for the rollout rate limit. RollingBack: a rollback
-is in flight. Watching: converged and measuring for drift.
+is in flight. Watching: converged and measuring for drift. Paused: tuning.mode off (the spec's
+config runs) or spec.tuning.paused (``PolicyState.paused_from`` says where it resumes).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class TuningReason(StrEnum):
     OBSERVING = "Observing"
     SIGNALS_MISSING = "SignalsMissing"
     TUNING_OFF = "TuningOff"
+    PAUSED = "Paused"
     FAILED = "Failed"
     INVALID_SPEC = "InvalidSpec"
 

@@ -90,6 +90,7 @@ else:
 @dataclass(frozen=True)
 class TuningSettings:
     mode: Mode = "auto"
+    paused: bool = False  # spec.tuning.paused: finish or stop the trial in flight, start nothing new
     objective: Objective = Objective.GOODPUT
     slo: Slo = field(default_factory=Slo)
     space: SpaceOverride = field(default_factory=SpaceOverride)

@@ -8,6 +8,8 @@ in the benchmark).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -36,6 +38,17 @@ Outcome = Literal["running", "ok", "infeasible", "aborted", "invalidated", "not_
 
 def config_to_api(config: KnobConfig) -> dict[str, Any]:
     return to_api(config)
+
+
+RECOMMENDATION_ID_CHARS = 12
+
+
+def recommendation_id(config: KnobConfig) -> str:
+    """The id of a recommendation of ``config`` (``status.recommendation.id``): a short hash of its
+    knob values, so an approval (``prefixtune.io/approve``) names exactly the config it approves and
+    one given for an earlier recommendation never matches a later, different one."""
+    text = json.dumps(config_to_api(config), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:RECOMMENDATION_ID_CHARS]
 
 
 class _Model(BaseModel):
@@ -222,6 +235,15 @@ class SpecInvalid(_Obs):
     reason: str = ""  # the validation errors (field names; never a secret's value)
 
 
+class Approved(_Obs):
+    """The resource carries an approval (annotation ``prefixtune.io/approve``) the policy has not
+    handled yet: observe mode rolls its recommendation out once when ``id`` is its id ("": the
+    annotation was removed, so that the same id set again approves again)."""
+
+    kind: Literal["approved"] = "approved"
+    id: str = Field(max_length=64)
+
+
 class ConfigChecked(_Obs):
     """The effective config read back from the engine after a rollout."""
 
@@ -245,7 +267,8 @@ Observation = Annotated[
     | MetricsUnavailable
     | TrialInvalidated
     | SpecInvalid
-    | ConfigChecked,
+    | ConfigChecked
+    | Approved,
     Field(discriminator="kind"),
 ]
 _OBSERVATION: TypeAdapter[Observation] = TypeAdapter(Observation)
@@ -297,6 +320,11 @@ class PolicyState(_Model):
     reference_rps: float | None = None
     recommendation: KnobConfig | None = None  # last recommendation made (observe mode)
     capacity_wait: CapacityWait | None = None  # a trial that found no capacity, to retry
+    # Paused by spec.tuning.paused: the phase it resumes in (None: not paused by it; mode off has its
+    # own Paused), and whether the spec changed meanwhile so that resuming starts a fresh baseline.
+    paused_from: Phase | None = None
+    resume_fresh: bool = False
+    approval: str = ""  # the last approval (annotation value) handled: each is acted on once
     note: str = ""  # why the phase is what it is (converged reason, failure)
     # The Tuning condition's reason for ``note`` (None: the phase's own, e.g. Converged)
     note_reason: TuningReason | None = None

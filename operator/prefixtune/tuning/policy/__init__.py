@@ -11,7 +11,8 @@ actions and stores the state. Phases:
   Pending -> Baseline (measure the running config) -> Exploring (per trial: RollingOut ->
   WaitingReady -> WarmingUp -> Measuring -> Scoring) -> Converged (apply the best, keep watching)
   -> drift -> Baseline of a new epoch (history kept: warm start; the seed changes with the epoch).
-  Observing (mode observe: measure, diagnose, recommend; never roll out), Paused (mode off),
+  Observing (mode observe: measure, diagnose, recommend; never roll out; an approval rolls the
+  recommendation out once: ``control``), Paused (mode off, or spec.tuning.paused: ``control``),
   Failed (a rollback itself failed: a human must look).
 
 Safety rules enforced here:
@@ -51,6 +52,7 @@ from prefixtune.tuning.actions import Action
 from prefixtune.tuning.optimizer import Suggestion, TrialResult, suggest
 from prefixtune.tuning.phases import HALTED_PHASES, ROLLOUT_STEPS, Phase, Step
 from prefixtune.tuning.policy import (
+    control,
     exploration,
     measurement,
     observe,
@@ -63,6 +65,7 @@ from prefixtune.tuning.policy.history import bound as bound_history
 from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.space import SearchSpace
 from prefixtune.tuning.state import (
+    Approved,
     ConfigChecked,
     MetricsUnavailable,
     Observation,
@@ -131,6 +134,9 @@ class _Ctx(Core):
         if isinstance(obs, SpecInvalid):
             spec_change.on_spec_invalid(self, obs)
             return
+        if isinstance(obs, Approved):
+            control.on_approved(self, obs)
+            return
         phase = self.s.phase
         if phase in HALTED_PHASES:
             if phase == Phase.PAUSED and isinstance(obs, RolloutReady) and self.s.step == Step.ROLLING_BACK:
@@ -138,11 +144,14 @@ class _Ctx(Core):
             return
         if phase == Phase.PENDING:
             self.start()
-            if not isinstance(obs, WindowMeasured):
+            if not isinstance(obs, WindowMeasured) or self.s.phase in HALTED_PHASES:
                 return
             phase = self.s.phase
         if phase == Phase.OBSERVING:
-            observe.on_observing(self, obs)
+            if self.s.step in ROLLOUT_STEPS:
+                control.on_observing_rollout(self, obs)
+            else:
+                observe.on_observing(self, obs)
             return
         if isinstance(obs, Tick):
             self.on_tick()
@@ -167,6 +176,9 @@ class _Ctx(Core):
     def start(self) -> None:
         mode = self.s.settings.mode
         self.signals_condition()
+        if self.s.settings.paused and mode != "off":
+            control.pause(self, config_changed=False, changed=False)
+            return
         if mode == "auto" and self.s.settings.refusal:
             # The objective cannot be scored from what this release exports: never tune blind.
             self.goto(Phase.OBSERVING, Step.MEASURING)

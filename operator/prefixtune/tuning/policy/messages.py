@@ -74,6 +74,14 @@ def tuning_condition(s: PolicyState) -> tuple[bool, TuningReason, str]:
     status builder writes it on every reconcile). The text changes only when the state does."""
     if s.phase == Phase.PENDING:
         return False, TuningReason.PENDING, "waiting for the engine pods to be ready (see Ready)"
+    if s.phase == Phase.PAUSED and s.paused_from is not None:
+        rolling = f"rolling back to {config_label(s.target)}; " if s.target is not None else ""
+        return (
+            False,
+            TuningReason.PAUSED,
+            f"paused by spec.tuning.paused in epoch {s.epoch}: {rolling}running {config_label(s.current)}; "
+            "nothing new runs until it is false again",
+        )
     if s.phase == Phase.PAUSED:
         return False, TuningReason.TUNING_OFF, "tuning.mode is off: the spec config is kept"
     if s.phase == Phase.OBSERVING:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from prefixtune.engines.base import KnobConfig
 from prefixtune.tuning.phases import HALTED_PHASES, TRIAL_STEPS, WINDOW_STEPS, Phase, Step
 from prefixtune.tuning.policy import (
+    control,
     exploration,
     measurement,
     rollout,
@@ -121,14 +123,29 @@ def on_spec_changed(self: Core, obs: SpecChanged) -> None:
         assert obs.config is not None
         self.s.spec_config = obs.config
         self.s.current = obs.config  # the controller rolls the user's config out itself
+    changed = config_changed or search_changed or deployment_changed or new.mode != old.mode
+    resumed = False  # resumed from a pause after a change: restart as after any such edit
+    if new.paused and new.mode != "off":
+        control.pause(self, config_changed=config_changed, changed=changed)
+        return
+    if self.s.paused_from is not None:  # spec.tuning.paused turned false (or mode off took over)
+        if new.mode == "off":
+            self.s.paused_from, self.s.resume_fresh = None, False
+        elif control.resume(self, changed=changed):
+            return
+        else:
+            resumed = True
     if trial is not None:
         measurement.finish_trial(self, trial, "invalidated", reason="spec changed during the trial")
     if new.mode == "off":
         # Off runs the spec's config, what the user wrote: not a tuned one, and no trial's. (A new
         # spec config is already ``current``: the controller rolls it out itself.)
         on_trial = in_flight and trial is not None and trial.role == "trial"
+        before = self.s.current
         if not config_changed and (on_trial or self.s.current != self.s.spec_config):
             rollout.rollback(self, self.s.spec_config, "tuning turned off: back to the spec's config")
+        if old.mode != "off" or config_changed:
+            turned_off(self, config_changed, before)
         self.goto(Phase.PAUSED, Step.IDLE if self.s.step != Step.ROLLING_BACK else Step.ROLLING_BACK)
         return
     if new.mode == "observe":
@@ -149,7 +166,7 @@ def on_spec_changed(self: Core, obs: SpecChanged) -> None:
             self.s.measure_from = self.now
         self.s.phase = Phase.OBSERVING
         return
-    restart = old.mode != "auto" or config_changed or search_changed or deployment_changed
+    restart = old.mode != "auto" or config_changed or search_changed or deployment_changed or resumed
     if restart or self.s.phase in (Phase.PENDING, Phase.FAILED):
         if self.s.trials:
             self.s.epoch += 1
@@ -176,3 +193,25 @@ def on_spec_changed(self: Core, obs: SpecChanged) -> None:
             return
         self.goto(step=Step.IDLE)
         exploration.decide(self)
+
+
+def turned_off(self: Core, config_changed: bool, before: KnobConfig) -> None:
+    """The Event of tuning turned off (``prefixtune rollback``: back to the spec's config) or of a
+    config pinned (``prefixtune pin``: spec.config set to a measured trial's config, tuning off)."""
+    spec = self.s.spec_config
+    pinned = (
+        next((t for t in reversed(self.s.trials) if t.config == spec and t.outcome == "ok"), None)
+        if config_changed
+        else None
+    )
+    if pinned is not None:
+        value = f" (value {pinned.value:.4g}, epoch {pinned.epoch})" if pinned.value is not None else ""
+        self.event(
+            "Normal",
+            "Pinned",
+            f"tuning off with spec.config set to trial {pinned.id}'s config {config_label(spec)}{value}: "
+            "it runs until tuning is turned on again",
+        )
+        return
+    moved = f" (was {config_label(before)})" if before != spec else ""
+    self.event("Normal", "TuningOff", f"tuning off: running the spec's config {config_label(spec)}{moved}")
