@@ -105,6 +105,22 @@ def test_a_bad_clock_file_is_refused_with_its_name(tmp_path: Path) -> None:
         options_from_args(["--clock-file", str(tmp_path / "missing")])
 
 
+def test_the_clock_file_carries_the_speedup_the_operator_scales_rates_by(tmp_path: Path) -> None:
+    """``prefixtune run --clock-file`` alone is enough against a sandbox: the file says its
+    speed-up (the README's sandbox steps pass no --time-scale); an explicit one still wins."""
+    out = ClockFile(tmp_path / "clock", speedup=10.0)
+    out.write(100.0)
+    assert FileClock(tmp_path / "clock").speedup == 10.0
+    assert options_from_args(["--clock-file", str(tmp_path / "clock")]).time_scale == 10.0
+    assert options_from_args(["--clock-file", str(tmp_path / "clock"), "--time-scale", "4"]).time_scale == 4.0
+    out.close()
+    with pytest.raises(ValueError, match="speedup"):
+        ClockFile(tmp_path / "other", speedup=0)
+    (tmp_path / "blank").write_bytes(b"\0" * 32)  # created, never written
+    with pytest.raises(SystemExit, match="no speed-up written"):
+        options_from_args(["--clock-file", str(tmp_path / "blank")])
+
+
 async def test_a_wait_on_sandbox_time_does_not_run_out_while_the_sandbox_stands_still() -> None:
     clock, mono = frozen()
     calls = 0
