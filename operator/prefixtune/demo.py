@@ -105,7 +105,7 @@ def summary(objs: Sequence[Mapping[str, Any]]) -> str:
     for obj in objs:
         meta, status = obj.get("metadata") or {}, obj.get("status") or {}
         trials = status.get("trials") or []
-        baseline = next((t for t in trials if t.get("role") == "baseline"), None)
+        baseline = _baseline_record(status)
         best = status.get("bestConfig") or {}
         name = f"{meta.get('namespace')}/{meta.get('name')} ({(obj.get('spec') or {}).get('engine')})"
         lines.append(f"{name}: phase {status.get('phase', 'Pending')}, {len(trials)} trials")
@@ -125,6 +125,22 @@ def summary(objs: Sequence[Mapping[str, Any]]) -> str:
                 f"  infeasible (rolled back): {', '.join(api_text(t.get('config')) for t in infeasible)}"
             )
     return "\n".join(lines)
+
+
+def _baseline_record(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The status record (``status.trials[]``) of the baseline the best is compared with: the
+    records do not say which trial is a baseline, the policy state in the status does (its
+    current epoch's last baseline measured ok)."""
+    from prefixtune.controller.status import policy_state_of
+
+    state = policy_state_of(status)
+    if state is None:
+        return None
+    ids = [
+        t.id for t in state.trials if t.role == "baseline" and t.outcome == "ok" and t.epoch == state.epoch
+    ]
+    records = [t for t in status.get("trials") or [] if isinstance(t, Mapping)]
+    return next((t for t in records if ids and t.get("index") == ids[-1]), None)
 
 
 async def _run(args: argparse.Namespace) -> int:

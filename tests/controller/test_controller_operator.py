@@ -138,31 +138,34 @@ def test_demo_table_and_summary() -> None:
         "spec": {"engine": "vllm", "tuning": {"budget": {"maxTrials": 5}}},
     }
     cfg = {"memoryFraction": 0.9, "blockSize": 16, "prefixCaching": True, "schedulePolicy": "fcfs"}
+    # The records as the operator writes them (trial_record: they do not say which is the baseline)
+    # and the policy state beside them, which does.
+    from prefixtune.controller.status import POLICY_KEY, trial_record
+    from prefixtune.tuning.settings import TuningSettings
+    from prefixtune.tuning.state import PolicyState
+
+    k = KnobConfig(0.9, 16, True, "fcfs")
+    base = Trial(id=0, epoch=0, role="baseline", config=k, outcome="ok", started_at=0.0, value=40.0)
+    tried = Trial(id=1, epoch=0, role="trial", config=k, outcome="infeasible", started_at=1.0, reason="x")
+    trials = [base, tried]
+    state = PolicyState(engine="vllm", settings=TuningSettings(), spec_config=k, current=k, trials=trials)
     res["status"] = {
         "phase": "Converged",
         "currentConfig": cfg,
         "bestConfig": {"config": cfg, "score": 60.0},
         "diagnosis": {"hitRate": 0.9},
         "budget": {"used": 1, "maxTrials": 5},
-        "trials": [
-            # as Trial.to_status writes them: the role says which trial is the baseline
-            {
-                "index": 0,
-                "role": "baseline",
-                "reason": "goodput 40",
-                "config": cfg,
-                "outcome": "ok",
-                "score": 40.0,
-            },
-            {"index": 1, "role": "trial", "reason": "x", "config": cfg, "outcome": "infeasible"},
-        ],
+        "trials": [trial_record(base), trial_record(tried)],
+        "policy": {POLICY_KEY: state.to_json()},
     }
+    assert "role" not in res["status"]["trials"][0]
     rows = progress_rows([res])
     assert rows[1][:6] == ["d/x", "vllm", "Converged", "1/5", "60", "90%"]
     assert rows[1][6] == "mem 0.90 · block 16 · cache on · fcfs"  # the knob registry's display
     assert "RESOURCE" in table(rows)
     text = summary([res])
     assert "+50% vs baseline" in text and "infeasible" in text
+    assert "baseline: mem 0.90 · block 16 · cache on · fcfs  score 40" in text
     # The operator's count, not the records': a baseline, a re-run and 2 trials are 2 of a budget of 2
     res["status"]["budget"] = {"used": 2, "maxTrials": 2}
     res["status"]["trials"] = [{"index": i, "config": cfg, "outcome": "ok"} for i in range(4)]
