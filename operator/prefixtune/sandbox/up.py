@@ -325,8 +325,8 @@ def usage_text(sb: Sandbox) -> str:
         f"  KUBECONFIG={kc} <the operator>   # kopf's default login reads the kubeconfig",
         f"  prefixtune run -A --standalone --kubeconfig {kc} --clock-file {sb.clock_file}",
         "",
-        "kubectl before 1.27 needs apply --validate=false (no OpenAPI v2); kubectl scale, diff,",
-        "server-side apply and get -w's columns are not emulated.",
+        "kubectl before 1.27 needs apply --validate=false (no OpenAPI v2); diff, server-side apply,",
+        "get -w's columns and scale of built-in kinds are not emulated (kubectl scale sdep works).",
         "Ctrl-C stops everything.",
     ]
     return "\n".join(lines)
