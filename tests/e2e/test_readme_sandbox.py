@@ -2,11 +2,13 @@
 
 The fenced bash block of that section is read from README.md (not copied here) and run by bash from
 the repository root, changed only where a test must: a free port for 8443, a temporary directory for
-``/tmp/``, a kubectl discovery cache of its own (``KUBECACHEDIR``), and the kubectl of
-``scripts/get-kubectl.sh`` first on PATH. The block starts the sandbox in the background and ends in
-``prefixtune run`` in the foreground; the test waits, on the sandbox's clock and for as long as its
-tuning makes progress, until ``rag-llama-8b`` has converged, checks ``kubectl get sdep``'s printer
-columns, and stops the whole process group it started (bash, the sandbox, the operator).
+``/tmp/``, a kubectl discovery cache of its own (``KUBECACHEDIR``), and the test's kubectl first on
+PATH ($KUBECTL, else the one on PATH, else in CI ``scripts/get-kubectl.sh``'s; 1.27 or later, as the
+README says: older ones cannot validate through the OpenAPI v3 the sandbox serves). The block starts
+the sandbox in the background and ends in ``prefixtune run`` in the foreground; the test waits, on
+the sandbox's clock and for as long as its tuning makes progress, until ``rag-llama-8b`` has
+converged, re-applies its file, checks ``kubectl get sdep``'s printer columns, and stops the whole
+process group it started (bash, the sandbox, the operator).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 from tests.conftest import ROOT, require_component
+from tests.sandbox.test_sandbox_clients import _kubectl, _reads_openapi_v3
 
 from prefixtune.api.crd import PRINTER_COLUMNS
 from prefixtune.clockfile import FileClock
@@ -62,12 +64,6 @@ def test_the_readme_block_is_found_and_kubectl_tables_are_read() -> None:
     assert header == ["NAME", "ENGINE", "PHASE"] and rows[0]["PHASE"] == "" and rows[1]["PHASE"] == "Tuning"
     with pytest.raises(ValueError, match="no fenced bash block"):
         readme_block("### The local sandbox\n\ntext only\n### Next\n```bash\nx\n```\n")
-
-
-def _kubectl() -> str | None:
-    found = shutil.which("kubectl")
-    got = subprocess.run([str(ROOT / "scripts" / "get-kubectl.sh")], capture_output=True, text=True)
-    return got.stdout.strip() if got.returncode == 0 else found
 
 
 def _example_names() -> set[str]:
@@ -126,6 +122,8 @@ async def test_the_readme_sandbox_steps_tune_a_resource_to_convergence(tmp_path:
     kubectl = _kubectl()
     require_component(kubectl is not None, "kubectl (scripts/get-kubectl.sh fetches one)")
     assert kubectl is not None
+    # The README's steps need kubectl 1.27 or later, as it says (apply validates through OpenAPI v3).
+    require_component(_reads_openapi_v3(kubectl), f"kubectl 1.27 or later ({kubectl} is older)")
     version = subprocess.run([kubectl, "version", "--client"], capture_output=True, text=True).stdout
     print(f"kubectl: {kubectl}: {version.splitlines()[0] if version else '?'}")
     bin_dir = tmp_path / "bin"
