@@ -190,7 +190,8 @@ async def _run(args: argparse.Namespace) -> int:
             while sb.clock.now() < deadline:
                 await asyncio.sleep(2.0)
                 objs = [o for o in await sb.api.list(f"{SDEP_API}/{PLURAL}")]
-                moved, token = progress_token(objs) != token, progress_token(objs)
+                now_token = progress_token(objs)
+                moved, token = now_token != token, now_token
                 deadline = next_deadline(deadline, sb.clock.now(), started, args.deadline, moved)
                 text = table(progress_rows(objs))
                 if text != shown:
