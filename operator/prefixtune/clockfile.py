@@ -2,10 +2,11 @@
 
 The sandbox (``prefixtune.sandbox.clock``) runs on a clock that stands still while the machine cannot
 keep up; the operator is another process, and with ``prefixtune run --clock-file PATH`` it reads that
-clock for every decision and every scrape timestamp. The file is a memory map of three doubles,
-(time, wall time, time): the writer rewrites all three, a reader that sees the first and last differ
-read a torn write and retries. This module belongs to neither side, so that the controller does not
-import the sandbox.
+clock for every decision and every scrape timestamp, and the sandbox's speed-up (the twins'
+simulated seconds per sandbox second: the operator's ``--time-scale`` unless it is given). The file
+is a memory map of four doubles, (time, wall time, speed-up, time): the writer rewrites all four, a
+reader that sees the first and last differ read a torn write and retries. This module belongs to
+neither side, so that the controller does not import the sandbox.
 """
 
 from __future__ import annotations
@@ -17,21 +18,26 @@ import struct
 import time
 from pathlib import Path
 
-_FORMAT = "<ddd"  # (clock time, wall time, clock time): a reader that sees the two differ retries
+_FORMAT = "<dddd"  # (clock time, wall time, speed-up, clock time): a reader that sees the two differ retries
 _SIZE = struct.calcsize(_FORMAT)
 
 
 class ClockFile:
-    """The sandbox clock published for other processes (the operator): ``write`` on every tick."""
+    """The sandbox clock published for other processes (the operator): ``write`` on every tick;
+    ``speedup``: the sandbox's, published with it."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, speedup: float = 1.0) -> None:
+        if not speedup > 0:
+            raise ValueError(f"speedup: must be > 0, got {speedup}")
         self.path = Path(path)
+        self.speedup = float(speedup)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         os.ftruncate(self._fd, _SIZE)
         self._map = mmap.mmap(self._fd, _SIZE)
 
     def write(self, value: float, wall: float | None = None) -> None:
-        self._map[:_SIZE] = struct.pack(_FORMAT, value, time.time() if wall is None else wall, value)
+        wall_now = time.time() if wall is None else wall
+        self._map[:_SIZE] = struct.pack(_FORMAT, value, wall_now, self.speedup, value)
 
     def close(self) -> None:
         with contextlib.suppress(ValueError, OSError):
@@ -55,17 +61,22 @@ class FileClock:
         finally:
             os.close(fd)
 
-    def _read(self) -> tuple[float, float]:
+    def _read(self) -> tuple[float, float, float]:
         while True:
-            a, wall, b = struct.unpack(_FORMAT, self._view[:_SIZE])
+            a, wall, speedup, b = struct.unpack(_FORMAT, self._view[:_SIZE])
             if a == b:
-                return float(a), float(wall)
+                return float(a), float(wall), float(speedup)
 
     def __call__(self) -> float:
         return self._read()[0]
 
+    @property
+    def speedup(self) -> float:
+        """The sandbox's speed-up: its twins' simulated seconds per sandbox second."""
+        return self._read()[2]
+
     def to_wall(self, t: float) -> float:
-        sandbox, wall = self._read()
+        sandbox, wall, _ = self._read()
         return t + (wall - sandbox)
 
 

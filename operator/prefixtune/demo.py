@@ -3,13 +3,16 @@
 Starts the sandbox in this process (emulated API server, Deployment controller, twin kubelet, load
 generators), the operator as a separate ``prefixtune run`` process against the sandbox's kubeconfig
 (a process, not a thread: on a 2-core machine the twins and the operator must not share one GIL),
-applies the examples with demo timings, shows a refreshing progress table until every resource has
-converged (or the deadline), then prints baseline vs best per resource.
+creates the examples as they are written, admitted by the sandbox with demo timings (what
+``prefixtune sandbox up --demo-timings`` does: ``sandbox/profile.py``), shows a refreshing progress
+table until every resource has converged (or the deadline), then prints baseline vs best per resource.
 
 Demo timings: the twins run ``--speedup`` x faster than the wall clock (default 10: an 8 s window
-is 80 simulated seconds); warm-up 2 s and measurement 8 s of wall time per trial, at most 5 trials;
+is 80 simulated seconds); warm-up 2 s and measurement 8 s of sandbox time per trial, at most 5 trials;
 a light load per Service (``--rate`` requests per simulated second, default 1: 30-90 requests per
 window) so that a 2-core machine keeps up (at 2 it no longer does: the demo takes twice as long).
+The deadline follows progress: it is ``--deadline`` sandbox seconds after the last change of any
+resource's tuning (a phase, a trial started or ended), at most 4x it in all.
 Scores still carry +-10-20% counting noise, and at such light loads every config meets the SLOs,
 so goodput alone cannot tell caching on from off: the SGLang chat example sometimes ends on caching
 off. At 0.3 (the default before the twin's C block pool) a window held 8-16 requests and one run
@@ -21,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import copy
 import signal
 import sys
 import tempfile
@@ -40,32 +42,31 @@ from prefixtune.tuning.phases import Phase
 
 EXAMPLES = ("vllm-rag.yaml", "sglang-chatbot.yaml", "trtllm-agent.yaml")
 SDEP_API = f"/apis/{API_GROUP}/{API_VERSION}"
-RATE_ANNOTATION = "prefixtune.io/sandbox-rate"
+PROGRESS_CAP = 4.0  # the deadline follows progress up to this many times --deadline in all
 
 
 def examples_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "examples"
 
 
-def demo_resource(
-    doc: Mapping[str, Any], *, warmup: str, measure: str, max_trials: int, rate: float, min_requests: int
-) -> dict[str, Any]:
-    """An example with demo timings: short windows, no rollout rate limit, a light sandbox load."""
-    out = copy.deepcopy(dict(doc))
-    meta = out.setdefault("metadata", {})
-    meta.setdefault("annotations", {})[RATE_ANNOTATION] = f"{rate:g}"
-    spec = out.setdefault("spec", {})
-    spec["replicas"] = min(int(spec.get("replicas", 1)), 2)  # fewer twins for 2 cores; canary still on
-    tuning = spec.setdefault("tuning", {})
-    tuning["mode"] = "auto"
-    tuning["trial"] = {"warmup": warmup, "measure": measure, "minRequests": min_requests}
-    tuning.setdefault("budget", {})["maxTrials"] = max_trials
-    tuning.setdefault("rollout", {})["minInterval"] = "0s"
-    # Demo windows hold ~10 requests: that noise must not read as workload drift (re-tuning).
-    tuning.setdefault("drift", {})["threshold"] = 1.0
-    # The sandbox has no Prometheus at the examples' URLs: scrape the pods directly.
-    tuning["metrics"] = {"source": "scrape"}
-    return out
+def progress_token(objs: Sequence[Mapping[str, Any]]) -> tuple[object, ...]:
+    """How far the resources' tuning has got (``waiting.tuning_progress`` of each, by uid): it
+    changes whenever one of them moves on."""
+    from prefixtune.controller.status import policy_state_of
+    from prefixtune.sandbox.waiting import tuning_progress
+
+    return tuple(
+        (str((o.get("metadata") or {}).get("uid")), tuning_progress(policy_state_of(o.get("status"))))
+        for o in objs
+    )
+
+
+def next_deadline(deadline: float, now: float, start: float, limit_s: float, moved: bool) -> float:
+    """The demo's deadline (sandbox seconds): ``limit_s`` after the last progress, at most
+    ``PROGRESS_CAP`` x ``limit_s`` after the start."""
+    if not moved:
+        return deadline
+    return min(start + PROGRESS_CAP * limit_s, max(deadline, now + limit_s))
 
 
 def progress_rows(objs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
@@ -142,30 +143,29 @@ async def _run(args: argparse.Namespace) -> int:
     from prefixtune.api.crd import build_crd
     from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
     from prefixtune.sandbox.kubelet import KubeletConfig
+    from prefixtune.sandbox.profile import DemoTimings
     from prefixtune.sandbox.up import SandboxOptions, sandbox
 
-    docs = [yaml.safe_load((examples_dir() / name).read_text()) for name in args.examples]
-    resources = [
-        demo_resource(d, warmup=args.warmup, measure=args.measure, max_trials=args.max_trials, rate=args.rate,
-                      min_requests=args.min_requests)
-        for d in docs
-    ]  # fmt: skip
+    resources = [yaml.safe_load((examples_dir() / name).read_text()) for name in args.examples]
+    timings = DemoTimings(
+        warmup=args.warmup,
+        measure=args.measure,
+        max_trials=args.max_trials,
+        min_requests=args.min_requests,
+        rate=args.rate,
+    )
     config = KubeletConfig(startup_delay_s=20.0, probe_period_s=2.0, backoff_initial_s=10.0)
     print(
-        f"prefixtune demo: sandbox at speedup {args.speedup:g}x, {len(resources)} ServingDeployments",
+        f"prefixtune demo: sandbox at speedup {args.speedup:g}x, {len(resources)} ServingDeployments "
+        "(demo timings: sandbox/profile.py)",
         flush=True,
     )
-    async with sandbox(SandboxOptions(speedup=args.speedup, crds=[build_crd()], config=config)) as sb:
+    options = SandboxOptions(speedup=args.speedup, crds=[build_crd()], config=config, demo_timings=timings)
+    async with sandbox(options) as sb:
         # The operator runs on the sandbox's clock: on a machine too busy for the sandbox to keep up
         # its windows and its ready timeout follow the sandbox's progress (a readiness timeout of a
         # sandbox that lagged is not an infeasible config).
-        argv = operator_argv(
-            str(sb.kubeconfig),
-            tick_s=1.0,
-            time_scale=args.speedup,
-            ready_timeout_s=60.0,
-            clock_file=sb.clock_file,
-        )
+        argv = operator_argv(str(sb.kubeconfig), tick_s=1.0, ready_timeout_s=60.0, clock_file=sb.clock_file)
         operator = spawn_operator(argv, args.operator_log)
         print(f"operator: pid {operator.pid}, log {args.operator_log}; API server {sb.url}", flush=True)
         try:
@@ -178,12 +178,17 @@ async def _run(args: argparse.Namespace) -> int:
                     )
                 await sb.api.create(f"{SDEP_API}/namespaces/{ns}/{PLURAL}", res)
             started, began = sb.clock.now(), time.monotonic()  # the deadline is in sandbox seconds
+            deadline = started + args.deadline
             objs: list[dict[str, Any]] = []
+            token: tuple[object, ...] = ()
             tty = sys.stdout.isatty()
             shown = ""
-            while sb.clock.now() - started < args.deadline:
+            while sb.clock.now() < deadline:
                 await asyncio.sleep(2.0)
                 objs = [o for o in await sb.api.list(f"{SDEP_API}/{PLURAL}")]
+                now_token = progress_token(objs)
+                moved, token = now_token != token, now_token
+                deadline = next_deadline(deadline, sb.clock.now(), started, args.deadline, moved)
                 text = table(progress_rows(objs))
                 if text != shown:
                     elapsed = f"[{time.monotonic() - began:5.0f}s]"
@@ -236,10 +241,11 @@ def main(argv: Sequence[str]) -> int:
         "--deadline",
         type=float,
         default=240.0,
-        help="sandbox seconds before the summary (wall seconds while the machine keeps up; default 240)",
+        help="sandbox seconds without progress before the summary, at most 4x it in all (wall "
+        "seconds while the machine keeps up; default 240)",
     )
-    p.add_argument("--warmup", default="2s", help="trial warm-up, wall time (default 2s)")
-    p.add_argument("--measure", default="8s", help="trial measurement window, wall time (default 8s)")
+    p.add_argument("--warmup", default="2s", help="trial warm-up, sandbox time (default 2s)")
+    p.add_argument("--measure", default="8s", help="trial measurement window, sandbox time (default 8s)")
     p.add_argument("--max-trials", type=int, default=5, help="trials per resource (default 5)")
     p.add_argument("--min-requests", type=int, default=6, help="requests a window needs (default 6)")
     p.add_argument(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
+from typing import Any
 
 import kopf
 import pytest
@@ -16,7 +17,7 @@ from prefixtune.controller.operator import (
     options_from_args,
 )
 from prefixtune.controller.selfmetrics import SelfMetrics
-from prefixtune.demo import demo_resource, progress_rows, summary, table
+from prefixtune.demo import PROGRESS_CAP, next_deadline, progress_rows, progress_token, summary, table
 from prefixtune.engines.base import KnobConfig
 from prefixtune.tuning.actions import RecordTrial, RollBack, RollOut
 from prefixtune.tuning.state import Trial
@@ -38,6 +39,17 @@ def test_run_options() -> None:
     assert cli.SUBCOMMANDS["demo"][0] == "prefixtune.demo"
     argv = operator_argv("/k", tick_s=1, time_scale=10, ready_timeout_s=60)
     assert argv[-7:] == ["--all-namespaces", "--tick", "1", "--time-scale", "10", "--ready-timeout", "60"]
+    # Without one the operator reads the time scale from the sandbox's clock file (else 1).
+    assert "--time-scale" not in operator_argv("/k", clock_file="/c")
+    assert options_from_args([]).time_scale == 1.0
+
+
+def test_run_help_shows_the_sandbox_options(capsys: pytest.CaptureFixture[str]) -> None:
+    """--clock-file and --time-scale are documented (the README's sandbox steps use --clock-file)."""
+    with pytest.raises(SystemExit):
+        options_from_args(["--help"])
+    out = capsys.readouterr().out
+    assert "--clock-file" in out and "--time-scale" in out and "local sandbox only" in out
 
 
 def test_kopf_settings_keep_progress_out_of_status_and_peer_when_asked() -> None:
@@ -96,38 +108,64 @@ def test_self_metrics_count_decisions_and_serve() -> None:
     assert "prefixtune_decision_seconds_bucket" in text
 
 
-def test_demo_resource_table_and_summary() -> None:
-    doc = {"metadata": {"name": "x", "namespace": "d"}, "spec": {"engine": "vllm", "replicas": 3}}
-    res = demo_resource(doc, warmup="2s", measure="6s", max_trials=5, rate=0.2, min_requests=8)
-    assert res["spec"]["replicas"] == 2 and res["spec"]["tuning"]["trial"]["measure"] == "6s"
-    assert res["metadata"]["annotations"]["prefixtune.io/sandbox-rate"] == "0.2"
-    assert doc["spec"]["replicas"] == 3  # the example itself is untouched
+def test_demo_deadline_follows_progress_up_to_a_cap() -> None:
+    # No progress: the deadline stays; progress moves it to 240 s after now, never past 4x in all.
+    assert next_deadline(240.0, 200.0, 0.0, 240.0, moved=False) == 240.0
+    assert next_deadline(240.0, 200.0, 0.0, 240.0, moved=True) == 440.0
+    assert next_deadline(440.0, 100.0, 0.0, 240.0, moved=True) == 440.0  # never earlier
+    assert next_deadline(900.0, 900.0, 0.0, 240.0, moved=True) == PROGRESS_CAP * 240.0
+    # The token moves when one resource's tuning does (a trial started), not when nothing changed.
+    from prefixtune.controller.status import POLICY_KEY
+    from prefixtune.tuning.settings import TuningSettings
+    from prefixtune.tuning.state import PolicyState
+
+    a = KnobConfig(0.9, 16, False, "fcfs")
+    base = PolicyState(engine="vllm", settings=TuningSettings(), spec_config=a, current=a, trials=[])
+    trial = Trial(id=0, epoch=0, role="baseline", config=a, outcome="running", started_at=0.0)
+    running = base.model_copy(update={"trials": [trial], "active": 0})
+
+    def obj(uid: str, state: PolicyState) -> dict[str, object]:
+        return {"metadata": {"uid": uid}, "status": {"policy": {POLICY_KEY: state.to_json()}}}
+
+    before = progress_token([obj("u1", base), obj("u2", base)])
+    assert progress_token([obj("u1", base), obj("u2", base)]) == before
+    assert progress_token([obj("u1", base), obj("u2", running)]) != before
+
+
+def test_demo_table_and_summary() -> None:
+    res: dict[str, Any] = {
+        "metadata": {"name": "x", "namespace": "d"},
+        "spec": {"engine": "vllm", "tuning": {"budget": {"maxTrials": 5}}},
+    }
     cfg = {"memoryFraction": 0.9, "blockSize": 16, "prefixCaching": True, "schedulePolicy": "fcfs"}
+    # The records as the operator writes them (trial_record: they do not say which is the baseline)
+    # and the policy state beside them, which does.
+    from prefixtune.controller.status import POLICY_KEY, trial_record
+    from prefixtune.tuning.settings import TuningSettings
+    from prefixtune.tuning.state import PolicyState
+
+    k = KnobConfig(0.9, 16, True, "fcfs")
+    base = Trial(id=0, epoch=0, role="baseline", config=k, outcome="ok", started_at=0.0, value=40.0)
+    tried = Trial(id=1, epoch=0, role="trial", config=k, outcome="infeasible", started_at=1.0, reason="x")
+    trials = [base, tried]
+    state = PolicyState(engine="vllm", settings=TuningSettings(), spec_config=k, current=k, trials=trials)
     res["status"] = {
         "phase": "Converged",
         "currentConfig": cfg,
         "bestConfig": {"config": cfg, "score": 60.0},
         "diagnosis": {"hitRate": 0.9},
         "budget": {"used": 1, "maxTrials": 5},
-        "trials": [
-            # as Trial.to_status writes them: the role says which trial is the baseline
-            {
-                "index": 0,
-                "role": "baseline",
-                "reason": "goodput 40",
-                "config": cfg,
-                "outcome": "ok",
-                "score": 40.0,
-            },
-            {"index": 1, "role": "trial", "reason": "x", "config": cfg, "outcome": "infeasible"},
-        ],
+        "trials": [trial_record(base), trial_record(tried)],
+        "policy": {POLICY_KEY: state.to_json()},
     }
+    assert "role" not in res["status"]["trials"][0]
     rows = progress_rows([res])
     assert rows[1][:6] == ["d/x", "vllm", "Converged", "1/5", "60", "90%"]
     assert rows[1][6] == "mem 0.90 · block 16 · cache on · fcfs"  # the knob registry's display
     assert "RESOURCE" in table(rows)
     text = summary([res])
     assert "+50% vs baseline" in text and "infeasible" in text
+    assert "baseline: mem 0.90 · block 16 · cache on · fcfs  score 40" in text
     # The operator's count, not the records': a baseline, a re-run and 2 trials are 2 of a budget of 2
     res["status"]["budget"] = {"used": 2, "maxTrials": 2}
     res["status"]["trials"] = [{"index": i, "config": cfg, "outcome": "ok"} for i in range(4)]

@@ -105,6 +105,22 @@ def test_a_bad_clock_file_is_refused_with_its_name(tmp_path: Path) -> None:
         options_from_args(["--clock-file", str(tmp_path / "missing")])
 
 
+def test_the_clock_file_carries_the_speedup_the_operator_scales_rates_by(tmp_path: Path) -> None:
+    """``prefixtune run --clock-file`` alone is enough against a sandbox: the file says its
+    speed-up (the README's sandbox steps pass no --time-scale); an explicit one still wins."""
+    out = ClockFile(tmp_path / "clock", speedup=10.0)
+    out.write(100.0)
+    assert FileClock(tmp_path / "clock").speedup == 10.0
+    assert options_from_args(["--clock-file", str(tmp_path / "clock")]).time_scale == 10.0
+    assert options_from_args(["--clock-file", str(tmp_path / "clock"), "--time-scale", "4"]).time_scale == 4.0
+    out.close()
+    with pytest.raises(ValueError, match="speedup"):
+        ClockFile(tmp_path / "other", speedup=0)
+    (tmp_path / "blank").write_bytes(b"\0" * 32)  # created, never written
+    with pytest.raises(SystemExit, match="no speed-up written"):
+        options_from_args(["--clock-file", str(tmp_path / "blank")])
+
+
 async def test_a_wait_on_sandbox_time_does_not_run_out_while_the_sandbox_stands_still() -> None:
     clock, mono = frozen()
     calls = 0
@@ -178,10 +194,13 @@ async def test_the_twin_simulates_on_the_sandbox_clock() -> None:
         await server.stop()
 
 
+SLOW_HEALTH_S = 1.0  # how long slow_health takes to answer
+
+
 @pytest.fixture
 async def slow_health() -> AsyncIterator[str]:
     async def health(_: web.Request) -> web.Response:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(SLOW_HEALTH_S)
         return web.Response(status=200)
 
     app = web.Application()
@@ -218,11 +237,27 @@ async def test_a_probe_that_timed_out_while_sandbox_time_stood_still_says_nothin
 
 
 def test_readiness_needs_failure_threshold_failures_in_a_row() -> None:
-    assert _readiness({}, "/health", 2.0) == ("/health", 2.0, PROBE_FAILURE_THRESHOLD)
+    assert _readiness({}, "/health", 2.0) == ("/health", 2.0, PROBE_FAILURE_THRESHOLD, 1.0)
     pod = {
         "spec": {"containers": [{"readinessProbe": {"httpGet": {"path": "/ready"}, "failureThreshold": 1}}]}
     }
-    assert _readiness(pod, "/health", 2.0) == ("/ready", 10.0, 1)
+    assert _readiness(pod, "/health", 2.0) == ("/ready", 10.0, 1, 1.0)  # kube's default timeout: 1 s
+    # The pod's timeoutSeconds (the operator renders 5), not a fixed one of the kubelet's.
+    probe = {"httpGet": {"path": "/health"}, "timeoutSeconds": 5, "periodSeconds": 10}
+    assert _readiness({"spec": {"containers": [{"readinessProbe": probe}]}}, "/x", 2.0)[3] == 5.0
+
+
+async def test_a_probe_waits_as_long_as_it_is_told(slow_health: str) -> None:
+    """A probe given a timeout longer than the engine takes passes; a shorter one fails (sandbox
+    time passing: not the inconclusive None of a stalled sandbox)."""
+    api: Any = None
+    kubelet = Kubelet(api, KubeletConfig(), clock=SandboxClock(max_step_s=100.0))
+    try:
+        assert await kubelet.probe(slow_health, timeout_s=0.2) is False
+        assert await kubelet.probe(slow_health, timeout_s=SLOW_HEALTH_S + 5.0) is True
+    finally:
+        await kubelet.stop_all()
+        kubelet.close()
 
 
 async def test_an_unreachable_probe_is_a_failure() -> None:

@@ -4,6 +4,7 @@
                    [--metrics-per-resource] [--peering NAME] [--standalone] [--tick S]
                    [--kubeconfig FILE] [--allowed-images R,...] [--prometheus-url URL]
                    [--prometheus-allowed-hosts H,...] [--prometheus-ca-file FILE]
+                   [--clock-file FILE] [--time-scale K]         # the local sandbox only
 
 What tenants may make the operator do is set here by the admin (``admin.py``): the engine images
 allowed, the Prometheus it queries (a spec's own URL only on an allowed host), its CA bundle.
@@ -223,8 +224,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)"
     )
-    p.add_argument("--time-scale", type=float, default=1.0, help=argparse.SUPPRESS)  # sandbox twins' speedup
-    p.add_argument("--clock-file", default=None, help=argparse.SUPPRESS)  # the sandbox's clock (clock.py)
+    sandbox = p.add_argument_group("local sandbox only (prefixtune sandbox up)")
+    sandbox.add_argument(
+        "--clock-file",
+        default=None,
+        help="the sandbox's clock (sandbox up --clock-file): windows, warm-ups and timeouts run on "
+        "sandbox time, which stands still while the machine is too busy for the sandbox to keep up",
+    )
+    sandbox.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="the twins' simulated seconds per second: rates are per simulated second (default: the "
+        "clock file's speed-up, else 1)",
+    )
     p.add_argument(
         "--ready-timeout", type=float, default=None, help="seconds a rollout may take to get ready"
     )
@@ -242,13 +255,20 @@ def options_from_args(argv: Sequence[str]) -> OperatorOptions:
         raise SystemExit(
             f"prefixtune run: --peering-lifetime must be >= 2 seconds, got {args.peering_lifetime}"
         )
-    if not args.time_scale > 0:
+    if args.time_scale is not None and not args.time_scale > 0:
         raise SystemExit(f"prefixtune run: --time-scale must be > 0, got {args.time_scale}")
+    time_scale = 1.0 if args.time_scale is None else float(args.time_scale)
     if args.clock_file is not None:
         try:
-            FileClock(args.clock_file)
+            published = FileClock(args.clock_file).speedup
         except (OSError, ValueError) as err:
             raise SystemExit(f"prefixtune run: --clock-file: {err}") from None
+        if not published > 0:
+            raise SystemExit(
+                f"prefixtune run: --clock-file: {args.clock_file}: no speed-up written (is the sandbox up?)"
+            )
+        if args.time_scale is None:
+            time_scale = published
     try:
         policy = spec_policy_from_args(args)
     except ValueError as err:
@@ -271,7 +291,7 @@ def options_from_args(argv: Sequence[str]) -> OperatorOptions:
         admin=admin,
         tick_s=float(args.tick),
         kubeconfig=args.kubeconfig or os.environ.get("KUBECONFIG") or None,
-        time_scale=float(args.time_scale),
+        time_scale=time_scale,
         clock_file=args.clock_file,
         ready_timeout_s=args.ready_timeout,
         priority=int(args.priority),
@@ -301,19 +321,22 @@ def operator_argv(
     kubeconfig: str,
     *,
     tick_s: float = DEFAULT_TICK_S,
-    time_scale: float = 1.0,
+    time_scale: float | None = None,
     ready_timeout_s: float | None = None,
     clock_file: str | Path | None = None,
     metrics_port: int | None = None,
     namespaces: Sequence[str] = (),
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The command line of ``prefixtune run`` as a separate process (the demo, end-to-end tests)."""
+    """The command line of ``prefixtune run`` as a separate process (the demo, end-to-end tests);
+    without ``time_scale`` the operator reads it from ``clock_file`` (else 1)."""
     import sys
 
     argv = [sys.executable, "-m", "prefixtune.cli", "run", "--standalone", "--kubeconfig", kubeconfig]
     argv += [f"--namespace={ns}" for ns in namespaces] or ["--all-namespaces"]
-    argv += ["--tick", f"{tick_s:g}", "--time-scale", f"{time_scale:g}"]
+    argv += ["--tick", f"{tick_s:g}"]
+    if time_scale is not None:
+        argv += ["--time-scale", f"{time_scale:g}"]
     if ready_timeout_s is not None:
         argv += ["--ready-timeout", f"{ready_timeout_s:g}"]
     if clock_file is not None:

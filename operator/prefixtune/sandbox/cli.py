@@ -2,8 +2,9 @@
 
 ::
 
-    prefixtune sandbox up [--port P] [--host 127.0.0.1] [--kubeconfig FILE] [--speedup K]
-                          [--prometheus auto|on|off] [--startup-delay S] [--no-load] [--seed N]
+    prefixtune sandbox up [--port P] [--host 127.0.0.1] [--kubeconfig FILE] [--clock-file FILE]
+                          [--speedup K] [--demo-timings] [--prometheus auto|on|off]
+                          [--startup-delay S] [--no-load] [--seed N]
 
 Starts the emulated API server, the Deployment/ReplicaSet/Endpoints controllers, the twin kubelet,
 the load generators and (when asked and installed) Prometheus; writes a kubeconfig; prints how to use
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from prefixtune.sandbox.kubelet import KubeletConfig
+from prefixtune.sandbox.profile import DemoTimings
 from prefixtune.sandbox.up import PROMETHEUS_MODES, SandboxOptions, sandbox, usage_text
 
 
@@ -64,9 +66,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kubeconfig", type=Path, help="where to write the kubeconfig (default: ./sandbox.kubeconfig)"
     )
+    p.add_argument(
+        "--clock-file",
+        type=Path,
+        help="where to publish the sandbox clock and speed-up for prefixtune run --clock-file "
+        "(default: a temporary file, printed)",
+    )
     p.add_argument("--namespace", default="default", help="the kubeconfig's namespace (default: default)")
     p.add_argument(
         "--speedup", type=_positive, default=1.0, help="sandbox seconds per wall second (default 1)"
+    )
+    p.add_argument(
+        "--demo-timings",
+        action="store_true",
+        help="admit every ServingDeployment with demo timings (2s warm-up, 8s windows, 5 trials, "
+        "direct scrapes, a light load: sandbox/profile.py), as a mutating webhook would: it tunes in "
+        "minutes instead of hours",
     )
     p.add_argument(
         "--prometheus", choices=PROMETHEUS_MODES, default="auto", help="run a real Prometheus (default auto)"
@@ -122,6 +137,8 @@ async def _up(opts: argparse.Namespace) -> int:
         port=opts.port,
         host=opts.host,
         kubeconfig=kubeconfig,
+        clock_file=opts.clock_file,
+        demo_timings=DemoTimings() if opts.demo_timings else None,
         namespace=opts.namespace,
         speedup=opts.speedup,
         prometheus=opts.prometheus,

@@ -21,8 +21,11 @@ Container lifecycle, in sandbox time (seconds divided by ``speedup``):
   catalog's size) at that rate, so a 70B model loads longer than an 8B one; then the
   twin boots and binds; the pod turns Ready when its readiness probe passes (the container's
   ``readinessProbe.httpGet`` if any, else the engine's health path), probed every probe period, and
-  NotReady after ``failureThreshold`` (kube's default 3) failures in a row; a probe that timed out
-  while sandbox time stood still (``clock.py``: the machine was too busy) counts for nothing.
+  NotReady after ``failureThreshold`` (kube's default 3) failures in a row; a probe fails when no
+  answer came within its ``timeoutSeconds`` (kube's default 1; simulated seconds, as the period, but
+  at least ``PROBE_TIMEOUT_FLOOR_S`` sandbox seconds: a busy machine's scheduling delay is not the
+  engine's), and one that timed out while sandbox time stood still (``clock.py``: the machine was
+  too busy) counts for nothing.
 * Delays and back-offs run on the sandbox clock, as the twins' simulated time does.
 * The container fails as the engine would: a wrong flag (the adapter's ArgsError, exit code 2, at
   once), an unknown model or GPU (exit 1), a start-up OOM (exit 1, after the start-up delay), a bad
@@ -68,7 +71,9 @@ logger = logging.getLogger(__name__)
 
 PROBE_FAILURE_THRESHOLD = 3  # kube's default failureThreshold of a probe
 
-PROBE_TIMEOUT_S = 2.0  # wall seconds a probe may take
+PROBE_TIMEOUT_S = 2.0  # sandbox seconds a probe may take when the caller names no timeout
+PROBE_TIMEOUT_FLOOR_S = 1.0  # the shortest probe timeout, sandbox seconds (timeoutSeconds / speed-up)
+PROBE_DEFAULT_TIMEOUT_S = 1.0  # kube's default timeoutSeconds of a probe
 UNLIMITED_GPUS_SHOWN = 8  # the allocatable a node without GPU accounting advertises
 
 
@@ -387,14 +392,17 @@ class PodWorker:
     async def _probe_until_exit(self, server: Any, running: podlib.ContainerState, engine: str) -> None:
         """Probe readiness every period until the twin's process exits (after a runtime OOM)."""
         cfg = self.kubelet.config
-        path, period, threshold = _readiness(self.pod, get_adapter(engine).health_path, cfg.probe_period_s)
+        path, period, threshold, timeout = _readiness(
+            self.pod, get_adapter(engine).health_path, cfg.probe_period_s
+        )
+        timeout_s = max(PROBE_TIMEOUT_FLOOR_S, cfg.wall(timeout))
         url = f"{server.url}{path}"
         ready = False
         failures = 0
         exited = asyncio.ensure_future(server.exited.wait())
         try:
             while not exited.done():
-                answer = await self.kubelet.probe(url)
+                answer = await self.kubelet.probe(url, timeout_s)
                 if answer is not None:  # None: timed out while the sandbox itself stood still
                     failures = 0 if answer else failures + 1
                 # As the kubelet: Ready on one success, NotReady after failureThreshold failures in a
@@ -444,15 +452,19 @@ class PodWorker:
         await self.kubelet.api.patch(f"{self.path}/status", {"status": status})
 
 
-def _readiness(pod: Mapping[str, Any], default_path: str, default_period: float) -> tuple[str, float, int]:
-    """The readiness probe's path, period and failureThreshold (kube's defaults: 10 s, 3)."""
+def _readiness(
+    pod: Mapping[str, Any], default_path: str, default_period: float
+) -> tuple[str, float, int, float]:
+    """The readiness probe's path, period, failureThreshold and timeoutSeconds (kube's defaults:
+    10 s, 3, 1 s)."""
     for container in pod.get("spec", {}).get("containers") or ():
         probe = container.get("readinessProbe") or {}
         http = probe.get("httpGet")
         if http:
             threshold = max(1, int(probe.get("failureThreshold", PROBE_FAILURE_THRESHOLD)))
-            return str(http.get("path", "/")), float(probe.get("periodSeconds", 10)), threshold
-    return default_path, default_period, PROBE_FAILURE_THRESHOLD
+            timeout = max(1.0, float(probe.get("timeoutSeconds", PROBE_DEFAULT_TIMEOUT_S)))
+            return str(http.get("path", "/")), float(probe.get("periodSeconds", 10)), threshold, timeout
+    return default_path, default_period, PROBE_FAILURE_THRESHOLD, PROBE_DEFAULT_TIMEOUT_S
 
 
 def _seconds_between(start: str, end: str) -> float:
@@ -528,17 +540,19 @@ class Kubelet:
         items = await self.api.list(f"/api/v1/namespaces/{namespace}/configmaps")
         return {str(cm["metadata"]["name"]): dict(cm.get("data") or {}) for cm in items}
 
-    async def probe(self, url: str) -> bool | None:
-        """Whether the probe passed; None when it timed out while sandbox time stood still (the
-        machine was too busy for this process to run, the engine's answer says nothing)."""
+    async def probe(self, url: str, timeout_s: float | None = None) -> bool | None:
+        """Whether the probe passed within ``timeout_s`` sandbox seconds (default
+        ``PROBE_TIMEOUT_S``); None when it timed out while sandbox time stood still (the machine was
+        too busy for this process to run, the engine's answer says nothing)."""
+        limit = PROBE_TIMEOUT_S if timeout_s is None else timeout_s
         if self._probe_session is None:
-            self._probe_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S))
+            self._probe_session = aiohttp.ClientSession()
         began = self.clock.now()
         try:
-            async with self._probe_session.get(url) as resp:
+            async with self._probe_session.get(url, timeout=aiohttp.ClientTimeout(total=limit)) as resp:
                 return 200 <= resp.status < 400
         except TimeoutError:
-            return None if self.clock.now() - began < PROBE_TIMEOUT_S else False
+            return None if self.clock.now() - began < limit else False
         except (aiohttp.ClientError, OSError):
             return False
 

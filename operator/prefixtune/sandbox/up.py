@@ -38,6 +38,7 @@ from prefixtune.sandbox.emulator import RealisticEmulator, serve_emulator, write
 from prefixtune.sandbox.faults import ApiFaults, MetricsFaults
 from prefixtune.sandbox.kubelet import Kubelet, KubeletConfig
 from prefixtune.sandbox.load import SDEP_PATH, LoadManager
+from prefixtune.sandbox.profile import DemoTimings
 from prefixtune.sandbox.prometheus import PrometheusRunner, prometheus_binary
 from prefixtune.sandbox.tasks import Wakeup, cancel_all
 
@@ -63,6 +64,7 @@ class Sandbox:
     prometheus_note: str
     clock: SandboxClock
     clock_file: Path
+    demo_timings: DemoTimings | None = None  # what ServingDeployments are admitted with (profile.py)
 
     def pace(self) -> dict[str, float]:
         """How well the sandbox kept up: sandbox seconds per wall second since the start, the wall
@@ -170,23 +172,26 @@ class SandboxOptions:
 
     ``config`` sets the kubelet's timings (its ``speedup`` and ``seed`` are replaced by these);
     ``crds`` are CustomResourceDefinitions to install before anything starts (e.g. the
-    ServingDeployment CRD). ``api_faults`` and ``metrics_faults`` inject faults (``faults.py``; off
-    when None); ``prometheus_duplicate_jobs`` has Prometheus scrape every engine pod that many more
-    times. ``knob_overrides`` makes every engine run these knob values whatever its command says (an
-    engine that ignores a knob, as TensorRT-LLM's shallow kv_cache_config merge ignores the CLI
-    fraction).
+    ServingDeployment CRD); ``demo_timings`` admits every ServingDeployment with them
+    (``profile.py``); ``clock_file`` is where the clock is published (default: a temporary file).
+    ``api_faults`` and ``metrics_faults`` inject faults (``faults.py``; off when None);
+    ``prometheus_duplicate_jobs`` has Prometheus scrape every engine pod that many more times.
+    ``knob_overrides`` makes every engine run these knob values whatever its command says (an engine
+    that ignores a knob, as TensorRT-LLM's shallow kv_cache_config merge ignores the CLI fraction).
     """
 
     # Serving: the API server's address, and the kubeconfig written for it.
     port: int = 0  # 0 picks a free port
     host: str = "127.0.0.1"
     kubeconfig: str | Path | None = None  # None: a file in the sandbox's temporary directory
+    clock_file: str | Path | None = None  # None: a file in the sandbox's temporary directory
     namespace: str = "default"  # the kubeconfig's namespace
     # What runs, and how fast.
     speedup: float = 1.0  # simulated seconds per sandbox second
     config: KubeletConfig | None = None
     seed: int = 0
     crds: Sequence[Mapping[str, Any]] = ()
+    demo_timings: DemoTimings | None = None  # what ServingDeployments are admitted with (profile.py)
     load: bool = True  # the load manager (traffic for ServingDeployments that ask for it)
     prometheus: str = "off"  # auto | on | off (``resolve_prometheus``)
     scrape_interval_s: float = 1.0
@@ -211,10 +216,13 @@ async def sandbox(options: SandboxOptions | None = None) -> AsyncIterator[Sandbo
         tmp = files.enter_context(tempfile.TemporaryDirectory(prefix="prefixtune-sandbox-"))
         kubeconfig_path = Path(tmp) / "kubeconfig" if opts.kubeconfig is None else Path(opts.kubeconfig)
         clock = SandboxClock()
-        clock_file = ClockFile(Path(tmp) / "clock")
+        clock_path = Path(tmp) / "clock" if opts.clock_file is None else Path(opts.clock_file)
+        clock_file = ClockFile(clock_path, speedup=cfg.speedup)
         files.callback(clock_file.close)
         clock_file.write(clock.tick())
         emulator = SandboxEmulator(seed=opts.seed, faults=opts.api_faults)
+        if opts.demo_timings is not None:
+            emulator.admission = opts.demo_timings.admit
         async with serve_emulator(port=opts.port, host=opts.host, emulator=emulator) as (emulator, url):
             write_kubeconfig(kubeconfig_path, url, opts.namespace)
             session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
@@ -271,6 +279,7 @@ async def sandbox(options: SandboxOptions | None = None) -> AsyncIterator[Sandbo
                     prometheus_note=note,
                     clock=clock,
                     clock_file=clock_file.path,
+                    demo_timings=opts.demo_timings,
                 )
             finally:
                 # One at a time, newest first: the load (no requests into dying twins), then the
@@ -289,9 +298,20 @@ def usage_text(sb: Sandbox) -> str:
         f"  kubeconfig: {kc}",
         f"  speedup: {sb.config.speedup:g}x (simulated seconds per sandbox second; sandbox time stands",
         "    still while the machine is too busy to keep up: see clock.py)",
-        f"  clock: {sb.clock_file} (the operator's --clock-file)",
+        f"  clock: {sb.clock_file} (the operator's --clock-file: it carries the speed-up too)",
         f"  {sb.prometheus_note}",
     ]
+    if sb.demo_timings is not None:
+        t = sb.demo_timings
+        lines += [
+            f"  demo timings: every ServingDeployment is admitted with warm-up {t.warmup}, window "
+            f"{t.measure}, {t.max_trials} trials,",
+            f"    no rollout interval, metrics scraped from the pods, at most 2 replicas, load {t.rate:g} "
+            "request/simulated s",
+            "    (annotation prefixtune.io/sandbox-profile: demo-timings; see sandbox/profile.py)",
+        ]
+    else:
+        lines.append("  ServingDeployments run their own timings (--demo-timings: minutes, not hours)")
     if sb.prometheus_url:
         lines.append(f"  Prometheus: {sb.prometheus_url}")
     lines += [
@@ -303,11 +323,10 @@ def usage_text(sb: Sandbox) -> str:
         f"  kubectl --kubeconfig {kc} get servingdeployments,deployments,pods -A",
         f"  kubectl --kubeconfig {kc} logs deployment/<name>   # the twin's log",
         f"  KUBECONFIG={kc} <the operator>   # kopf's default login reads the kubeconfig",
-        f"  prefixtune run -A --standalone --kubeconfig {kc} --time-scale {sb.config.speedup:g} \\",
-        f"      --clock-file {sb.clock_file}   # windows and timeouts on the sandbox's clock",
+        f"  prefixtune run -A --standalone --kubeconfig {kc} --clock-file {sb.clock_file}",
         "",
-        "kubectl before 1.27 needs apply --validate=false (no OpenAPI v2); kubectl scale, diff,",
-        "server-side apply and get -w's columns are not emulated.",
+        "kubectl before 1.27 needs apply --validate=false (no OpenAPI v2); diff, server-side apply,",
+        "get -w's columns and scale of built-in kinds are not emulated (kubectl scale sdep works).",
         "Ctrl-C stops everything.",
     ]
     return "\n".join(lines)

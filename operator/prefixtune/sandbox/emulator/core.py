@@ -12,7 +12,7 @@ import functools
 import random
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -73,6 +73,9 @@ class EmulatorCore(kmock.KubernetesEmulator):
     namespaces: tuple[str, ...] = ("default", "kube-system", "kube-public")  # pre-created with builtins
     faults: ApiFaults | None = None  # fault injection for the clients under test (off by default)
     pod_logs: PodLogSource | None = None  # where pods/log reads containers' logs (the sandbox kubelet)
+    # A mutating admission step, as a webhook would be: every created or updated object (not its
+    # status) passes through it before it is validated and stored (the sandbox's --demo-timings).
+    admission: Callable[[kmock.resource, dict[str, Any]], dict[str, Any]] | None = None
     _rv: int = attrs.field(default=0, init=False)
     # The scale subresource's paths of each custom resource whose CRD declares it (crds.py).
     _scales: dict[kmock.resource, ScalePaths] = attrs.field(factory=dict, init=False)

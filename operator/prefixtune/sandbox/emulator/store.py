@@ -255,6 +255,8 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
         self, res: kmock.resource, info: kmock.ResourceInfo, request: rendering.Request, dry: bool
     ) -> dict[str, Any]:
         obj = copy.deepcopy(self._body_object(request))
+        if self.admission is not None:
+            obj = self.admission(res, obj)
         meta = dict(_meta(obj))
         namespace = self._create_namespace(res, info, request.namespace, meta.get("namespace"))
         name = meta.get("name")
@@ -390,7 +392,7 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             else:
                 result.pop("status", None)
         else:
-            result = new
+            result = new if self.admission is None else self.admission(res, new)
             if "status" in info.subresources:
                 if "status" in current:
                     result["status"] = copy.deepcopy(current["status"])
