@@ -18,6 +18,7 @@ from prefixtune.controller.adoption import (
 )
 from prefixtune.controller.drift import owned_drift
 from prefixtune.controller.ownership import Claim
+from prefixtune.controller.reconcile import deployment_key
 from prefixtune.controller.render import LABEL_CONFIG_HASH, LABEL_RESOURCE, Owner, config_hash
 from prefixtune.engines.base import KnobConfig
 from prefixtune.tuning.phases import Phase, Step
@@ -27,6 +28,7 @@ from prefixtune.tuning.state import Trial
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 RAW = {"engine": "vllm", "model": MODEL, "replicas": 2, "adopt": {"deployment": "llama"}}
+OWNER = Owner("team", "chat", "sdep-1", adopted="llama")
 COMMAND = ["vllm", "serve", MODEL, "--gpu-memory-utilization", "0.8", "--block-size", "32",
            "--max-model-len", "8192"]  # fmt: skip
 
@@ -137,6 +139,19 @@ def test_once_tuning_began_the_start_is_the_policys_not_the_live_best() -> None:
     assert found is not None and found.spec.knob_config() == start
 
 
+def test_the_command_the_operator_wrote_reads_back_as_the_same_deployment() -> None:
+    """Every tick parses the live command again: once the operator rendered a config into it, the
+    flags, image and GPUs read back the same (no new tuning epoch from its own write)."""
+    live = _deployment()
+    first = _adopted(live)
+    best = KnobConfig(0.92, 16, True, "fcfs")
+    written = render_engine_deployment(OWNER, first.spec, best, "baseline", 2, live)
+    again, problems = adopted_spec(RAW, written, first.spec.knob_config())
+    assert again is not None, problems
+    assert deployment_key(again.spec) == deployment_key(first.spec) and again.spec == first.spec
+    assert adopted_spec(RAW, written)[0].spec.knob_config() == best  # type: ignore[union-attr]
+
+
 def test_a_command_the_parser_refuses_is_a_clear_problem() -> None:
     bad = _deployment()
     bad["spec"]["template"]["spec"]["containers"][1]["args"] = [MODEL, "--block-size", "seven"]
@@ -175,9 +190,6 @@ def test_trials_must_run_beside_the_adopted_deployment() -> None:
 
 
 # --- what the operator writes in it --------------------------------------------------------------
-
-
-OWNER = Owner("team", "chat", "sdep-1", adopted="llama")
 
 
 def test_the_adopted_deployment_gets_the_tuned_command_and_keeps_everything_else() -> None:
