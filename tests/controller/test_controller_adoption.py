@@ -133,6 +133,27 @@ def test_the_gpus_per_pod_follow_the_commands_tensor_parallel_degree() -> None:
     assert found.spec.gpu.count == 2 and "--tensor-parallel-size" not in found.spec.extra_args
 
 
+def test_an_sglang_command_is_adopted_and_a_trtllm_one_is_refused_with_why() -> None:
+    sglang = _deployment()
+    sglang["spec"]["template"]["spec"]["containers"][1].update(
+        command=["python3", "-m", "sglang.launch_server"],
+        args=["--model-path", MODEL, "--mem-fraction-static", "0.8", "--context-length", "8192"],
+        image="lmsysorg/sglang:v0.5.23",
+    )
+    found, problems = adopted_spec({**RAW, "engine": "sglang"}, sglang)
+    assert found is not None, problems
+    assert found.spec.knob_config().memory_fraction == 0.8 and found.spec.extra_args == [
+        "--context-length",
+        "8192",
+    ]
+    trtllm = _deployment()
+    trtllm["spec"]["template"]["spec"]["containers"][1].update(
+        command=["trtllm-serve"], args=[MODEL], image="nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24"
+    )
+    found, problems = adopted_spec({**RAW, "engine": "trtllm"}, trtllm)
+    assert found is None and "options from a file" in problems[0]
+
+
 def test_once_tuning_began_the_start_is_the_policys_not_the_live_best() -> None:
     start = KnobConfig(0.8, 32, False, "fcfs")
     found, _ = adopted_spec(RAW, _deployment(), start)
