@@ -119,3 +119,33 @@ async def test_an_opted_in_deployment_is_taken_without_an_owner_reference_keepin
         after = await h.get(f"{APPS}/deployments/llama") or {}
         assert after["metadata"]["generation"] == before["metadata"]["generation"]
         assert after["spec"]["replicas"] == 3 and after["spec"] == before["spec"]
+
+
+async def test_drift_in_the_adopted_deployment_is_restored_for_owned_fields_only() -> None:
+    async with tenant.harness() as h:
+        await h.api.create(f"{APPS}/deployments", user_deployment({ADOPT_ANNOTATION: "chat"}))
+        await h.apply(tenant.resource("chat", SPEC))
+        await h.reconcile("chat")
+        path = f"{APPS}/deployments/llama"
+        adopted = await h.get(path) or {}
+        # The team changes a field it owns: an env var. Kept, and not reported as drift.
+        container = dict(adopted["spec"]["template"]["spec"]["containers"][0])
+        container["env"] = [*container["env"], {"name": "ANOTHER", "value": "1"}]
+        await h.api.patch(path, {"spec": {"template": {"spec": {"containers": [container]}}}})
+        h.ctx.ensured.clear()
+        await h.reconcile("chat")
+        (kept,) = (await h.get(path) or {})["spec"]["template"]["spec"]["containers"]
+        assert {"name": "ANOTHER", "value": "1"} in kept["env"]
+        assert not [e for e in await h.events("chat") if e["reason"] == "LiveDrift"]
+        # Someone scales the adopted Deployment: a field the operator owns, restored and reported.
+        await h.api.patch(path, {"spec": {"replicas": 5}})
+        h.ctx.ensured.clear()
+        outcome = await h.reconcile("chat")
+        assert "restored Deployment llama" in outcome.changes, outcome.changes
+        restored = await h.get(path) or {}
+        assert restored["spec"]["replicas"] == 2
+        assert {"name": "ANOTHER", "value": "1"} in restored["spec"]["template"]["spec"]["containers"][0][
+            "env"
+        ]
+        drift = [e for e in await h.events("chat") if e["reason"] == "LiveDrift"]
+        assert len(drift) == 1 and "Deployment llama: spec.replicas" in drift[0]["message"]
