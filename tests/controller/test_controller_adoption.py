@@ -8,6 +8,7 @@ from typing import Any
 
 from prefixtune.api import validate_spec
 from prefixtune.controller import execute
+from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.adoption import (
     ADOPT_ANNOTATION,
     adopted_spec,
@@ -152,6 +153,16 @@ def test_an_sglang_command_is_adopted_and_a_trtllm_one_is_refused_with_why() -> 
     )
     found, problems = adopted_spec({**RAW, "engine": "trtllm"}, trtllm)
     assert found is None and "options from a file" in problems[0]
+
+
+def test_the_admins_image_policy_applies_to_the_adopted_image() -> None:
+    """The canary runs the adopted pod template: its image is checked as a spec's would be."""
+    private = _deployment()
+    private["spec"]["template"]["spec"]["containers"][1]["image"] = "ghcr.io/team/vllm:1"
+    spec = _adopted(private).spec
+    assert spec.image == "ghcr.io/team/vllm:1"
+    assert AdminPolicy().spec_problems(spec)[0].startswith("spec.image:")
+    assert AdminPolicy().spec_problems(_adopted().spec) == []
 
 
 def test_once_tuning_began_the_start_is_the_policys_not_the_live_best() -> None:
