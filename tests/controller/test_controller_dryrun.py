@@ -275,3 +275,14 @@ def test_the_dry_run_prints_what_the_operators_first_ensure_creates(engine: str)
     objects, problems = render_objects(doc, monitoring=True)
     assert problems == []
     assert objects == client.created
+
+
+def test_an_adopting_spec_renders_no_deployment_of_its_own() -> None:
+    """The baseline of an adopting resource is the existing Deployment (patched in place), which a
+    dry run cannot read: it prints what the operator creates, never a Deployment of the resource's
+    name that it would not."""
+    objects, problems = render_objects(_doc(replicas=2, adopt={"deployment": "llama"}))
+    assert not problems
+    assert [o["kind"] for o in objects] == ["Service"]
+    objects, _ = render_objects(_doc(replicas=2))
+    assert "Deployment" in [o["kind"] for o in objects]

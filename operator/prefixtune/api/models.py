@@ -445,6 +445,19 @@ class EngineResources(_Model):
     memory: Quantity | None = _omittable("Memory request, e.g. 64Gi.")
 
 
+DEPLOYMENT_NAME_PATTERN = SECRET_NAME_PATTERN  # an RFC 1123 subdomain, as every object name
+
+
+class AdoptSpec(_Model):
+    """An existing engine Deployment of the resource's namespace to tune in place (it must opt in)."""
+
+    deployment: Annotated[str, Field(min_length=1, max_length=253, pattern=DEPLOYMENT_NAME_PATTERN)] = Field(
+        description="The Deployment's name, in the resource's namespace. It is adopted only when it "
+        "carries the annotation prefixtune.io/adopt naming this resource; its engine container's "
+        "command is the starting config (spec.config, extraArgs and image are then omitted)."
+    )
+
+
 class ServingDeploymentSpec(_Model):
     """A GPU serving deployment of one model on one engine, and how to tune it."""
 
@@ -483,6 +496,11 @@ class ServingDeploymentSpec(_Model):
     )
     resources: EngineResources | None = _omittable(
         "CPU/memory requests of each engine pod; default sized from the model's weights and the GPUs."
+    )
+    adopt: AdoptSpec | None = _omittable(
+        "Tune an existing engine Deployment in place instead of creating one: trials run on the "
+        "operator's canary Deployment, the adopted one only ever runs the best config, and deleting "
+        "this resource leaves it running."
     )
 
     @model_validator(mode="after")

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from pydantic.alias_generators import to_camel
 
-from prefixtune.api.enums import RolloutStrategy
+from prefixtune.api.enums import RolloutStrategy, TuningMode
 from prefixtune.api.secret_flags import secret_flag_problems
 from prefixtune.engines import get_adapter
 from prefixtune.engines._argv import looks_like_flag
@@ -83,6 +83,7 @@ def check_spec(spec: ServingDeploymentSpec) -> list[Problem]:
     problems += _check_version(adapter, spec)
     problems += _check_combination(adapter, spec)
     problems += _check_rollout(spec)
+    problems += _check_adopt(spec)
     problems += _check_metrics(spec)
     problems += secret_flag_problems(spec.extra_args)
     problems += _check_secret_ref(spec)
@@ -400,6 +401,28 @@ def _check_rollout(spec: ServingDeploymentSpec) -> list[Problem]:
             )
         ]
     return []
+
+
+def _check_adopt(spec: ServingDeploymentSpec) -> list[Problem]:
+    """An adopted Deployment is left as it is when the resource goes (no ownerReference): it must
+    never run a trial's config, so trials run beside it, on the operator's canary Deployment."""
+    if spec.adopt is None or spec.tuning.mode != TuningMode.AUTO:
+        return []
+    rollout = spec.tuning.rollout
+    strategy = rollout.strategy or (RolloutStrategy.CANARY if spec.replicas >= 2 else RolloutStrategy.ROLLING)
+    beside = strategy is RolloutStrategy.CANARY or (
+        rollout.max_trial_replicas is not None and rollout.max_trial_replicas < spec.replicas
+    )
+    if beside:
+        return []
+    return [
+        (
+            "tuning.rollout",
+            "adopt: trials must run beside the adopted Deployment (it keeps its config when the resource "
+            "is deleted): use replicas >= 2 with strategy canary, or rolling with maxTrialReplicas below "
+            f"replicas (got {strategy} with replicas {spec.replicas}); or tuning.mode observe",
+        )
+    ]
 
 
 def _check_secret_ref(spec: ServingDeploymentSpec) -> list[Problem]:

@@ -7,7 +7,9 @@ would refuse the resource, never both. Nothing is decided here: the checks are t
 (``validate_spec``, the name rules, the admin's policy when one is given), the objects come from
 ``render`` and carry the annotation ``execute.annotated`` adds, the replicas from ``scale_plan``.
 
-What only the cluster knows is left as it is on a fresh resource: the owner reference's uid is the
+With ``spec.adopt`` the baseline Deployment is the existing one, which only the cluster holds: it is
+not rendered (its starting config is its own command's). What only the cluster knows is left as it
+is on a fresh resource: the owner reference's uid is the
 document's ``metadata.uid`` or ``UID_PLACEHOLDER`` (the API server assigns it on create), and the
 ServiceMonitor is rendered only when asked (the operator creates it only where its CRD exists).
 """
@@ -85,7 +87,8 @@ def render_objects(
     try:
         configmap = render_configmap(owner, spec, config, "baseline")
         objects = [] if configmap is None else [configmap]
-        objects.append(render_deployment(owner, spec, config, "baseline", scale.baseline))
+        if spec.adopt is None:  # adopted: the existing Deployment, patched in place (not known here)
+            objects.append(render_deployment(owner, spec, config, "baseline", scale.baseline))
     except ArgsError as err:  # validation runs the adapter's checks; this is the last word
         return [], [f"spec: the {spec.engine} adapter cannot render it: {err}"]
     objects.append(render_service(owner, spec))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixtune.api.models import ServingDeploymentSpec
+from prefixtune.controller.adoption import claim_adopted, render_engine_deployment
 from prefixtune.controller.api_calls import require
 from prefixtune.controller.drift import OWNED_POD_KEYS, Drift, owned_drift
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
@@ -28,9 +29,7 @@ from prefixtune.controller.render import (
     DeploymentRole,
     Owner,
     configmap_name,
-    deployment_name,
     render_configmap,
-    render_deployment,
     render_service,
     render_service_monitor,
     selector_labels,
@@ -72,10 +71,9 @@ async def read_children(client: KubeClient, owner: Owner) -> Children:
     deployments: dict[DeploymentRole, dict[str, Any] | None] = {}
     found: list[Foreign] = []
     for role in ROLES:
-        got = await client.get(
-            ns_path(APPS, owner.namespace, "deployments", deployment_name(owner.name, role))
-        )
-        if got is not None and claim(got, owner) is Claim.FOREIGN:
+        got = await client.get(ns_path(APPS, owner.namespace, "deployments", owner.deployment(role)))
+        relation = claim_adopted if role == "baseline" and owner.adopted else claim
+        if got is not None and relation(got, owner) is Claim.FOREIGN:
             found.append(foreign(got, "Deployment", owner))
             got = None
         deployments[role] = got
@@ -132,35 +130,51 @@ def deployment_drift(
     rendered at the replicas of ``scale`` as it renders them (a canary kept while the stable comes
     back is not rendered, so not compared)."""
     out = []
+    adopted = deployments.get("baseline") if owner.adopted else None
     for role in ROLES:
         config, live = want.config_of(role), deployments.get(role)
         if config is None or live is None or (role == "canary" and scale.keep_canary):
             continue
+        if owner.adopted and adopted is None:
+            continue  # nothing to lay the rendering over (the adopted Deployment is gone or refused)
         replicas = scale.canary if role == "canary" else scale.baseline
-        body = render_deployment(owner, spec, config, role, replicas)
+        body = render_engine_deployment(owner, spec, config, role, replicas, adopted)
         fields = live_drift(body, live)
         if fields:
-            out.append(Drift("Deployment", deployment_name(owner.name, role), fields))
+            out.append(Drift("Deployment", owner.deployment(role), fields))
     return out
 
 
 async def _apply(
-    client: KubeClient, path: str, body: dict[str, Any], group: str, resource: str, owner: Owner
+    client: KubeClient,
+    path: str,
+    body: dict[str, Any],
+    group: str,
+    resource: str,
+    owner: Owner,
+    adopted: Mapping[str, Any] | None = None,
 ) -> tuple[str | None, Drift | None]:
     """Create ``body`` at ``path`` or merge-patch the existing object if it is ours (an orphan with
     our markers is adopted: our controller reference is added); raises ``NotOurs`` otherwise.
+    ``adopted``: ``body`` is the adopted Deployment, rendered over this very read of it (never
+    created; patched only while it opts in, guarded by the read's resourceVersion).
 
     An object of ours is patched when the rendering changed (its hash annotation) or when a field
     the operator owns was changed by someone else (``live_drift``: returned, to be reported)."""
     name = body["metadata"]["name"]
     body, digest = annotated(body)
-    require(group, resource, "get")
-    existing = await client.get(f"{path}/{name}")
-    if existing is None:
-        require(group, resource, "create")
-        await client.create(path, body)
-        return f"created {body['kind']} {name}", None
-    relation = claim(existing, owner)
+    if adopted is not None:
+        existing: Mapping[str, Any] | None = adopted
+        relation = claim_adopted(adopted, owner)
+    else:
+        require(group, resource, "get")
+        existing = await client.get(f"{path}/{name}")
+        if existing is None:
+            require(group, resource, "create")
+            await client.create(path, body)
+            return f"created {body['kind']} {name}", None
+        relation = claim(existing, owner)
+    assert existing is not None
     if relation is Claim.FOREIGN:
         raise NotOurs(foreign(existing, str(body["kind"]), owner))
     have = ((existing.get("metadata") or {}).get("annotations") or {}).get(RENDERED_HASH)
@@ -178,7 +192,9 @@ async def _apply(
     if relation is Claim.ORPHAN:
         refs = list((existing.get("metadata") or {}).get("ownerReferences") or [])
         patch["metadata"]["ownerReferences"] = [*refs, owner.reference()]
-        # Guarded: if the object changed hands since the read, the API server refuses the patch.
+    if relation is Claim.ORPHAN or adopted is not None:
+        # Guarded: if the object changed hands (or, adopted, was edited) since the read, the API
+        # server refuses the patch.
         patch["metadata"]["resourceVersion"] = (existing.get("metadata") or {}).get("resourceVersion")
     require(group, resource, "patch")
     await client.merge_patch(f"{path}/{name}", patch)
@@ -225,13 +241,25 @@ async def ensure_children(
     ``Ensured.foreign``."""
     done = Ensured()
     ns = owner.namespace
+    adopted: dict[str, Any] | None = None
+    if owner.adopted is not None:
+        require("apps", "deployments", "get")
+        adopted = await client.get(ns_path(APPS, ns, "deployments", owner.adopted))
+        if adopted is None or claim_adopted(adopted, owner) is not Claim.OURS:
+            return done  # gone or no longer opting in: nothing is written (the reconcile says why)
 
-    async def apply(path: str, body: dict[str, Any], group: str, resource: str) -> None:
+    async def apply(
+        path: str, body: dict[str, Any], group: str, resource: str, live: dict[str, Any] | None = None
+    ) -> None:
         try:
-            change, drift = await _apply(client, path, body, group, resource, owner)
+            change, drift = await _apply(client, path, body, group, resource, owner, live)
         except NotOurs as err:
             done.foreign.append(err.found)
             return
+        except KubeError as err:
+            if live is None or err.status != 409:
+                raise
+            return  # the adopted Deployment was edited since the read: rendered over it next time
         if change:
             done.changes.append(change)
         if drift is not None:
@@ -251,9 +279,9 @@ async def ensure_children(
         if role == "canary" and scale.keep_canary:
             continue  # its earlier pods serve until the stable replicas are back (scale_plan)
         if config is None:
-            await delete(
-                f"{dep_path}/{deployment_name(owner.name, role)}", "apps", "deployments", "Deployment"
-            )
+            if role == "baseline" and adopted is not None:
+                continue  # never deleted: the adopted Deployment is its owner's
+            await delete(f"{dep_path}/{owner.deployment(role)}", "apps", "deployments", "Deployment")
             if render_configmap(owner, spec, want.baseline, role) is not None:
                 await delete(f"{cm_path}/{configmap_name(owner.name, role)}", "", "configmaps", "ConfigMap")
             continue
@@ -261,8 +289,8 @@ async def ensure_children(
         if configmap is not None:
             await apply(cm_path, configmap, "", "configmaps")
         replicas = scale.canary if role == "canary" else scale.baseline
-        deployment = render_deployment(owner, spec, config, role, replicas)
-        await apply(dep_path, deployment, "apps", "deployments")
+        deployment = render_engine_deployment(owner, spec, config, role, replicas, adopted)
+        await apply(dep_path, deployment, "apps", "deployments", adopted if role == "baseline" else None)
     await apply(ns_path(CORE, ns, "services"), render_service(owner, spec), "", "services")
     if monitoring:
         try:

@@ -31,9 +31,11 @@ from prefixtune.api.models import (
     ServingDeploymentSpec,
 )
 from prefixtune.controller.admin import AdminPolicy
+from prefixtune.controller.adoption import REFUSED_REASON, Adopted, adopted_spec, opt_in_problems
 from prefixtune.controller.api_calls import require
 from prefixtune.controller.drift import Drift, drift_actions
 from prefixtune.controller.execute import (
+    APPS,
     Children,
     deployment_drift,
     ensure_children,
@@ -239,15 +241,21 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
 
     spec, errors = validate_spec(body.get("spec"))
     refused = name_errors(name) + [str(e) for e in errors]
+    state = policy_state_of(previous)
+    adopted: Adopted | None = None
+    if spec is not None and not refused and spec.adopt is not None:
+        adopted, problems = await _adopt(ctx, body, previous, state)
+        if adopted is None:
+            return await _refused(ctx, body, previous, problems, now, generation)
+        spec = adopted.spec
     if spec is not None:
         refused += ctx.admin.spec_problems(spec)
     if spec is None or refused:
         return await _invalid(ctx, body, previous, refused, now, generation)
 
-    owner = Owner.of(body)
+    owner = Owner.of(body, spec)
     settings = tuning_settings(spec, namespace, name, ready_timeout=ctx.ready_timeout_s)
     actions: list[Action] = []
-    state = policy_state_of(previous)
     key = deployment_key(spec)
     if state is None or state.engine != str(spec.engine) or state.phase == Phase.PENDING:
         state = initial_state(
@@ -312,7 +320,8 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     found = _unique([*children.foreign, *ctx.foreign.get(uid, [])])
     status = build_status(
         state, actions, previous, now=now, generation=generation,
-        ready=ready_condition(spec, children, found), diagnosis=diagnosis, valid_spec=body.get("spec"),
+        ready=ready_condition(spec, children, found), diagnosis=diagnosis,
+        valid_spec=adopted.raw if adopted is not None else body.get("spec"),
         scale=scale_status(name, children.deployments),
     )  # fmt: skip
     outcome = Reconciled(phase=state.phase, actions=actions)
@@ -410,6 +419,67 @@ async def _patch_ready(
             raise
 
 
+async def _adopt(
+    ctx: OperatorContext, body: dict[str, Any], previous: dict[str, Any], state: PolicyState | None
+) -> tuple[Adopted | None, list[str]]:
+    """The adopted Deployment read, its opt-in checked and its command parsed (``adoption``). Once
+    tuning began on it (the last valid spec adopted the same Deployment), it starts from the config
+    the policy started from, not from the best config its command now runs."""
+    meta, raw = body["metadata"], dict(body.get("spec") or {})
+    namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
+    target = str((raw.get("adopt") or {}).get("deployment") or "")
+    require("apps", "deployments", "get")
+    live = await ctx.client.get(ns_path(APPS, namespace, "deployments", target))
+    problems = opt_in_problems(live, namespace, name, target)
+    if live is None or problems:
+        return None, problems
+    last = last_valid_spec(previous) or {}
+    same = (last.get("adopt") or {}).get("deployment") == target
+    return adopted_spec(raw, live, state.spec_config if state is not None and same else None)
+
+
+async def _refused(
+    ctx: OperatorContext,
+    body: dict[str, Any],
+    previous: dict[str, Any],
+    problems: list[str],
+    now: float,
+    generation: int,
+) -> Reconciled:
+    """An adoption that may not go ahead: ``Ready=False`` / ``AdoptionRefused`` saying why, a Warning
+    Event (once per generation and message), and no write to any other object."""
+    meta = body["metadata"]
+    namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
+    message = "; ".join(problems)
+    outcome = Reconciled(phase=str(previous.get("phase") or Phase.PENDING), invalid=problems)
+    ready: dict[str, Any] = next(
+        (c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {}
+    )
+    if (
+        previous.get("observedGeneration") == generation
+        and ready.get("reason") == REFUSED_REASON
+        and ready.get("message") == condition_message(message)
+    ):
+        return outcome
+    conditions = merge_conditions(
+        previous.get("conditions") or [], [("Ready", "False", REFUSED_REASON, message)], now, generation
+    )
+    status = {"phase": outcome.phase, "observedGeneration": generation, "conditions": conditions}
+    try:
+        await ctx.client.merge_patch(
+            resource_path(namespace, name) + "/status",
+            {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
+        )
+    except KubeError as err:
+        if err.status == 409:
+            outcome.conflict = True
+            return outcome
+        raise
+    event = EmitEvent("Warning", REFUSED_REASON, f"adoption refused: {message}")
+    await post_events(ctx.client, body, [event], now)
+    return outcome
+
+
 def _last_spec(ctx: OperatorContext, name: str, previous: dict[str, Any]) -> ServingDeploymentSpec | None:
     """The last valid spec recorded in the status, if it still validates and the admin allows it."""
     raw = last_valid_spec(previous)
@@ -440,7 +510,7 @@ async def _invalid(
     message = "; ".join(errors)
     state = policy_state_of(previous)
     last = _last_spec(ctx, name, previous) if state is not None else None
-    owner = Owner.of(body)
+    owner = Owner.of(body, last)
     actions: list[Action] = []
     if state is not None and last is not None:
         state = await _advance(state, SpecInvalid(reason=message), now, actions)

@@ -55,6 +55,13 @@ class Owner:
     name: str
     uid: str
     annotations: Mapping[str, str] | None = None
+    adopted: str | None = None  # the existing Deployment it adopted (spec.adopt): its baseline
+
+    def deployment(self, role: DeploymentRole) -> str:
+        """The name of the engine Deployment of ``role``: an adopted Deployment is the baseline."""
+        if role == "baseline" and self.adopted is not None:
+            return self.adopted
+        return deployment_name(self.name, role)
 
     def reference(self) -> dict[str, Any]:
         return {
@@ -67,13 +74,15 @@ class Owner:
         }
 
     @classmethod
-    def of(cls, body: Mapping[str, Any]) -> Owner:
+    def of(cls, body: Mapping[str, Any], spec: ServingDeploymentSpec | None = None) -> Owner:
         meta = body.get("metadata") or {}
+        adopt = None if spec is None or spec.adopt is None else spec.adopt.deployment
         return cls(
             namespace=str(meta.get("namespace") or "default"),
             name=str(meta["name"]),
             uid=str(meta.get("uid") or ""),
             annotations=dict(meta.get("annotations") or {}),
+            adopted=adopt,
         )
 
 
@@ -262,7 +271,7 @@ def render_deployment(
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(owner, deployment_name(owner.name, role), labels),
+        "metadata": _meta(owner, owner.deployment(role), labels),
         "spec": {
             "replicas": int(replicas),
             "selector": {"matchLabels": selector_labels(owner.name, role)},
