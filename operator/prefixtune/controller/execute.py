@@ -19,6 +19,7 @@ from typing import Any
 
 from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.controller.api_calls import require
+from prefixtune.controller.children import Freshness, Indexes
 from prefixtune.controller.drift import OWNED_POD_KEYS, Drift, owned_drift
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
 from prefixtune.controller.observe import Desired, PodView, Scale, failure_detail, pod_view
@@ -62,24 +63,45 @@ class Ensured:
     changes: list[str] = field(default_factory=list)
     foreign: list[Foreign] = field(default_factory=list)
     drift: list[Drift] = field(default_factory=list)  # owned fields someone else changed, restored
+    written: list[str] = field(default_factory=list)  # names of the Deployments created, patched, deleted
 
 
-async def read_children(client: KubeClient, owner: Owner) -> Children:
+async def read_children(
+    client: KubeClient, owner: Owner, indexes: Indexes | None = None, fresh: Freshness | None = None
+) -> Children:
     """The resource's Deployments (a Deployment of our name that is not ours reads as absent: its
-    pods are not ours to measure or judge) and the pods of our selector."""
-    require("apps", "deployments", "get")
-    require("", "pods", "list")
+    pods are not ours to measure or judge) and the pods of our selector. From kopf's indexes when
+    given (``children.py``; a Deployment this process wrote is read from the API server until the
+    index has caught up with the write), else two lists by the resource label, whatever the number
+    of roles (the Deployments carry the pods' resource label, as the pods do)."""
+    ns = owner.namespace
+    if indexes is not None:
+        by_name = indexes.deployments_of(ns, owner.name)
+        for role in ROLES:
+            name = deployment_name(owner.name, role)
+            if fresh is not None and fresh.stale(ns, name, by_name.get(name)):
+                require("apps", "deployments", "get")
+                got = await client.get(ns_path(APPS, ns, "deployments", name))
+                fresh.read(ns, name, got)
+                by_name.pop(name, None)
+                if got is not None:
+                    by_name[name] = got
+        pods = indexes.pods_of(ns, owner.name)
+    else:
+        require("apps", "deployments", "list")
+        require("", "pods", "list")
+        selector = selector_labels(owner.name)
+        listed = await client.list(ns_path(APPS, ns, "deployments"), selector)
+        by_name = {str((d.get("metadata") or {}).get("name")): d for d in listed}
+        pods = await client.list(ns_path(CORE, ns, "pods"), selector)
     deployments: dict[DeploymentRole, dict[str, Any] | None] = {}
     found: list[Foreign] = []
     for role in ROLES:
-        got = await client.get(
-            ns_path(APPS, owner.namespace, "deployments", deployment_name(owner.name, role))
-        )
+        got = by_name.get(deployment_name(owner.name, role))
         if got is not None and claim(got, owner) is Claim.FOREIGN:
             found.append(foreign(got, "Deployment", owner))
             got = None
         deployments[role] = got
-    pods = await client.list(ns_path(CORE, owner.namespace, "pods"), selector_labels(owner.name))
     return Children(deployments, [pod_view(p) for p in pods], found)
 
 
@@ -234,6 +256,8 @@ async def ensure_children(
             return
         if change:
             done.changes.append(change)
+            if resource == "deployments":
+                done.written.append(str(body["metadata"]["name"]))
         if drift is not None:
             done.drift.append(drift)
 
@@ -243,6 +267,8 @@ async def ensure_children(
             done.foreign.append(result)
         elif result:
             done.changes.append(f"deleted {kind} {path.rsplit('/', 1)[-1]}")
+            if resource == "deployments":
+                done.written.append(path.rsplit("/", 1)[-1])
 
     for role in ROLES:
         config = want.config_of(role)
