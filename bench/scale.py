@@ -51,10 +51,12 @@ SDEP = "/apis/prefixtune.io/v1alpha1"
 NAMESPACE = "scale"
 OPERATOR_AGENTS = ("kopf", "prefixtune-operator")
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-TICK_S = 1.0
+TICK_S = 5.0  # the operator's default (prefixtune run --tick)
+WARMUP = "10s"
+MEASURE = "60s"
 
 
-def resource(i: int) -> dict[str, Any]:
+def resource(i: int, warmup: str = WARMUP, measure: str = MEASURE) -> dict[str, Any]:
     """One vLLM resource tuning on a short cadence (a stand-in's windows all score alike)."""
     return {
         "apiVersion": "prefixtune.io/v1alpha1",
@@ -65,7 +67,7 @@ def resource(i: int) -> dict[str, Any]:
             "model": MODEL,
             "replicas": 1,
             "tuning": {
-                "trial": {"warmup": "2s", "measure": "6s", "minRequests": 5},
+                "trial": {"warmup": warmup, "measure": measure, "minRequests": 5},
                 "budget": {"maxTrials": 200},
                 "rollout": {"minInterval": "0s"},
                 "drift": {"threshold": 1.0},
@@ -248,7 +250,56 @@ async def _until_handled(sb: Any, n: int, proc: subprocess.Popen[bytes], log: Pa
     return time.monotonic()
 
 
-async def run_one(n: int, duration_s: float, settle_s: float, log_dir: Path) -> dict[str, Any]:
+async def _finished_trials(sb: Any) -> int:
+    objs = await sb.api.list(f"{SDEP}/namespaces/{NAMESPACE}/servingdeployments")
+    return sum(
+        1
+        for o in objs
+        for t in ((o.get("status") or {}).get("trials") or [])
+        if t.get("outcome") not in (None, "running")
+    )
+
+
+async def _until_trials(
+    sb: Any, n: int, per_resource: float, proc: subprocess.Popen[bytes], log: Path
+) -> None:
+    """Wait until the fleet has finished ``per_resource`` trials per resource on average (so that
+    the measured window holds the optimizer's fits, not only the initial design); 300 s without one
+    more finished trial fails the run."""
+    from prefixtune.sandbox.waiting import wait_until
+
+    seen = [0]
+
+    async def done() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the operator exited with {proc.returncode}; see {log}")
+        seen[0] = await _finished_trials(sb)
+        return seen[0] >= per_resource * n
+
+    async def progress() -> int:
+        return seen[0]
+
+    await wait_until(
+        done,
+        300.0,
+        f"{per_resource:g} trials per resource",
+        every_s=5.0,
+        clock=sb.clock.now,
+        progress=progress,
+    )
+
+
+async def run_one(
+    n: int,
+    duration_s: float,
+    settle_s: float,
+    log_dir: Path,
+    *,
+    tick_s: float = TICK_S,
+    warmup: str = WARMUP,
+    measure: str = MEASURE,
+    settle_trials: float = 0.0,
+) -> dict[str, Any]:
     from prefixtune.api.crd import build_crd
     from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
     from prefixtune.sandbox.kubelet import KubeletConfig
@@ -262,7 +313,7 @@ async def run_one(n: int, duration_s: float, settle_s: float, log_dir: Path) -> 
         )
         port = _free_port()
         argv = operator_argv(
-            str(sb.kubeconfig), tick_s=TICK_S, ready_timeout_s=120.0, clock_file=sb.clock_file,
+            str(sb.kubeconfig), tick_s=tick_s, ready_timeout_s=120.0, clock_file=sb.clock_file,
             metrics_port=port, namespaces=[NAMESPACE],
         )  # fmt: skip
         log = log_dir / f"operator-{n}.log"
@@ -270,12 +321,17 @@ async def run_one(n: int, duration_s: float, settle_s: float, log_dir: Path) -> 
         try:
             t0 = time.monotonic()
             for i in range(n):
-                await sb.api.create(f"{SDEP}/namespaces/{NAMESPACE}/servingdeployments", resource(i))
+                await sb.api.create(
+                    f"{SDEP}/namespaces/{NAMESPACE}/servingdeployments", resource(i, warmup, measure)
+                )
             created_s = time.monotonic() - t0
             # The settle begins once the operator has handled every resource (each has a status): a
             # fixed sleep from the creates would measure a window in which a slow-starting operator
             # (imports, the first list) may not have reconciled anything yet.
             handled_s = await _until_handled(sb, n, proc, log) - t0
+            if settle_trials > 0:
+                await _until_trials(sb, n, settle_trials, proc, log)
+            settled_s = time.monotonic() - t0
             await asyncio.sleep(settle_s)
             if proc.poll() is not None:
                 raise RuntimeError(f"the operator exited with {proc.returncode}; see {log}")
@@ -289,6 +345,8 @@ async def run_one(n: int, duration_s: float, settle_s: float, log_dir: Path) -> 
             row.update(
                 create_s=round(created_s, 1),
                 handled_s=round(handled_s, 1),
+                settled_s=round(settled_s, 1),
+                trials_per_resource_at_start=round(before["trials"] / n, 2),
                 phases_at_end=after["phases"],
                 probe_cpu_share=round(share, 3),
                 machine_busy=machine_busy(share),
@@ -314,6 +372,15 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--n", default="50,200,500", help="resource counts, comma-separated")
     p.add_argument("--duration", type=float, default=120.0, help="seconds of the measured window")
     p.add_argument("--settle", type=float, default=60.0, help="seconds after creation before measuring")
+    p.add_argument(
+        "--settle-trials",
+        type=float,
+        default=0.0,
+        help="before --settle, wait until the fleet finished this many trials per resource (mean)",
+    )
+    p.add_argument("--tick", type=float, default=TICK_S, help="the operator's --tick, seconds")
+    p.add_argument("--warmup", default=WARMUP, help="each resource's spec.tuning.trial.warmup")
+    p.add_argument("--measure", default=MEASURE, help="each resource's spec.tuning.trial.measure")
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.add_argument("--png", default=None, help="plot latency against N here")
@@ -330,7 +397,18 @@ def main(argv: Sequence[str]) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="prefixtune-scale-") as tmp:
         for n in counts:
-            row = asyncio.run(run_one(n, ns.duration, ns.settle, Path(tmp)))
+            row = asyncio.run(
+                run_one(
+                    n,
+                    ns.duration,
+                    ns.settle,
+                    Path(tmp),
+                    tick_s=ns.tick,
+                    warmup=ns.warmup,
+                    measure=ns.measure,
+                    settle_trials=ns.settle_trials,
+                )
+            )
             print(f"bench scale: {json.dumps(row)}", file=sys.stderr, flush=True)
             rows.append(row)
     report: dict[str, Any] = {
@@ -338,8 +416,9 @@ def main(argv: Sequence[str]) -> int:
             "counts": counts,
             "duration_s": ns.duration,
             "settle_s": ns.settle,
-            "tick_s": TICK_S,
-            "resource": "vllm, 1 replica, warm-up 2s, measure 6s, minInterval 0s, scrape",
+            "settle_trials": ns.settle_trials,
+            "tick_s": ns.tick,
+            "resource": f"vllm, 1 replica, warm-up {ns.warmup}, measure {ns.measure}, minInterval 0s, scrape",
             "pods": "stand-ins: a recorded vLLM exposition (sandbox/standin.py), one aiohttp server",
             "operator": "prefixtune run, its own process, on the sandbox clock",
             "python": platform.python_version(),

@@ -20,6 +20,7 @@ from typing import Any
 from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.controller.adoption import claim_adopted, render_engine_deployment
 from prefixtune.controller.api_calls import require
+from prefixtune.controller.children import Freshness, Indexes
 from prefixtune.controller.drift import OWNED_POD_KEYS, Drift, owned_drift
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
 from prefixtune.controller.observe import Desired, PodView, Scale, failure_detail, pod_view
@@ -61,23 +62,55 @@ class Ensured:
     changes: list[str] = field(default_factory=list)
     foreign: list[Foreign] = field(default_factory=list)
     drift: list[Drift] = field(default_factory=list)  # owned fields someone else changed, restored
+    written: list[str] = field(default_factory=list)  # names of the Deployments created, patched, deleted
 
 
-async def read_children(client: KubeClient, owner: Owner) -> Children:
+async def read_children(
+    client: KubeClient, owner: Owner, indexes: Indexes | None = None, fresh: Freshness | None = None
+) -> Children:
     """The resource's Deployments (a Deployment of our name that is not ours reads as absent: its
-    pods are not ours to measure or judge) and the pods of our selector."""
-    require("apps", "deployments", "get")
-    require("", "pods", "list")
+    pods are not ours to measure or judge) and the pods of our selector. From kopf's indexes when
+    given (``children.py``; a Deployment this process wrote is read from the API server until the
+    index has caught up with the write), else two lists by the resource label, whatever the number
+    of roles (the Deployments carry the pods' resource label, as the pods do). An adopted
+    Deployment is read by its name either way: it carries its owner team's labels, not ours."""
+    ns = owner.namespace
+    if indexes is not None:
+        by_name = indexes.deployments_of(ns, owner.name)
+        for role in ROLES:
+            name = owner.deployment(role)
+            if name == owner.adopted:
+                continue  # read below
+            if fresh is not None and fresh.stale(ns, name, by_name.get(name)):
+                require("apps", "deployments", "get")
+                got = await client.get(ns_path(APPS, ns, "deployments", name))
+                fresh.read(ns, name, got)
+                by_name.pop(name, None)
+                if got is not None:
+                    by_name[name] = got
+        pods = indexes.pods_of(ns, owner.name)
+    else:
+        require("apps", "deployments", "list")
+        require("", "pods", "list")
+        selector = selector_labels(owner.name)
+        listed = await client.list(ns_path(APPS, ns, "deployments"), selector)
+        by_name = {str((d.get("metadata") or {}).get("name")): d for d in listed}
+        pods = await client.list(ns_path(CORE, ns, "pods"), selector)
+    if owner.adopted is not None:
+        require("apps", "deployments", "get")
+        adopted = await client.get(ns_path(APPS, ns, "deployments", owner.adopted))
+        by_name.pop(owner.adopted, None)
+        if adopted is not None:
+            by_name[owner.adopted] = adopted
     deployments: dict[DeploymentRole, dict[str, Any] | None] = {}
     found: list[Foreign] = []
     for role in ROLES:
-        got = await client.get(ns_path(APPS, owner.namespace, "deployments", owner.deployment(role)))
+        got = by_name.get(owner.deployment(role))
         relation = claim_adopted if role == "baseline" and owner.adopted else claim
         if got is not None and relation(got, owner) is Claim.FOREIGN:
             found.append(foreign(got, "Deployment", owner))
             got = None
         deployments[role] = got
-    pods = await client.list(ns_path(CORE, owner.namespace, "pods"), selector_labels(owner.name))
     return Children(deployments, [pod_view(p) for p in pods], found)
 
 
@@ -262,6 +295,8 @@ async def ensure_children(
             return  # the adopted Deployment was edited since the read: rendered over it next time
         if change:
             done.changes.append(change)
+            if resource == "deployments":
+                done.written.append(str(body["metadata"]["name"]))
         if drift is not None:
             done.drift.append(drift)
 
@@ -271,6 +306,8 @@ async def ensure_children(
             done.foreign.append(result)
         elif result:
             done.changes.append(f"deleted {kind} {path.rsplit('/', 1)[-1]}")
+            if resource == "deployments":
+                done.written.append(path.rsplit("/", 1)[-1])
 
     for role in ROLES:
         config = want.config_of(role)

@@ -4,6 +4,8 @@
 - a daemon per resource, ticking every ``tick_s``: the tuning loop's clock (observe, decide,
   persist, apply). It ends once the resource is gone.
 - delete (optional, no finalizer): forget the in-memory window start.
+- two indexes: the operator's own Deployments and pods, watched, so that a tick reads its children
+  from memory (``children.py``).
 
 No finalizer. The children carry ownerReferences to the resource, so the garbage collector deletes
 them, and a deleted resource never waits for the operator (``kubectl delete`` completes with the
@@ -22,11 +24,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
 from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL
+from prefixtune.controller.children import (
+    DEPLOYMENTS_INDEX,
+    PODS_INDEX,
+    WATCH_LABELS,
+    index_entry,
+    indexes_from,
+)
 from prefixtune.controller.reconcile import OperatorContext, reconcile
 
 logger = logging.getLogger(__name__)
@@ -48,18 +58,29 @@ def build_registry(tick_s: float = 5.0) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     resource = (API_GROUP, API_VERSION, PLURAL)
 
-    async def on_change(memo: Any, namespace: str | None, name: str | None, **_: Any) -> None:
-        await reconcile(_ctx(memo), str(namespace or "default"), str(name))
+    async def on_change(memo: Any, namespace: str | None, name: str | None, **kwargs: Any) -> None:
+        await reconcile(_ctx(memo), str(namespace or "default"), str(name), indexes=indexes_from(kwargs))
 
     async def tune(
-        memo: Any, namespace: str | None, name: str | None, stopped: kopf.DaemonStopped, **_: Any
+        memo: Any,
+        namespace: str | None,
+        name: str | None,
+        stopped: kopf.DaemonStopped,
+        body: kopf.Body,
+        **kwargs: Any,
     ) -> None:
         ctx = _ctx(memo)
+        indexes = indexes_from(kwargs)  # kopf's live indexes of the children (``children.py``)
         clock = asyncio.get_running_loop().time
         while not stopped:
             began = clock()
             try:
-                done = await reconcile(ctx, str(namespace or "default"), str(name)) is None
+                # ``body``: kopf's live view of the resource, kept current by its watch (the tick
+                # reads the resource itself only when that view is not the version it knows).
+                done = (
+                    await reconcile(ctx, str(namespace or "default"), str(name), live=body, indexes=indexes)
+                    is None
+                )
             except Exception as err:  # the next tick retries; the loop must not die on one bad call
                 logger.warning("reconcile of %s/%s failed (retrying next tick): %s", namespace, name, err)
                 done = False
@@ -76,6 +97,15 @@ def build_registry(tick_s: float = 5.0) -> kopf.OperatorRegistry:
         ctx.meter.forget(str(uid or ""))
         ctx.metrics.forget(str(namespace or "default"), str(name))
 
+    def index_child(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> Any:
+        return index_entry(namespace, labels, body)
+
+    # The operator's own Deployments and pods, by their resource (``children.py``): a tick reads
+    # these instead of listing them. kopf fills both before any handler runs.
+    kopf.index("apps", "v1", "deployments", registry=registry, id=DEPLOYMENTS_INDEX, labels=WATCH_LABELS)(
+        index_child
+    )
+    kopf.index("", "v1", "pods", registry=registry, id=PODS_INDEX, labels=WATCH_LABELS)(index_child)
     kopf.on.create(*resource, registry=registry, id="reconcile-create", backoff=2.0)(on_change)
     kopf.on.update(*resource, registry=registry, id="reconcile-update", backoff=2.0)(on_change)
     kopf.on.resume(*resource, registry=registry, id="reconcile-resume", backoff=2.0)(on_change)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,10 +34,12 @@ from prefixtune.api.models import (
 from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.adoption import REFUSED_REASON, Adopted, adopted_spec, opt_in_problems
 from prefixtune.controller.api_calls import require
+from prefixtune.controller.children import Freshness, Indexes
 from prefixtune.controller.drift import Drift, drift_actions
 from prefixtune.controller.execute import (
     APPS,
     Children,
+    Ensured,
     deployment_drift,
     ensure_children,
     monitoring_installed,
@@ -46,7 +49,14 @@ from prefixtune.controller.execute import (
 )
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
 from prefixtune.controller.measure import Meter
-from prefixtune.controller.observe import Desired, deployment_ready, desired, rollout_observation, scale_plan
+from prefixtune.controller.observe import (
+    Desired,
+    Scale,
+    deployment_ready,
+    desired,
+    rollout_observation,
+    scale_plan,
+)
 from prefixtune.controller.ownership import Foreign, name_errors
 from prefixtune.controller.render import ROLES, Owner, config_hash
 from prefixtune.controller.selfmetrics import SelfMetrics
@@ -103,6 +113,12 @@ class OperatorContext:
     # Drift the last ensure restored in children the next reconcile does not read itself (Service,
     # ConfigMaps): reported (condition, trial invalidated) by that reconcile.
     drift: dict[str, list[Drift]] = field(default_factory=dict)
+    # A cache, not state: the resourceVersion of each resource as this process last read or wrote
+    # it ("namespace/name"), so a tick can take kopf's watched body instead of a GET when that body
+    # is the one it knows (``current_body``).
+    seen_version: dict[str, str] = field(default_factory=dict)
+    # The Deployments this process wrote whose index entries have not caught up yet (``children.py``).
+    fresh: Freshness = field(default_factory=Freshness)
 
     def lock(self, key: str) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
@@ -204,14 +220,37 @@ _POLICY_SECONDS: contextvars.ContextVar[list[float] | None] = contextvars.Contex
 )
 
 
-async def reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconciled | None:
-    """Reconcile once; None when the resource is gone."""
+def current_body(live: Mapping[str, Any] | None, seen_version: str | None) -> dict[str, Any] | None:
+    """The watched body (kopf's live view of a daemon's resource), copied, when it is known to be
+    current: its resourceVersion is the one this process last read or wrote. Otherwise None (and
+    the reconcile reads the resource): the watch may not have delivered this process's own last
+    status write yet, and a decision on the status before it would undo it. A newer version (an
+    edit by someone else) also reads again: a version is opaque, so "newer" cannot be told from
+    "older" without the API server."""
+    if live is None or seen_version is None:
+        return None
+    version = (live.get("metadata") or {}).get("resourceVersion")
+    if version is None or str(version) != seen_version:
+        return None
+    return copy.deepcopy(dict(live))
+
+
+async def reconcile(
+    ctx: OperatorContext,
+    namespace: str,
+    name: str,
+    live: Mapping[str, Any] | None = None,
+    indexes: Indexes | None = None,
+) -> Reconciled | None:
+    """Reconcile once; None when the resource is gone. ``live``: the resource as the operator's
+    watch last saw it (kopf's daemon body), used instead of a GET when it is current; ``indexes``:
+    kopf's indexes of the children, read instead of listing them (``children.py``)."""
     async with ctx.lock(f"{namespace}/{name}"):
         started = time.perf_counter()
         spent = [0.0]
         token = _POLICY_SECONDS.set(spent)
         try:
-            return await _reconcile(ctx, namespace, name)
+            return await _reconcile(ctx, namespace, name, live, indexes)
         except Exception:
             ctx.metrics.error(namespace, name)
             raise
@@ -224,11 +263,22 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconcil
                 logger.warning("reconcile of %s/%s took %.1fs", namespace, name, took)
 
 
-async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconciled | None:
+async def _reconcile(
+    ctx: OperatorContext,
+    namespace: str,
+    name: str,
+    live: Mapping[str, Any] | None,
+    indexes: Indexes | None,
+) -> Reconciled | None:
     client = ctx.client
-    require(API_GROUP, PLURAL, "get")
-    body = await client.get(resource_path(namespace, name))
+    ref = f"{namespace}/{name}"
+    body = current_body(live, ctx.seen_version.get(ref))
+    if body is None:
+        require(API_GROUP, PLURAL, "get")
+        body = await client.get(resource_path(namespace, name))
+        _saw(ctx, ref, body)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+        ctx.seen_version.pop(ref, None)
         uid = str(((body or {}).get("metadata") or {}).get("uid", ""))
         ctx.meter.forget(uid)
         ctx.metrics.forget(namespace, name)
@@ -274,7 +324,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     if approval != state.approval and state.phase != Phase.PENDING:
         state = await _advance(state, Approved(id=approval), now, actions)
 
-    children = await read_children(client, owner)
+    children = await read_children(client, owner, indexes, ctx.fresh)
     ensured_want = desired(state)
     # Owned fields of the engine Deployments someone else changed (kubectl scale / set image): the
     # pods are not what the policy thinks they are, so nothing about them is observed this time.
@@ -333,9 +383,11 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
                 resource_path(namespace, name) + "/status",
                 {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
             )
+            _saw(ctx, ref, written)
             outcome.status_patched = True
     except KubeError as err:
         if err.status == 409:  # somebody wrote in between: decide again on fresh data next time
+            ctx.seen_version.pop(ref, None)
             outcome.conflict = True
             return outcome
         raise
@@ -349,7 +401,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     key = f"{generation}/{want}/{scale}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
     last = ctx.ensured.get(uid)
     if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found or drift:
-        ensured = await ensure_children(client, owner, spec, want, scale, monitoring=ctx.monitoring)
+        ensured = await _ensure(ctx, owner, spec, want, scale)
         outcome.changes = ensured.changes
         ctx.ensured[uid] = (key, now)
         seen = {(d.kind, d.name) for d in drift}
@@ -370,6 +422,26 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     best = state.trial(state.best).value if state.best is not None else None
     ctx.metrics.set_state(namespace, name, state.phase, best)
     return outcome
+
+
+async def _ensure(
+    ctx: OperatorContext, owner: Owner, spec: ServingDeploymentSpec, want: Desired, scale: Scale
+) -> Ensured:
+    """``ensure_children``, with the Deployments it wrote marked for a fresh read (``Freshness``)."""
+    ensured = await ensure_children(ctx.client, owner, spec, want, scale, monitoring=bool(ctx.monitoring))
+    for name in ensured.written:
+        if name != owner.adopted:  # read by its name every time (``read_children``)
+            ctx.fresh.wrote(owner.namespace, name)
+    return ensured
+
+
+def _saw(ctx: OperatorContext, key: str, body: Mapping[str, Any] | None) -> None:
+    """Remember the resourceVersion of the resource as read or written (``current_body``)."""
+    version = ((body or {}).get("metadata") or {}).get("resourceVersion")
+    if version is None:
+        ctx.seen_version.pop(key, None)
+    else:
+        ctx.seen_version[key] = str(version)
 
 
 def _settled(children: Children, want: Desired) -> bool:
@@ -577,7 +649,7 @@ async def _keep_last_valid(
     last_ensure = ctx.ensured.get(owner.uid)
     if last_ensure is not None and last_ensure[0] == key and now - last_ensure[1] <= ENSURE_EVERY_S:
         return
-    ensured = await ensure_children(ctx.client, owner, last, want, scale, monitoring=ctx.monitoring)
+    ensured = await _ensure(ctx, owner, last, want, scale)
     ctx.ensured[owner.uid] = (key, now)
     outcome.changes, outcome.foreign = ensured.changes, ensured.foreign
     if ensured.drift:

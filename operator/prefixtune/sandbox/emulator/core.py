@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import itertools
 import random
 import uuid
 import warnings
@@ -62,6 +63,11 @@ def _content(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _Key = tuple[kmock.resource, str | None, str]
+_Kind = tuple[str | None, str | None, str | None]  # a resource's (group, version, plural): its equality
+
+
+def _kind(res: kmock.resource) -> _Kind:
+    return (res.group, res.version, res.plural)
 
 
 @attrs.define(kw_only=True)
@@ -80,6 +86,11 @@ class EmulatorCore(kmock.KubernetesEmulator):
     # The scale subresource's paths of each custom resource whose CRD declares it (crds.py).
     _scales: dict[kmock.resource, ScalePaths] = attrs.field(factory=dict, init=False)
     _rng: random.Random = attrs.field(factory=random.Random, init=False)
+    # The keys of kmock's store by resource and namespace, in the store's order, so that a list or a
+    # watch's initial listing reads only its own kind (``_scan``) and not every object of every kind
+    # (``bench scale``: thousands of Events, pods, ReplicaSets beside the Deployments listed).
+    _by_kind: dict[_Kind, dict[str | None, dict[_Key, None]]] = attrs.field(factory=dict, init=False)
+    _indexed: int = attrs.field(default=0, init=False)
 
     @property
     def resource_version(self) -> int:
@@ -124,15 +135,38 @@ class EmulatorCore(kmock.KubernetesEmulator):
         stored: k8s_dicts.Object = self._objects[key]
         return None if stored.deleted else stored.raw
 
+    def _store(self) -> dict[_Key, k8s_dicts.Object]:
+        """kmock's own dict behind ``ObjectsArray`` (a private internal: kmock 0.8 is pinned)."""
+        store: dict[_Key, k8s_dicts.Object] = self._objects._objects
+        return store
+
+    def _index(self) -> dict[_Kind, dict[str | None, dict[_Key, None]]]:
+        """``_by_kind``, brought up to date. Keys are only ever added to the store (a delete keeps the
+        object's history under its key), in order, so the new ones are the last; a store that shrank
+        (a hard delete) is indexed again from scratch."""
+        store = self._store()
+        if len(store) < self._indexed:
+            self._by_kind, self._indexed = {}, 0
+        new = len(store) - self._indexed
+        if new:
+            for key in reversed(list(itertools.islice(reversed(store), new))):
+                self._by_kind.setdefault(_kind(key[0]), {}).setdefault(key[1], {})[key] = None
+            self._indexed = len(store)
+        return self._by_kind
+
     def _scan(self, request: rendering.Request) -> list[tuple[_Key, dict[str, Any]]]:
         """Live objects of the request's resource, namespace and name, ordered as etcd keys are."""
+        assert request.resource is not None
+        store = self._store()
+        by_namespace = self._index().get(_kind(request.resource), {})
+        spaces = (
+            by_namespace.values() if request.namespace is None else [by_namespace.get(request.namespace, {})]
+        )
         found = [
             (key, stored.raw)
-            for key, stored in self._objects.items()
-            if key[0] == request.resource
-            and not stored.deleted
-            and (request.namespace is None or key[1] == request.namespace)
-            and (request.name is None or key[2] == request.name)
+            for keys in spaces
+            for key in keys
+            if (request.name is None or key[2] == request.name) and not (stored := store[key]).deleted
         ]
         return sorted(found, key=lambda item: (item[0][1] or "", item[0][2]))
 
