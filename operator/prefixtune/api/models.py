@@ -84,6 +84,9 @@ EXTRA_ARG_PATTERN = r"^[^;|&`$()<>\n\r]*$"
 # invisible format characters are refused by the operator's check (references.model_problem).
 MODEL_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f-][^\s\x00-\x1f\x7f-\x9f]*$"
 URL_PATTERN = r"^https?://[^\s/?#]+[^\s]*$"
+# A GPU type: a node label value (GPU feature discovery's nvidia.com/gpu.product for a type the twin
+# does not model is the type itself).
+GPU_TYPE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
 
 class _Model(BaseModel):
@@ -222,7 +225,12 @@ class GpuSpec(_Model):
     """GPUs of one replica."""
 
     count: StrictInt = Field(1, ge=1, le=8, description="GPUs per replica; becomes the tensor-parallel size.")
-    type: GpuType = Field(GpuType.H100_80GB, description="GPU model; selects the node and the twin's model.")
+    type: Annotated[str, Field(min_length=1, max_length=63, pattern=GPU_TYPE_PATTERN)] = Field(
+        GpuType.H100_80GB.value,
+        description="GPU model: H100-80GB, H200 or A100-80GB (the twin models these), or any GPU feature "
+        "discovery product name (e.g. NVIDIA-L40S, NVIDIA-B200). Selects the node (label "
+        "nvidia.com/gpu.product; spec.pod.nodeSelector overrides it) and the twin's model.",
+    )
 
 
 class FloatRange(_Model):

@@ -95,7 +95,9 @@ def fill_defaults(spec: ServingDeploymentSpec) -> None:
     adapter = get_adapter(spec.engine)
     if spec.image is None:
         spec.image = adapter.default_image
-    defaults = adapter.default_config_for(gpu_memory_bytes(str(spec.gpu.type)), spec.gpu.count).to_dict()
+    memory = gpu_memory_bytes(spec.gpu.type)
+    base = adapter.default_config() if memory is None else adapter.default_config_for(memory, spec.gpu.count)
+    defaults = base.to_dict()
     config = spec.config
     for knob in KNOBS:
         if getattr(config, knob.name) is None:
@@ -105,11 +107,26 @@ def fill_defaults(spec: ServingDeploymentSpec) -> None:
         rollout.strategy = RolloutStrategy.CANARY if spec.replicas >= 2 else RolloutStrategy.ROLLING
 
 
-def gpu_memory_bytes(gpu_type: str) -> float:
-    """Device memory of a GPU type as CUDA reports it (the twin's GPU catalog holds the figures)."""
-    from prefixtune.twin.catalog import get_gpu
+def gpu_memory_bytes(gpu_type: str) -> float | None:
+    """Device memory of a GPU type as CUDA reports it (the twin's GPU catalog holds the figures);
+    None for a GPU type the twin does not model."""
+    from prefixtune.twin.catalog import find_gpu
 
-    return float(get_gpu(gpu_type).memory_bytes)
+    found = find_gpu(gpu_type)
+    return None if found is None else float(found.memory_bytes)
+
+
+def gpu_notes(spec: ServingDeploymentSpec) -> list[str]:
+    """What the twin cannot tell of this spec's GPU: the note for a type it does not model (status,
+    ``prefixtune render``), empty for one it does."""
+    from prefixtune.twin.catalog import find_gpu, no_twin_model
+
+    if find_gpu(spec.gpu.type) is not None:
+        return []
+    return [
+        f"{no_twin_model(spec.gpu.type)}: the starting config takes the engine's defaults, not ones "
+        "sized to this GPU's memory (set spec.config to choose), and tuning works from measurements only"
+    ]
 
 
 def narrowed_choices(adapter: EngineAdapter, extra_args: Sequence[str]) -> dict[str, KnobSpec]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from prefixtune.api import validate_spec
 from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL, ServingDeploymentSpec
+from prefixtune.api.rules import gpu_notes
 from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.api_calls import require
 from prefixtune.controller.drift import Drift, drift_actions
@@ -294,7 +295,7 @@ async def _reconcile(ctx: OperatorContext, namespace: str, name: str) -> Reconci
     status = build_status(
         state, actions, previous, now=now, generation=generation,
         ready=ready_condition(spec, children, found), diagnosis=diagnosis, valid_spec=body.get("spec"),
-        scale=scale_status(name, children.deployments),
+        scale=scale_status(name, children.deployments), notes=gpu_notes(spec),
     )  # fmt: skip
     outcome = Reconciled(phase=state.phase, actions=actions)
     written = body

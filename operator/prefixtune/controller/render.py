@@ -39,12 +39,22 @@ CONTAINER = "engine"
 PORT_NAME = "http"
 OPTIONS_VOLUME = "engine-options"
 
-# GPU feature discovery product names for the API's GPU types.
+# GPU feature discovery product names of the GPU types the twin models (by its catalog's names).
 GPU_PRODUCTS: Mapping[str, str] = {
     "H100-80GB": "NVIDIA-H100-80GB-HBM3",
     "H200": "NVIDIA-H200",
     "A100-80GB": "NVIDIA-A100-SXM4-80GB",
 }
+
+
+def gpu_product(gpu_type: str) -> str:
+    """The ``nvidia.com/gpu.product`` node label value of a GPU type: GPU feature discovery's name
+    for a type the twin models (by its name or an alias: ``H200``, ``h100``), else the type as
+    written (``NVIDIA-L40S``, ``NVIDIA-B200``: GPU feature discovery's names)."""
+    from prefixtune.twin.catalog import find_gpu
+
+    known = find_gpu(gpu_type)
+    return gpu_type if known is None else GPU_PRODUCTS.get(known.name, gpu_type)
 
 
 @dataclass(frozen=True)
@@ -242,7 +252,7 @@ def render_deployment(
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
-        "nodeSelector": {GPU_PRODUCT_LABEL: GPU_PRODUCTS.get(str(spec.gpu.type), str(spec.gpu.type))},
+        "nodeSelector": {GPU_PRODUCT_LABEL: gpu_product(spec.gpu.type)},
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
         "restartPolicy": "Always",
     }
