@@ -62,7 +62,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _policy(args: argparse.Namespace) -> AdminPolicy | None:
-    given = args.allowed_images or args.prometheus_url is not None or args.prometheus_allowed_hosts
+    given = (
+        args.allowed_images
+        or args.prometheus_url is not None
+        or args.prometheus_allowed_hosts
+        or args.allow_host_path_volumes
+    )
     if not given:
         return None
     try:
