@@ -191,7 +191,7 @@ def _check_pod(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[Prob
                 (f"pod.volumes[{i}].emptyDir.medium", f"{medium} needs huge pages in the pod: set {wanted}")
             )
     mounted: list[str] = []
-    taken = _owned_paths(adapter, spec)
+    taken = _owned_paths(adapter, spec) if pod.volume_mounts else []
     for i, mount in enumerate(pod.volume_mounts):
         if mount.name not in names:
             problems.append((f"pod.volumeMounts[{i}].name", f"no volume {mount.name!r} in spec.pod.volumes"))
