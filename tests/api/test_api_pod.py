@@ -320,6 +320,61 @@ REFUSED: list[tuple[str, dict[str, Any], str, dict[str, Any] | None, str, tuple[
         ("'Sometimes' is not allowed", "NoSchedule"),
     ),
     (
+        "toleration-exists-with-value",
+        {"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]},
+        "vllm",
+        None,
+        "spec.pod.tolerations[0]",
+        ("value must be empty with operator Exists",),
+    ),
+    (
+        "toleration-seconds-without-no-execute",
+        {"tolerations": [{"key": "k", "effect": "NoSchedule", "tolerationSeconds": 60}]},
+        "vllm",
+        None,
+        "spec.pod.tolerations[0]",
+        ("tolerationSeconds is only for effect NoExecute",),
+    ),
+    (
+        "affinity-in-without-values",
+        {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In"}]}]
+                    }
+                }
+            }
+        },
+        "vllm",
+        None,
+        "spec.pod.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0]",
+        ("operator In needs at least one value",),
+    ),
+    (
+        "pod-affinity-exists-with-values",
+        {
+            "affinity": {
+                "podAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "labelSelector": {
+                                "matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]
+                            },
+                            "topologyKey": "kubernetes.io/hostname",
+                        }
+                    ]
+                }
+            }
+        },
+        "vllm",
+        None,
+        "spec.pod.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0]"
+        ".labelSelector.matchExpressions[0]",
+        ("operator Exists takes no values",),
+    ),
+    (
         "too-many-env",
         {"env": [{"name": f"V{i}", "value": "1"} for i in range(33)]},
         "vllm",

@@ -675,6 +675,18 @@ class Toleration(_Model):
     effect: TaintEffect | None = _omittable("The taint's effect (none: every effect).")
     toleration_seconds: Annotated[StrictInt, Field(ge=0)] | None = _omittable("NoExecute: how long.")
 
+    @model_validator(mode="after")
+    def _as_kubernetes_checks(self) -> Self:
+        # The API server's own rules for a toleration (it would refuse the Deployment otherwise).
+        exists = self.operator is TolerationOperator.EXISTS
+        if exists and self.value:
+            raise ValueError("value must be empty with operator Exists")
+        if not self.key and not exists:
+            raise ValueError("a toleration without a key (of every taint) needs operator Exists")
+        if self.toleration_seconds is not None and self.effect is not TaintEffect.NO_EXECUTE:
+            raise ValueError("tolerationSeconds is only for effect NoExecute")
+        return self
+
 
 class NodeSelectorOperator(StrEnum):
     IN = "In"
@@ -695,10 +707,26 @@ class LabelSelectorOperator(StrEnum):
 LabelValues = Annotated[list[Annotated[str, Field(max_length=63)]], Field(max_length=MAX_POD_ITEMS)]
 
 
+def _check_values(operator: str, values: list[str] | None) -> None:
+    """The API server's rule for a selector requirement's values (it would refuse the Deployment)."""
+    count = len(values or [])
+    if operator in ("In", "NotIn") and count == 0:
+        raise ValueError(f"operator {operator} needs at least one value")
+    if operator in ("Exists", "DoesNotExist") and count:
+        raise ValueError(f"operator {operator} takes no values")
+    if operator in ("Gt", "Lt") and (count != 1 or not re.match(r"^-?[0-9]+$", (values or [""])[0])):
+        raise ValueError(f"operator {operator} takes exactly one integer value")
+
+
 class NodeSelectorRequirement(_Model):
     key: Annotated[str, Field(min_length=1, max_length=317)]
     operator: NodeSelectorOperator
     values: LabelValues | None = _omittable()
+
+    @model_validator(mode="after")
+    def _values_fit(self) -> Self:
+        _check_values(self.operator.value, self.values)
+        return self
 
 
 class NodeSelectorTerm(_Model):
@@ -733,6 +761,11 @@ class LabelSelectorRequirement(_Model):
     key: Annotated[str, Field(min_length=1, max_length=317)]
     operator: LabelSelectorOperator
     values: LabelValues | None = _omittable()
+
+    @model_validator(mode="after")
+    def _values_fit(self) -> Self:
+        _check_values(self.operator.value, self.values)
+        return self
 
 
 class LabelSelector(_Model):
