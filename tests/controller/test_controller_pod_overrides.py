@@ -169,6 +169,13 @@ def test_host_path_volumes_are_refused_unless_the_admin_allows_them() -> None:
     assert objects == [] and problems == [problem]
 
 
+def test_prefixtune_run_takes_the_host_path_flag_default_off() -> None:
+    from prefixtune.controller.operator import options_from_args
+
+    assert options_from_args([]).admin.allow_host_path is False
+    assert options_from_args(["--allow-host-path-volumes"]).admin.allow_host_path is True
+
+
 def test_render_takes_the_host_path_flag() -> None:
     rc, _, err = _render(["-f", "-", "--allowed-images", "docker.io/vllm/vllm-openai"], _doc(pod=HOST_PATH))
     assert rc == 1 and "the admin does not allow hostPath volumes" in err
