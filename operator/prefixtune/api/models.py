@@ -707,14 +707,16 @@ class LabelSelectorOperator(StrEnum):
 LabelValues = Annotated[list[Annotated[str, Field(max_length=63)]], Field(max_length=MAX_POD_ITEMS)]
 
 
-def _check_values(operator: str, values: list[str] | None) -> None:
+def _check_values(operator: NodeSelectorOperator, values: list[str] | None) -> None:
     """The API server's rule for a selector requirement's values (it would refuse the Deployment)."""
     count = len(values or [])
-    if operator in ("In", "NotIn") and count == 0:
+    if operator in (NodeSelectorOperator.IN, NodeSelectorOperator.NOT_IN) and count == 0:
         raise ValueError(f"operator {operator} needs at least one value")
-    if operator in ("Exists", "DoesNotExist") and count:
+    if operator in (NodeSelectorOperator.EXISTS, NodeSelectorOperator.DOES_NOT_EXIST) and count:
         raise ValueError(f"operator {operator} takes no values")
-    if operator in ("Gt", "Lt") and (count != 1 or not re.match(r"^-?[0-9]+$", (values or [""])[0])):
+    if operator in (NodeSelectorOperator.GT, NodeSelectorOperator.LT) and (
+        count != 1 or not re.match(r"^-?[0-9]+$", (values or [""])[0])
+    ):
         raise ValueError(f"operator {operator} takes exactly one integer value")
 
 
@@ -725,7 +727,7 @@ class NodeSelectorRequirement(_Model):
 
     @model_validator(mode="after")
     def _values_fit(self) -> Self:
-        _check_values(self.operator.value, self.values)
+        _check_values(NodeSelectorOperator(self.operator.value), self.values)
         return self
 
 
@@ -764,7 +766,7 @@ class LabelSelectorRequirement(_Model):
 
     @model_validator(mode="after")
     def _values_fit(self) -> Self:
-        _check_values(self.operator.value, self.values)
+        _check_values(NodeSelectorOperator(self.operator.value), self.values)
         return self
 
 
