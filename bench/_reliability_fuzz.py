@@ -247,7 +247,7 @@ OUT_OF_RANGE: tuple[tuple[str, tuple[object, ...]], ...] = (
 )
 BAD_ENUMS: tuple[tuple[str, tuple[object, ...]], ...] = (
     ("engine", ("tgi", "VLLM", "vLLM", "", "llama.cpp", "vllm ")),
-    ("gpu.type", ("H100", "h200", "B200", "")),
+    ("gpu.type", ("", "H100 80GB", "B200/x", "-h100", "x" * 64)),  # any GPU type, but a label value
     ("tuning.mode", ("on", "Auto", "manual", "")),
     ("tuning.objective", ("latency", "Goodput", "")),
     ("tuning.rollout.strategy", ("blue-green", "Canary", "")),

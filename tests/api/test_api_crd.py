@@ -173,7 +173,9 @@ def test_spec_schema_matches_the_models() -> None:
         props["gpu"]["properties"]["count"]["minimum"],
         props["gpu"]["properties"]["count"]["maximum"],
     ) == (1, 8)
-    assert props["gpu"]["properties"]["type"]["enum"] == ["H100-80GB", "H200", "A100-80GB"]
+    gpu_type = props["gpu"]["properties"]["type"]
+    assert "enum" not in gpu_type and gpu_type["default"] == "H100-80GB"  # any GPU type is accepted
+    assert re.match(gpu_type["pattern"], "NVIDIA-B200") and not re.match(gpu_type["pattern"], "B200 ")
     fraction = props["config"]["properties"]["memoryFraction"]
     assert fraction == {
         "description": fraction["description"],

@@ -44,7 +44,7 @@ def test_defaults_filled_in_from_the_adapter(engine: EngineName) -> None:
     assert spec.image == adapter.default_image
     assert spec.knob_config() == adapter.default_config()
     assert spec.replicas == 1
-    assert (spec.gpu.count, spec.gpu.type.value) == (1, "H100-80GB")
+    assert (spec.gpu.count, spec.gpu.type) == (1, "H100-80GB")
     assert spec.extra_args == []
     tuning = spec.tuning
     assert (tuning.mode.value, tuning.objective.value) == ("auto", "goodput")

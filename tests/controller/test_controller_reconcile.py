@@ -41,6 +41,7 @@ def test_deployment_key_is_stable() -> None:
         {"gpu": {"count": 1, "type": "H200"}},
         {"extraArgs": ["--max-model-len", "16384"]},
         {"engine": "sglang", "extraArgs": []},
+        {"pod": {"env": [{"name": "VLLM_ATTENTION_BACKEND", "value": "FLASHINFER"}]}},
     ],
 )
 def test_deployment_changes_change_the_key(changes: dict[str, Any]) -> None:
@@ -50,6 +51,18 @@ def test_deployment_changes_change_the_key(changes: dict[str, Any]) -> None:
 def test_knobs_and_tuning_settings_do_not_change_the_key() -> None:
     assert _key(config={"blockSize": 32}) == _key()
     assert _key(tuning={"mode": "observe", "budget": {"maxTrials": 5}}) == _key()
+
+
+def test_where_the_pods_run_and_what_they_mount_do_not_change_the_key() -> None:
+    """Scheduling and volumes of spec.pod are not what a config scores on: no new tuning run."""
+    pod = {
+        "nodeSelector": {"pool": "b"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+        "volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "models"}}],
+        "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+        "labels": {"team": "ml"},
+    }
+    assert _key(pod=pod) == _key() == _key(pod={})
 
 
 def test_replicas_do_not_change_the_key() -> None:

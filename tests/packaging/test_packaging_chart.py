@@ -40,7 +40,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "cluster": {"watch": {"scope": "cluster", "namespaces": []}},
     "namespaced": {"watch": {"scope": "namespaces", "namespaces": ["team-a", "team-b"]}},
     "tenant-policy": {
-        "enginePolicy": {"allowedImages": ["ghcr.io/acme/", "vllm/vllm-openai"]},
+        "enginePolicy": {
+            "allowedImages": ["ghcr.io/acme/", "vllm/vllm-openai"],
+            "allowHostPathVolumes": True,
+        },
         "prometheus": {
             "url": "https://prometheus.monitoring:9090",
             "allowedHosts": ["thanos.monitoring:9090"],
@@ -321,6 +324,8 @@ def test_operator_args_parse_with_the_operators_own_parser(chart: helm.Chart, na
         assert not opts.standalone
         metrics = values.get("metrics", {}).get("enabled", True)
         assert opts.metrics_port == (8080 if metrics else None)
+        host_path = values.get("enginePolicy", {}).get("allowHostPathVolumes", False)
+        assert opts.admin.allow_host_path is host_path  # off unless the values turn it on
         priorities.append(opts.priority)
         env = {e["name"]: e for e in c["env"]}
         assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"

@@ -58,7 +58,10 @@ def test_bad_sweeps_are_usage_errors(tmp_path: Path, capsys: Any, sweep: str, me
         (["--sweep", "block_size=16", "--rate", "0"], "--rate must be > 0; got 0.0"),
         (["--sweep", "block_size=16", "--jobs", "0"], "--jobs must be >= 1; got 0"),
         (["--sweep", "block_size=16", "--slo-ttft", "-1"], "--slo-ttft must be > 0 seconds"),
-        (["--sweep", "block_size=16", "--gpu", "B200"], "unknown gpu 'B200'"),
+        (
+            ["--sweep", "block_size=16", "--gpu", "B200"],
+            "no twin model for GPU 'B200' (the twin models H100-80GB, H200, A100-80GB): a what-if",
+        ),
     ],
 )
 def test_other_argument_errors(tmp_path: Path, capsys: Any, args: list[str], message: str) -> None:

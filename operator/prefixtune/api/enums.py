@@ -11,6 +11,8 @@ from prefixtune.tuning.settings import Objective as Objective
 
 
 class GpuType(StrEnum):
+    """The GPU types the twin models (``twin.catalog.GPUS``); ``spec.gpu.type`` takes any other too."""
+
     H100_80GB = "H100-80GB"
     H200 = "H200"
     A100_80GB = "A100-80GB"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, Self
 
 from pydantic import (
@@ -58,6 +59,7 @@ from prefixtune.api.enums import (
     TrialRole,
     TuningMode,
 )
+from prefixtune.api.secret_flags import is_secret_env_name
 from prefixtune.engines.base import EngineName, KnobConfig, KnobSpec
 from prefixtune.engines.knobs import KNOBS, Knob, KnobKind
 
@@ -90,6 +92,9 @@ EXTRA_ARG_PATTERN = r"^[^;|&`$()<>\n\r]*$"
 # invisible format characters are refused by the operator's check (references.model_problem).
 MODEL_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f-][^\s\x00-\x1f\x7f-\x9f]*$"
 URL_PATTERN = r"^https?://[^\s/?#]+[^\s]*$"
+# A GPU type: a node label value (GPU feature discovery's nvidia.com/gpu.product for a type the twin
+# does not model is the type itself).
+GPU_TYPE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
 
 class _Model(BaseModel):
@@ -228,7 +233,12 @@ class GpuSpec(_Model):
     """GPUs of one replica."""
 
     count: StrictInt = Field(1, ge=1, le=8, description="GPUs per replica; becomes the tensor-parallel size.")
-    type: GpuType = Field(GpuType.H100_80GB, description="GPU model; selects the node and the twin's model.")
+    type: Annotated[str, Field(min_length=1, max_length=63, pattern=GPU_TYPE_PATTERN)] = Field(
+        GpuType.H100_80GB.value,
+        description="GPU model: H100-80GB, H200 or A100-80GB (the twin models these), or any GPU feature "
+        "discovery product name (e.g. NVIDIA-L40S, NVIDIA-B200). Selects the node (label "
+        "nvidia.com/gpu.product; spec.pod.nodeSelector overrides it) and the twin's model.",
+    )
 
 
 class FloatRange(_Model):
@@ -443,6 +453,421 @@ class EngineResources(_Model):
 
     cpu: Quantity | None = _omittable("CPU request, e.g. 8 or 7500m.")
     memory: Quantity | None = _omittable("Memory request, e.g. 64Gi.")
+    ephemeral_storage: Quantity | None = _omittable(
+        "Ephemeral storage request (the engine's caches on the node's disk), e.g. 100Gi."
+    )
+    hugepages_2mi: Quantity | None = Field(
+        None,
+        alias="hugepages2Mi",
+        description="2 MiB huge pages (request and limit), for an emptyDir of medium HugePages-2Mi.",
+        json_schema_extra=_omittable_schema({}),
+    )
+    hugepages_1gi: Quantity | None = Field(
+        None,
+        alias="hugepages1Gi",
+        description="1 GiB huge pages (request and limit), for an emptyDir of medium HugePages-1Gi.",
+        json_schema_extra=_omittable_schema({}),
+    )
+
+
+# --- pod overrides (spec.pod) ---------------------------------------------------------------------
+
+MAX_POD_ITEMS = 32  # env vars, volumes, mounts, tolerations, ... each
+MAX_MAP_ENTRIES = 32  # nodeSelector, labels, annotations
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+MOUNT_PATH_PATTERN = r"^/[^\x00-\x1f\x7f:]*$"
+SUB_PATH_PATTERN = r"^[^/\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(SECRET_NAME_PATTERN)
+
+DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
+DnsSubdomain = Annotated[str, Field(min_length=1, max_length=253, pattern=SECRET_NAME_PATTERN)]
+ConfigKey = Annotated[str, Field(min_length=1, max_length=253, pattern=SECRET_KEY_PATTERN)]
+EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN)]
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` is not a Kubernetes label/annotation key (``[prefix/]name``), or None."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return f"{key!r}: the prefix before '/' must be a DNS subdomain (e.g. example.com)"
+    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
+        return (
+            f"{key!r}: the name must be 1-63 characters of letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
+        )
+    return None
+
+
+def _map_check(value_max: int, value_pattern: str | None) -> Callable[[dict[str, str]], dict[str, str]]:
+    """The check of a map of label/annotation-style keys to bounded strings (the CRD's schema bounds
+    the entries and the values; the keys are checked here)."""
+
+    def check(mapping: dict[str, str]) -> dict[str, str]:
+        if len(mapping) > MAX_MAP_ENTRIES:
+            raise ValueError(f"has {len(mapping)} entries; allowed: at most {MAX_MAP_ENTRIES}")
+        for key, value in mapping.items():
+            problem = key_problem(key)
+            if problem:
+                raise ValueError(problem)
+            if len(value) > value_max or (value_pattern and not re.match(value_pattern, value)):
+                shown = "" if value_pattern is None else " of letters, digits, '-', '_' or '.'"
+                raise ValueError(f"{key}: the value must be at most {value_max} characters{shown}")
+        return mapping
+
+    return check
+
+
+def _map_schema(value_max: int, value_pattern: str | None) -> JsonDict:
+    value_schema: JsonDict = {"type": "string", "maxLength": value_max}
+    if value_pattern is not None:
+        value_schema["pattern"] = value_pattern
+    return {"type": "object", "additionalProperties": value_schema, "maxProperties": MAX_MAP_ENTRIES}
+
+
+LabelMap = Annotated[
+    dict[str, str],
+    AfterValidator(_map_check(63, LABEL_VALUE_PATTERN)),
+    WithJsonSchema(_map_schema(63, LABEL_VALUE_PATTERN)),
+]
+AnnotationMap = Annotated[
+    dict[str, str], AfterValidator(_map_check(4096, None)), WithJsonSchema(_map_schema(4096, None))
+]
+
+
+def _one_of(model: BaseModel, fields: tuple[str, ...], what: str) -> None:
+    given = [f for f in fields if getattr(model, f) is not None]
+    if len(given) != 1:
+        names = ", ".join(to_camel(f) for f in fields)
+        found = f" (found {', '.join(to_camel(f) for f in given)})" if given else ""
+        raise ValueError(f"set exactly one of {names} in {what}{found}")
+
+
+class KeyRef(_Model):
+    """A key of a Secret or ConfigMap in the resource's namespace (the kubelet reads it, never the
+    operator)."""
+
+    name: DnsSubdomain = Field(description="The Secret's or ConfigMap's name.")
+    key: ConfigKey = Field(description="The key in it.")
+    optional: StrictBool | None = _omittable("Start the pod even when the key does not exist.")
+
+
+class EnvVarSource(_Model):
+    """Where a variable's value comes from: a Secret's key or a ConfigMap's key (nothing else)."""
+
+    secret_key_ref: KeyRef | None = _omittable("A key of a Secret.")
+    config_map_key_ref: KeyRef | None = _omittable("A key of a ConfigMap.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        _one_of(self, ("secret_key_ref", "config_map_key_ref"), "valueFrom")
+        return self
+
+
+class EnvVar(_Model):
+    """An environment variable of the engine container: a literal value, or a Secret's or
+    ConfigMap's key. A secret (a name ending in TOKEN, KEY, SECRET, PASSWORD, ...) comes from a
+    Secret: its value would sit in the spec in plain text."""
+
+    name: EnvName = Field(description="The variable's name.")
+    value: Annotated[str, Field(max_length=4096)] | None = _omittable("A literal value (not a secret).")
+    value_from: EnvVarSource | None = _omittable("A Secret's or ConfigMap's key.")
+
+    @model_validator(mode="after")
+    def _one_value(self) -> Self:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError("set value or valueFrom, not both")
+        if self.value is not None and is_secret_env_name(self.name):
+            raise ValueError(
+                f"{self.name} looks like a secret: a literal value would sit in plain text in the spec; "
+                "use valueFrom.secretKeyRef (a key of a Secret) instead"
+            )
+        return self
+
+
+class PvcSource(_Model):
+    claim_name: DnsSubdomain = Field(description="A PersistentVolumeClaim in the resource's namespace.")
+    read_only: StrictBool | None = _omittable("Mount it read-only.")
+
+
+class EmptyDirMedium(StrEnum):
+    DISK = ""
+    MEMORY = "Memory"
+    HUGE_PAGES = "HugePages"
+    HUGE_PAGES_2MI = "HugePages-2Mi"
+    HUGE_PAGES_1GI = "HugePages-1Gi"
+
+
+class EmptyDirSource(_Model):
+    medium: EmptyDirMedium | None = _omittable(
+        "\"\" (the node's disk), Memory (tmpfs: counts against the pod's memory) or HugePages[-2Mi|-1Gi] "
+        "(needs spec.resources.hugepages2Mi/hugepages1Gi)."
+    )
+    size_limit: Quantity | None = _omittable("Largest size, e.g. 20Gi.")
+
+
+class ConfigMapSource(_Model):
+    name: DnsSubdomain = Field(description="A ConfigMap in the resource's namespace.")
+    optional: StrictBool | None = _omittable("Start the pod even when it does not exist.")
+
+
+class SecretSource(_Model):
+    secret_name: DnsSubdomain = Field(description="A Secret in the resource's namespace.")
+    optional: StrictBool | None = _omittable("Start the pod even when it does not exist.")
+
+
+class HostPathType(StrEnum):
+    UNSET = ""
+    DIRECTORY = "Directory"
+    DIRECTORY_OR_CREATE = "DirectoryOrCreate"
+    FILE = "File"
+    FILE_OR_CREATE = "FileOrCreate"
+
+
+class HostPathSource(_Model):
+    path: Annotated[str, Field(min_length=1, max_length=1024, pattern=MOUNT_PATH_PATTERN)] = Field(
+        description="A path on the node."
+    )
+    type: HostPathType | None = _omittable("What must exist at the path.")
+
+
+VOLUME_SOURCES = ("persistent_volume_claim", "empty_dir", "config_map", "secret", "host_path")
+
+
+class Volume(_Model):
+    """A volume of the engine pod: exactly one of persistentVolumeClaim, emptyDir, configMap, secret,
+    hostPath (only where the admin allows it)."""
+
+    name: DnsLabel = Field(description="The volume's name (volumeMounts refer to it).")
+    persistent_volume_claim: PvcSource | None = _omittable("A PersistentVolumeClaim (a model cache).")
+    empty_dir: EmptyDirSource | None = _omittable("Scratch space for the pod's lifetime.")
+    config_map: ConfigMapSource | None = _omittable("A ConfigMap's keys as files.")
+    secret: SecretSource | None = _omittable("A Secret's keys as files.")
+    host_path: HostPathSource | None = _omittable(
+        "A node's directory; refused unless the admin allows it (prefixtune run --allow-host-path-volumes)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        _one_of(self, VOLUME_SOURCES, "a volume")
+        return self
+
+
+class VolumeMount(_Model):
+    """Where a volume of spec.pod.volumes is mounted in the engine container."""
+
+    name: DnsLabel = Field(description="A volume of spec.pod.volumes.")
+    mount_path: Annotated[str, Field(min_length=1, max_length=1024, pattern=MOUNT_PATH_PATTERN)] = Field(
+        description="An absolute path in the container."
+    )
+    sub_path: Annotated[str, Field(min_length=1, max_length=1024, pattern=SUB_PATH_PATTERN)] | None = (
+        _omittable("A path inside the volume (relative).")
+    )
+    read_only: StrictBool | None = _omittable("Mount it read-only.")
+
+
+class TolerationOperator(StrEnum):
+    EXISTS = "Exists"
+    EQUAL = "Equal"
+
+
+class TaintEffect(StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class Toleration(_Model):
+    key: Annotated[str, Field(max_length=317)] | None = _omittable("The taint's key (none: every taint).")
+    operator: TolerationOperator | None = _omittable("Equal (the default) or Exists.")
+    value: Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)] | None = _omittable()
+    effect: TaintEffect | None = _omittable("The taint's effect (none: every effect).")
+    toleration_seconds: Annotated[StrictInt, Field(ge=0)] | None = _omittable("NoExecute: how long.")
+
+    @model_validator(mode="after")
+    def _as_kubernetes_checks(self) -> Self:
+        # The API server's own rules for a toleration (it would refuse the Deployment otherwise).
+        exists = self.operator is TolerationOperator.EXISTS
+        if exists and self.value:
+            raise ValueError("value must be empty with operator Exists")
+        if not self.key and not exists:
+            raise ValueError("a toleration without a key (of every taint) needs operator Exists")
+        if self.toleration_seconds is not None and self.effect is not TaintEffect.NO_EXECUTE:
+            raise ValueError("tolerationSeconds is only for effect NoExecute")
+        return self
+
+
+class NodeSelectorOperator(StrEnum):
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+    GT = "Gt"
+    LT = "Lt"
+
+
+class LabelSelectorOperator(StrEnum):
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+
+
+LabelValues = Annotated[list[Annotated[str, Field(max_length=63)]], Field(max_length=MAX_POD_ITEMS)]
+
+
+def _check_values(operator: NodeSelectorOperator, values: list[str] | None) -> None:
+    """The API server's rule for a selector requirement's values (it would refuse the Deployment)."""
+    count = len(values or [])
+    if operator in (NodeSelectorOperator.IN, NodeSelectorOperator.NOT_IN) and count == 0:
+        raise ValueError(f"operator {operator} needs at least one value")
+    if operator in (NodeSelectorOperator.EXISTS, NodeSelectorOperator.DOES_NOT_EXIST) and count:
+        raise ValueError(f"operator {operator} takes no values")
+    if operator in (NodeSelectorOperator.GT, NodeSelectorOperator.LT) and (
+        count != 1 or not re.match(r"^-?[0-9]+$", (values or [""])[0])
+    ):
+        raise ValueError(f"operator {operator} takes exactly one integer value")
+
+
+class NodeSelectorRequirement(_Model):
+    key: Annotated[str, Field(min_length=1, max_length=317)]
+    operator: NodeSelectorOperator
+    values: LabelValues | None = _omittable()
+
+    @model_validator(mode="after")
+    def _values_fit(self) -> Self:
+        _check_values(NodeSelectorOperator(self.operator.value), self.values)
+        return self
+
+
+class NodeSelectorTerm(_Model):
+    match_expressions: Annotated[list[NodeSelectorRequirement], Field(max_length=MAX_POD_ITEMS)] | None = (
+        _omittable()
+    )
+    match_fields: Annotated[list[NodeSelectorRequirement], Field(max_length=MAX_POD_ITEMS)] | None = (
+        _omittable()
+    )
+
+
+class NodeSelector(_Model):
+    node_selector_terms: Annotated[list[NodeSelectorTerm], Field(min_length=1, max_length=MAX_POD_ITEMS)]
+
+
+Weight = Annotated[StrictInt, Field(ge=1, le=100)]
+
+
+class PreferredSchedulingTerm(_Model):
+    weight: Weight
+    preference: NodeSelectorTerm
+
+
+class NodeAffinity(_Model):
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = _omittable()
+    preferred_during_scheduling_ignored_during_execution: (
+        Annotated[list[PreferredSchedulingTerm], Field(max_length=MAX_POD_ITEMS)] | None
+    ) = _omittable()
+
+
+class LabelSelectorRequirement(_Model):
+    key: Annotated[str, Field(min_length=1, max_length=317)]
+    operator: LabelSelectorOperator
+    values: LabelValues | None = _omittable()
+
+    @model_validator(mode="after")
+    def _values_fit(self) -> Self:
+        _check_values(NodeSelectorOperator(self.operator.value), self.values)
+        return self
+
+
+class LabelSelector(_Model):
+    match_labels: LabelMap | None = _omittable()
+    match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=MAX_POD_ITEMS)] | None = (
+        _omittable()
+    )
+
+
+class PodAffinityTerm(_Model):
+    label_selector: LabelSelector | None = _omittable()
+    namespaces: Annotated[list[DnsLabel], Field(max_length=MAX_POD_ITEMS)] | None = _omittable()
+    namespace_selector: LabelSelector | None = _omittable()
+    topology_key: Annotated[str, Field(min_length=1, max_length=317)]
+
+
+class WeightedPodAffinityTerm(_Model):
+    weight: Weight
+    pod_affinity_term: PodAffinityTerm
+
+
+class PodAffinity(_Model):
+    required_during_scheduling_ignored_during_execution: (
+        Annotated[list[PodAffinityTerm], Field(max_length=MAX_POD_ITEMS)] | None
+    ) = _omittable()
+    preferred_during_scheduling_ignored_during_execution: (
+        Annotated[list[WeightedPodAffinityTerm], Field(max_length=MAX_POD_ITEMS)] | None
+    ) = _omittable()
+
+
+class Affinity(_Model):
+    """The pod's affinity, as a Pod's spec.affinity."""
+
+    node_affinity: NodeAffinity | None = _omittable()
+    pod_affinity: PodAffinity | None = _omittable()
+    pod_anti_affinity: PodAffinity | None = _omittable()
+
+
+class LocalObjectReference(_Model):
+    name: DnsSubdomain = Field(description="A Secret of type kubernetes.io/dockerconfigjson.")
+
+
+def _check_priority_class(name: str) -> str:
+    if name.startswith("system-"):
+        raise ValueError(
+            f"{name!r}: the system- priority classes are Kubernetes' own (node- and cluster-critical "
+            "pods); use one the cluster admin created for workloads"
+        )
+    return name
+
+
+class PodOverrides(_Model):
+    """What a cluster needs of the engine pod besides what the operator renders: environment,
+    volumes, scheduling and pull secrets. Merged under the operator's own fields: a name the
+    operator sets (its env vars, volumes, mounts, labels) is refused, never overwritten. Secrets only
+    by reference (the kubelet reads them; the operator never does)."""
+
+    env: Annotated[list[EnvVar], Field(max_length=MAX_POD_ITEMS)] = Field(
+        default_factory=list,
+        description="Environment variables of the engine container (value, or valueFrom.secretKeyRef / "
+        "configMapKeyRef).",
+    )
+    volumes: Annotated[list[Volume], Field(max_length=MAX_POD_ITEMS)] = Field(
+        default_factory=list, description="Volumes of the pod (mounted by volumeMounts)."
+    )
+    volume_mounts: Annotated[list[VolumeMount], Field(max_length=MAX_POD_ITEMS)] = Field(
+        default_factory=list, description="Mounts of spec.pod.volumes in the engine container."
+    )
+    node_selector: LabelMap | None = _omittable(
+        "Node labels the pod requires, merged over the operator's (nvidia.com/gpu.product from "
+        "spec.gpu.type; set that key here to override it)."
+    )
+    tolerations: Annotated[list[Toleration], Field(max_length=MAX_POD_ITEMS)] = Field(
+        default_factory=list, description="Tolerations, added to the operator's (nvidia.com/gpu)."
+    )
+    affinity: Affinity | None = _omittable("Node and pod (anti-)affinity.")
+    image_pull_secrets: Annotated[list[LocalObjectReference], Field(max_length=8)] = Field(
+        default_factory=list, description="Secrets for pulling the image from a private registry."
+    )
+    priority_class_name: (
+        Annotated[
+            str,
+            Field(min_length=1, max_length=253, pattern=SECRET_NAME_PATTERN),
+            AfterValidator(_check_priority_class),
+        ]
+        | None
+    ) = _omittable("The pods' PriorityClass (not a system- one).")
+    labels: LabelMap | None = _omittable("Labels of the pods (not the operator's own keys).")
+    annotations: AnnotationMap | None = _omittable("Annotations of the pods (not the operator's own keys).")
 
 
 DEPLOYMENT_NAME_PATTERN = SECRET_NAME_PATTERN  # an RFC 1123 subdomain, as every object name
@@ -501,6 +926,10 @@ class ServingDeploymentSpec(_Model):
         "Tune an existing engine Deployment in place instead of creating one: trials run on the "
         "operator's canary Deployment, the adopted one only ever runs the best config, and deleting "
         "this resource leaves it running."
+    )
+    pod: PodOverrides | None = _omittable(
+        "The engine pod's environment, volumes, scheduling and pull secrets, merged under the "
+        "operator's own fields."
     )
 
     @model_validator(mode="after")

@@ -87,6 +87,7 @@ def check_spec(spec: ServingDeploymentSpec) -> list[Problem]:
     problems += _check_metrics(spec)
     problems += secret_flag_problems(spec.extra_args)
     problems += _check_secret_ref(spec)
+    problems += _check_pod(adapter, spec)
     return problems
 
 
@@ -96,7 +97,9 @@ def fill_defaults(spec: ServingDeploymentSpec) -> None:
     adapter = get_adapter(spec.engine)
     if spec.image is None:
         spec.image = adapter.default_image
-    defaults = adapter.default_config_for(gpu_memory_bytes(str(spec.gpu.type)), spec.gpu.count).to_dict()
+    memory = gpu_memory_bytes(spec.gpu.type)
+    base = adapter.default_config() if memory is None else adapter.default_config_for(memory, spec.gpu.count)
+    defaults = base.to_dict()
     config = spec.config
     for knob in KNOBS:
         if getattr(config, knob.name) is None:
@@ -106,11 +109,115 @@ def fill_defaults(spec: ServingDeploymentSpec) -> None:
         rollout.strategy = RolloutStrategy.CANARY if spec.replicas >= 2 else RolloutStrategy.ROLLING
 
 
-def gpu_memory_bytes(gpu_type: str) -> float:
-    """Device memory of a GPU type as CUDA reports it (the twin's GPU catalog holds the figures)."""
-    from prefixtune.twin.catalog import get_gpu
+def gpu_memory_bytes(gpu_type: str) -> float | None:
+    """Device memory of a GPU type as CUDA reports it (the twin's GPU catalog holds the figures);
+    None for a GPU type the twin does not model."""
+    from prefixtune.twin.catalog import find_gpu
 
-    return float(get_gpu(gpu_type).memory_bytes)
+    found = find_gpu(gpu_type)
+    return None if found is None else float(found.memory_bytes)
+
+
+def gpu_notes(spec: ServingDeploymentSpec) -> list[str]:
+    """What the twin cannot tell of this spec's GPU: the note for a type it does not model (status,
+    ``prefixtune render``), empty for one it does."""
+    from prefixtune.twin.catalog import find_gpu, no_twin_model
+
+    if find_gpu(spec.gpu.type) is not None:
+        return []
+    return [
+        f"{no_twin_model(spec.gpu.type)}: the starting config takes the engine's defaults, not ones "
+        "sized to this GPU's memory (set spec.config to choose), and tuning works from measurements only"
+    ]
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether two absolute paths are the same or one holds the other."""
+    a, b = a.rstrip("/") or "/", b.rstrip("/") or "/"
+    return a == b or b.startswith(a.rstrip("/") + "/") or a.startswith(b.rstrip("/") + "/")
+
+
+def _owned_paths(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[str]:
+    """The paths the operator mounts in the engine container: /dev/shm and the engine's option files
+    (their paths do not depend on the knob values)."""
+    from prefixtune.api.owned import SHM_PATH
+
+    try:
+        files = adapter.render(spec.model, adapter.default_config(), (), None, spec.gpu.count).files
+    except ValueError:
+        files = {}
+    return [SHM_PATH, *sorted(files)]
+
+
+# An emptyDir of huge pages needs the pod to request them (spec.resources fields).
+_HUGE_PAGES = {
+    "HugePages-2Mi": ("hugepages_2mi",),
+    "HugePages-1Gi": ("hugepages_1gi",),
+    "HugePages": ("hugepages_2mi", "hugepages_1gi"),
+}
+
+
+def _check_pod(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[Problem]:
+    """spec.pod against the names the operator owns (``api.owned``) and against itself: a collision
+    is refused with the field's path, never overwritten."""
+    from prefixtune.api import owned
+    from prefixtune.api.models import EngineResources
+
+    pod = spec.pod
+    if pod is None:
+        return []
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    for i, var in enumerate(pod.env):
+        where = f"pod.env[{i}].name"
+        if owned.owned_env(var.name):
+            hint = " (give the API key as spec.apiKeySecret)" if var.name in owned.OWNED_ENV else ""
+            problems.append((where, f"{var.name} is set by the operator{hint}"))
+        elif var.name in seen:
+            problems.append((where, f"{var.name} is set twice"))
+        seen.add(var.name)
+    names: set[str] = set()
+    resources = spec.resources
+    for i, volume in enumerate(pod.volumes):
+        if volume.name in owned.OWNED_VOLUMES:
+            problems.append((f"pod.volumes[{i}].name", f"{volume.name} is a volume of the operator"))
+        elif volume.name in names:
+            problems.append((f"pod.volumes[{i}].name", f"{volume.name} is given twice"))
+        names.add(volume.name)
+        medium = str(volume.empty_dir.medium or "") if volume.empty_dir is not None else ""
+        needs = _HUGE_PAGES.get(medium, ())
+        if needs and not any(getattr(resources, field, None) is not None for field in needs):
+            wanted = " or ".join(f"spec.resources.{EngineResources.model_fields[f].alias}" for f in needs)
+            problems.append(
+                (f"pod.volumes[{i}].emptyDir.medium", f"{medium} needs huge pages in the pod: set {wanted}")
+            )
+    mounted: list[str] = []
+    taken = _owned_paths(adapter, spec) if pod.volume_mounts else []
+    for i, mount in enumerate(pod.volume_mounts):
+        if mount.name not in names:
+            problems.append((f"pod.volumeMounts[{i}].name", f"no volume {mount.name!r} in spec.pod.volumes"))
+        clash = next((path for path in taken if _overlap(path, mount.mount_path)), None)
+        if clash is not None:
+            problems.append(
+                (
+                    f"pod.volumeMounts[{i}].mountPath",
+                    f"{mount.mount_path} overlaps {clash}, mounted by the operator",
+                )
+            )
+        elif mount.mount_path.rstrip("/") in mounted:
+            problems.append((f"pod.volumeMounts[{i}].mountPath", f"{mount.mount_path} is mounted twice"))
+        if mount.sub_path is not None and ".." in mount.sub_path.split("/"):
+            problems.append((f"pod.volumeMounts[{i}].subPath", "may not contain '..'"))
+        mounted.append(mount.mount_path.rstrip("/"))
+    maps: tuple[tuple[str, dict[str, str] | None, frozenset[str]], ...] = (
+        ("labels", pod.labels, owned.OWNED_LABELS),
+        ("annotations", pod.annotations, owned.OWNED_ANNOTATIONS),
+    )
+    for field, mapping, taken_keys in maps:
+        for key in sorted(mapping or {}):
+            if owned.owned_key(key, taken_keys):
+                problems.append((f"pod.{field}[{key}]", f"{key} is set by the operator"))
+    return problems
 
 
 def narrowed_choices(adapter: EngineAdapter, extra_args: Sequence[str]) -> dict[str, KnobSpec]:

@@ -33,6 +33,7 @@ _ALLOWED_KEYS = frozenset(
         "minLength",
         "pattern",
         "maxItems",
+        "maxProperties",
         "minItems",
         "enum",
         "required",

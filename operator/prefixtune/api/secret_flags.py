@@ -21,6 +21,13 @@ def is_secret_flag(token: str) -> bool:
     return bool(words) and words[-1] in SECRET_WORDS
 
 
+def is_secret_env_name(name: str) -> bool:
+    """``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, ``DB_PASSWORD``: an environment variable whose name
+    ends in a secret word (not ``TOKENIZERS_PARALLELISM`` or ``HF_TOKEN_PATH``)."""
+    words = [w for w in re.split(r"[-_.]+", name.lower()) if w]
+    return bool(words) and words[-1] in SECRET_WORDS
+
+
 def secret_flag_problems(args: Sequence[str]) -> list[tuple[str, str]]:
     """(path, message) for every secret-bearing flag in ``extraArgs`` (the value is never quoted)."""
     problems: list[tuple[str, str]] = []

@@ -9,7 +9,9 @@ and the checks of a tenant's spec against it. One place for these facts:
 - ``prometheus_operator_labels``: every queried series must also carry the operator's own pod labels
   (``render.prometheus_labels``: the ServiceMonitor it renders copies them; a ``labelmap`` of the pod
   labels does too), so a series of a pod the operator does not manage never counts. Off by default
-  for scrape configs that drop pod labels; the chart turns it on.
+  for scrape configs that drop pod labels; the chart turns it on;
+- ``allow_host_path``: whether ``spec.pod.volumes`` may hold a hostPath volume (default: no: a node's
+  directory is outside the tenant's namespace, and a writable one can reach the node itself).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class AdminPolicy:
     prometheus_hosts: tuple[str, ...] = ()
     prometheus_ca_file: str | None = None
     prometheus_operator_labels: bool = False
+    allow_host_path: bool = False
 
     def spec_problems(self, spec: ServingDeploymentSpec) -> list[str]:
         """Why the admin's policy refuses this spec ("path: reason"; empty: it does not)."""
@@ -46,6 +49,13 @@ class AdminPolicy:
         problem = policy_problem(image, self.allowed_images)
         if problem:
             problems.append(f"spec.image: {problem}")
+        if not self.allow_host_path and spec.pod is not None:
+            problems += [
+                f"spec.pod.volumes[{i}].hostPath: the admin does not allow hostPath volumes "
+                "(prefixtune run --allow-host-path-volumes); use a persistentVolumeClaim or an emptyDir"
+                for i, volume in enumerate(spec.pod.volumes)
+                if volume.host_path is not None
+            ]
         metrics = spec.tuning.metrics
         if metrics.url is not None and not self.host_allowed(metrics.url):
             problems.append(
@@ -107,6 +117,11 @@ def add_spec_policy_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="host[:port]s a spec's metrics.url may name (default: none; the operator's own URL is used)",
     )
+    parser.add_argument(
+        "--allow-host-path-volumes",
+        action="store_true",
+        help="let spec.pod.volumes mount a node's directory (hostPath; default: refused)",
+    )
 
 
 def spec_policy_from_args(args: argparse.Namespace) -> AdminPolicy:
@@ -120,4 +135,5 @@ def spec_policy_from_args(args: argparse.Namespace) -> AdminPolicy:
         allowed_images=parse_list(args.allowed_images) or engine_repositories(),
         prometheus_url=args.prometheus_url,
         prometheus_hosts=parse_list(args.prometheus_allowed_hosts),
+        allow_host_path=bool(args.allow_host_path_volumes),
     )

@@ -4,8 +4,10 @@ Pure. ``owned_drift(rendered, live)`` names every field of ``spec`` / ``data`` t
 rendered that the live object does not hold with the same value (``kubectl scale`` on the engine
 Deployment: ``spec.replicas``; ``kubectl set image``: ``...containers[engine].image``), plus the
 fields of the engine container and pod the operator owns whole even where it renders nothing
-(``env``, ``args``, ``command``, ``resources``, ``volumeMounts``; the pod's ``volumes`` and
-``initContainers``): a ``kubectl set env`` there changes what the engine runs.
+(``env``, ``args``, ``command``, ``resources``, ``volumeMounts``; the pod's ``volumes``,
+``initContainers`` and what ``spec.pod`` sets: ``affinity``, ``imagePullSecrets``,
+``priorityClassName``; a key added to its ``nodeSelector``): a ``kubectl set env`` there changes
+what the engine runs, a node selector or affinity where it runs.
 
 What the API server adds is not drift: a map field the operator did not render (the defaults
 ``imagePullPolicy``, ``terminationMessagePath``, a probe's ``timeoutSeconds``, another tool's
@@ -29,7 +31,8 @@ from prefixtune.tuning.actions import Action, EmitEvent, SetCondition
 
 MAX_FIELDS = 8  # fields named per object in an Event or condition; the rest are counted
 OWNED_CONTAINER_KEYS = ("args", "command", "env", "envFrom", "resources", "volumeMounts")
-OWNED_POD_KEYS = ("initContainers", "volumes")
+OWNED_POD_KEYS = ("affinity", "imagePullSecrets", "initContainers", "priorityClassName", "volumes")
+OWNED_POD_MAPS = ("nodeSelector",)  # rendered always; a key someone added is drift too
 QUANTITY_KEYS = frozenset({"limits", "requests"})
 DRIFT_REASON = "LiveDrift"  # the Event's reason, and the Degraded condition's while it lasts
 RESTORED_REASON = "LiveObjectsRestored"
@@ -123,6 +126,13 @@ def _diff(want: Any, have: Any, path: str, out: list[str], quantities: bool = Fa
         for key in owned:
             if key not in want and not _empty(have.get(key)):
                 out.append(f"{path}.{key}")
+        if path.endswith(".template.spec"):
+            for key in OWNED_POD_MAPS:
+                mine, theirs = want.get(key), have.get(key)
+                if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+                    added = sum(1 for k in theirs if k not in mine)
+                    if added:
+                        out.append(f"{path}.{key} ({added} added)")
         return
     if isinstance(want, list):
         if have is None and not want:

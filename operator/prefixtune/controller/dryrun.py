@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from prefixtune.api.models import API_GROUP, GROUP_VERSION, KIND
+from prefixtune.api.rules import gpu_notes
 from prefixtune.api.validation import validate_spec
 from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.execute import annotated
@@ -95,3 +96,12 @@ def render_objects(
     if monitoring:
         objects.append(render_service_monitor(owner, spec))
     return [annotated(body)[0] for body in objects], []
+
+
+def render_notes(doc: object) -> list[str]:
+    """What the operator would note of a valid ``doc`` beside its objects (a GPU the twin does not
+    model, ``rules.gpu_notes``); empty for an invalid one (its problems say why)."""
+    if not is_serving_deployment(doc) or not isinstance(doc, Mapping):
+        return []
+    spec, errors = validate_spec(doc.get("spec"))
+    return [] if spec is None or errors else gpu_notes(spec)

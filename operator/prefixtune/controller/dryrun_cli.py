@@ -24,7 +24,7 @@ import yaml
 
 from prefixtune.api.models import API_GROUP
 from prefixtune.controller.admin import AdminPolicy, add_spec_policy_arguments, spec_policy_from_args
-from prefixtune.controller.dryrun import is_serving_deployment, render_objects
+from prefixtune.controller.dryrun import is_serving_deployment, render_notes, render_objects
 
 PROG = "prefixtune render"
 MAX_INPUT_BYTES = 8 * 1024 * 1024  # per file: far more than any set of manifests
@@ -62,7 +62,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _policy(args: argparse.Namespace) -> AdminPolicy | None:
-    given = args.allowed_images or args.prometheus_url is not None or args.prometheus_allowed_hosts
+    given = (
+        args.allowed_images
+        or args.prometheus_url is not None
+        or args.prometheus_allowed_hosts
+        or args.allow_host_path_volumes
+    )
     if not given:
         return None
     try:
@@ -163,6 +168,8 @@ def run(argv: Sequence[str], stdin: IO[str], stdout: IO[str], stderr: IO[str]) -
             else:
                 rendered += 1
                 objects += found
+                for note in render_notes(doc):
+                    print(f"{where}: note: {note}", file=stderr)
     if rendered == 0 and not failed:
         print(f"{PROG}: no ServingDeployment in the input", file=stderr)
         failed = True

@@ -16,16 +16,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from prefixtune.api import owned
 from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.controller import podspec
 
 GIB = 1024**3
 DEFAULT_WEIGHT_BYTES = 16e9  # an unknown model without a size in its name: an 8B model in BF16
-API_KEY_ENV = "ENGINE_API_KEY"  # the env var the Secret's value lands in
 # How each engine reads the key (see api/rules.py API_KEY_ENGINES): vLLM reads VLLM_API_KEY from its
 # environment (vllm/envs.py); SGLang takes --api-key, given as $(ENGINE_API_KEY), which the kubelet
-# expands from the container's environment (the value is never in the pod spec).
-ENV_NAMES = {"vllm": "VLLM_API_KEY", "sglang": API_KEY_ENV}
+# expands from the container's environment (the value is never in the pod spec). The names are the
+# operator's (api/owned.py): spec.pod.env may not set them.
+API_KEY_ENV = owned.API_KEY_ENV  # the env var the Secret's value lands in
+ENV_NAMES = owned.API_KEY_ENV_NAMES
 ARG_FLAGS = {"sglang": "--api-key"}
 
 CONTAINER_SECURITY: dict[str, Any] = {
@@ -60,7 +62,19 @@ def requests(spec: ServingDeploymentSpec) -> dict[str, str]:
             out["cpu"] = spec.resources.cpu
         if spec.resources.memory is not None:
             out["memory"] = spec.resources.memory
-    return out
+        if spec.resources.ephemeral_storage is not None:
+            out["ephemeral-storage"] = spec.resources.ephemeral_storage
+    return {**out, **huge_pages(spec)}
+
+
+def huge_pages(spec: ServingDeploymentSpec) -> dict[str, str]:
+    """Huge pages of the pod (``spec.resources.hugepages2Mi/1Gi``): Kubernetes wants them as a
+    request and an equal limit."""
+    res = spec.resources
+    if res is None:
+        return {}
+    given = {"hugepages-2Mi": res.hugepages_2mi, "hugepages-1Gi": res.hugepages_1gi}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def secret_env(spec: ServingDeploymentSpec) -> list[dict[str, Any]]:
@@ -84,6 +98,7 @@ def harden(container: dict[str, Any], pod_spec: dict[str, Any], spec: ServingDep
     """Apply the requests, the security context, the token and the secret to a rendered pod (in place)."""
     resources = container.setdefault("resources", {})
     resources.setdefault("requests", {}).update(requests(spec))
+    resources.setdefault("limits", {}).update(huge_pages(spec))
     container["securityContext"] = dict(CONTAINER_SECURITY)
     env = secret_env(spec)
     if env:

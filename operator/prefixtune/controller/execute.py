@@ -18,14 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixtune.api.models import ServingDeploymentSpec
+from prefixtune.controller import pod_overrides
 from prefixtune.controller.adoption import claim_adopted, render_engine_deployment
 from prefixtune.controller.api_calls import require
 from prefixtune.controller.children import Freshness, Indexes
-from prefixtune.controller.drift import OWNED_POD_KEYS, Drift, owned_drift
+from prefixtune.controller.drift import OWNED_POD_KEYS, OWNED_POD_MAPS, Drift, owned_drift
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
 from prefixtune.controller.observe import Desired, PodView, Scale, failure_detail, pod_view
 from prefixtune.controller.ownership import Claim, Foreign, claim, foreign
 from prefixtune.controller.render import (
+    POD_METADATA_KEYS,
     ROLES,
     DeploymentRole,
     Owner,
@@ -178,6 +180,32 @@ def deployment_drift(
     return out
 
 
+def with_removals(template: Mapping[str, Any], existing: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod template of a merge patch, with what the rendering no longer holds named null (a
+    merge patch replaces lists but keeps the map keys it does not name): an owned pod field it does
+    not render (an init container someone added, an affinity removed from spec.pod), a node
+    selector key it does not render, a pod label or annotation a former spec.pod gave."""
+    live = (existing.get("spec") or {}).get("template") or {}
+    live_pod = live.get("spec") or {}
+    pod = dict(template["spec"])
+    for key in OWNED_POD_KEYS:
+        if key not in pod and not _empty_value(live_pod.get(key)):
+            pod[key] = None
+    for key in OWNED_POD_MAPS:
+        mine, theirs = pod.get(key), live_pod.get(key)
+        if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+            pod[key] = {**{k: None for k in theirs if k not in mine}, **mine}
+    meta = dict(template.get("metadata") or {})
+    recorded = ((existing.get("metadata") or {}).get("annotations") or {}).get(POD_METADATA_KEYS)
+    for key, nulls in pod_overrides.stale_metadata(recorded, meta).items():
+        meta[key] = {**nulls, **(meta.get(key) or {})}
+    return {**template, "metadata": meta, "spec": pod}
+
+
+def _empty_value(value: object) -> bool:
+    return value is None or value == "" or value == [] or value == {}
+
+
 async def _apply(
     client: KubeClient,
     path: str,
@@ -215,13 +243,12 @@ async def _apply(
     if have == digest and relation is Claim.OURS and not drifted:
         return None, None
     patch: dict[str, Any] = {k: body[k] for k in ("spec", "data") if k in body}
-    pod = ((patch.get("spec") or {}).get("template") or {}).get("spec")
-    if drifted and isinstance(pod, dict):
-        # A merge patch replaces lists but keeps map keys it does not name: owned pod fields that
-        # someone added (an init container, a volume) are removed by naming them null.
-        cleared = {**pod, **{k: None for k in OWNED_POD_KEYS if k not in pod}}
-        patch["spec"] = {**patch["spec"], "template": {**patch["spec"]["template"], "spec": cleared}}
+    template = (patch.get("spec") or {}).get("template")
+    if isinstance(template, dict) and isinstance(template.get("spec"), dict):
+        patch["spec"] = {**patch["spec"], "template": with_removals(template, existing)}
     patch["metadata"] = {"labels": body["metadata"]["labels"], "annotations": body["metadata"]["annotations"]}
+    if POD_METADATA_KEYS in ((existing.get("metadata") or {}).get("annotations") or {}):
+        patch["metadata"]["annotations"] = {POD_METADATA_KEYS: None, **patch["metadata"]["annotations"]}
     if relation is Claim.ORPHAN:
         refs = list((existing.get("metadata") or {}).get("ownerReferences") or [])
         patch["metadata"]["ownerReferences"] = [*refs, owner.reference()]

@@ -22,12 +22,13 @@ import math
 import re
 from typing import Any
 
+from prefixtune.api import owned
 from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.engines import get_adapter
 
 GIB = 2**30
-SHM_VOLUME = "dshm"
-SHM_PATH = "/dev/shm"
+SHM_VOLUME = owned.SHM_VOLUME  # the operator's names (api/owned.py: spec.pod may not use them)
+SHM_PATH = owned.SHM_PATH
 SHM_MIN_BYTES = 2 * GIB  # well above vLLM's 160 MiB message queue, room for NCCL and MPI
 SHM_PER_GPU_BYTES = 1 * GIB
 

@@ -31,6 +31,7 @@ from prefixtune.api.models import (
     PLURAL,
     ServingDeploymentSpec,
 )
+from prefixtune.api.rules import gpu_notes
 from prefixtune.controller.admin import AdminPolicy
 from prefixtune.controller.adoption import REFUSED_REASON, Adopted, adopted_spec, opt_in_problems
 from prefixtune.controller.api_calls import require
@@ -147,18 +148,21 @@ def _digest(content: object) -> str:
 
 def deployment_key(spec: ServingDeploymentSpec) -> str:
     """A stable hash of what each engine pod is besides the tuned knobs and the tuning settings: a
-    change of any of these (model, image, GPUs, extra args) starts a new tuning generation. Not the
-    replicas: they are how many such pods serve, which an autoscaler changes (``spec_key``)."""
-    return _digest(
-        {
-            "engine": str(spec.engine),
-            "model": spec.model,
-            "image": spec.image or "",
-            "gpuCount": spec.gpu.count,
-            "gpuType": str(spec.gpu.type),
-            "extraArgs": list(spec.extra_args),
-        }
-    )
+    change of any of these (model, image, GPUs, extra args, the engine's environment from
+    ``spec.pod.env``: ``VLLM_ATTENTION_BACKEND`` changes what a config scores) starts a new tuning
+    generation. Not the replicas: they are how many such pods serve, which an autoscaler changes
+    (``spec_key``); nor where the pods run or what they mount (the rest of ``spec.pod``)."""
+    content: dict[str, Any] = {
+        "engine": str(spec.engine),
+        "model": spec.model,
+        "image": spec.image or "",
+        "gpuCount": spec.gpu.count,
+        "gpuType": str(spec.gpu.type),
+        "extraArgs": list(spec.extra_args),
+    }
+    if spec.pod is not None and spec.pod.env:  # absent when empty: the keys of earlier specs hold
+        content["env"] = [var.to_dict() for var in spec.pod.env]
+    return _digest(content)
 
 
 def spec_key(spec: ServingDeploymentSpec) -> str:
@@ -372,7 +376,7 @@ async def _reconcile(
         state, actions, previous, now=now, generation=generation,
         ready=ready_condition(spec, children, found), diagnosis=diagnosis,
         valid_spec=adopted.raw if adopted is not None else body.get("spec"),
-        scale=scale_status(name, children.deployments),
+        scale=scale_status(name, children.deployments), notes=gpu_notes(spec),
     )  # fmt: skip
     outcome = Reconciled(phase=state.phase, actions=actions)
     written = body

@@ -16,35 +16,51 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from prefixtune.api import owned
 from prefixtune.api.models import GROUP_VERSION, KIND, ServingDeploymentSpec
-from prefixtune.controller import engine_pod, podspec
+from prefixtune.controller import engine_pod, pod_overrides, podspec
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig, RenderedCommand
 
 DeploymentRole = Literal["baseline", "canary"]
 ROLES: tuple[DeploymentRole, ...] = ("baseline", "canary")
 
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_INSTANCE = "app.kubernetes.io/instance"
-LABEL_COMPONENT = "app.kubernetes.io/component"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_RESOURCE = "prefixtune.io/resource"
-LABEL_ROLE = "prefixtune.io/role"
-LABEL_CONFIG_HASH = "prefixtune.io/config-hash"
-ANNOTATION_CONFIG = "prefixtune.io/config"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU feature discovery's node label (the sandbox reads it)
-GPU_RESOURCE = "nvidia.com/gpu"
+# The names the operator owns in its children (one place, api/owned.py: spec.pod may not set them).
+LABEL_NAME = owned.LABEL_NAME
+LABEL_INSTANCE = owned.LABEL_INSTANCE
+LABEL_COMPONENT = owned.LABEL_COMPONENT
+LABEL_MANAGED_BY = owned.LABEL_MANAGED_BY
+LABEL_RESOURCE = owned.LABEL_RESOURCE
+LABEL_ROLE = owned.LABEL_ROLE
+LABEL_CONFIG_HASH = owned.LABEL_CONFIG_HASH
+ANNOTATION_CONFIG = owned.ANNOTATION_CONFIG
+GPU_PRODUCT_LABEL = owned.GPU_PRODUCT_LABEL  # GPU feature discovery's node label (the sandbox reads it)
+GPU_RESOURCE = owned.GPU_RESOURCE
+OPTIONS_VOLUME = owned.OPTIONS_VOLUME
 MANAGER = "prefixtune"
 CONTAINER = "engine"
 PORT_NAME = "http"
-OPTIONS_VOLUME = "engine-options"
+# On an engine Deployment: the pod label and annotation keys spec.pod gave (JSON {"labels": [...],
+# "annotations": [...]}), so that a key removed from spec.pod is removed from the pods too (a merge
+# patch keeps the map keys it does not name).
+POD_METADATA_KEYS = "prefixtune.io/pod-metadata-keys"
 
-# GPU feature discovery product names for the API's GPU types.
+# GPU feature discovery product names of the GPU types the twin models (by its catalog's names).
 GPU_PRODUCTS: Mapping[str, str] = {
     "H100-80GB": "NVIDIA-H100-80GB-HBM3",
     "H200": "NVIDIA-H200",
     "A100-80GB": "NVIDIA-A100-SXM4-80GB",
 }
+
+
+def gpu_product(gpu_type: str) -> str:
+    """The ``nvidia.com/gpu.product`` node label value of a GPU type: GPU feature discovery's name
+    for a type the twin models (by its name or an alias: ``H200``, ``h100``), else the type as
+    written (``NVIDIA-L40S``, ``NVIDIA-B200``: GPU feature discovery's names)."""
+    from prefixtune.twin.catalog import find_gpu
+
+    known = find_gpu(gpu_type)
+    return gpu_type if known is None else GPU_PRODUCTS.get(known.name, gpu_type)
 
 
 @dataclass(frozen=True)
@@ -230,9 +246,7 @@ def render_deployment(
     image = spec.image or adapter.default_image
     labels = {**common_labels(owner, spec), LABEL_ROLE: role, LABEL_CONFIG_HASH: digest}
     pod_annotations = {
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(port),
-        "prometheus.io/path": adapter.metrics_path,
+        **dict(zip(owned.PROMETHEUS_ANNOTATIONS, ("true", str(port), adapter.metrics_path), strict=True)),
         ANNOTATION_CONFIG: json.dumps(config.to_dict(), sort_keys=True),
     }
     container: dict[str, Any] = {
@@ -251,7 +265,7 @@ def render_deployment(
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
-        "nodeSelector": {GPU_PRODUCT_LABEL: GPU_PRODUCTS.get(str(spec.gpu.type), str(spec.gpu.type))},
+        "nodeSelector": {GPU_PRODUCT_LABEL: gpu_product(spec.gpu.type)},
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
         "restartPolicy": "Always",
     }
@@ -268,15 +282,19 @@ def render_deployment(
     if shm is not None:
         pod_spec.setdefault("volumes", []).append(shm[0])
         container.setdefault("volumeMounts", []).append(shm[1])
+    template_meta: dict[str, Any] = {"labels": dict(labels), "annotations": pod_annotations}
+    pod_overrides.apply(container, pod_spec, template_meta, spec.pod)
+    given = pod_overrides.metadata_keys(spec.pod)
+    recorded = {POD_METADATA_KEYS: json.dumps(given, sort_keys=True)} if given else None
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(owner, owner.deployment(role), labels),
+        "metadata": _meta(owner, owner.deployment(role), labels, recorded),
         "spec": {
             "replicas": int(replicas),
             "selector": {"matchLabels": selector_labels(owner.name, role)},
             "strategy": deployment_strategy(role),
-            "template": {"metadata": {"labels": labels, "annotations": pod_annotations}, "spec": pod_spec},
+            "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
 

@@ -233,6 +233,17 @@ def diagnosis_status(diag: Diagnosis) -> dict[str, Any]:
     return out
 
 
+def with_notes(diagnosis: Mapping[str, Any] | None, notes: Sequence[str]) -> dict[str, Any] | None:
+    """``diagnosis`` with ``notes`` first (once each; an unknown bound when there is none yet)."""
+    if not notes:
+        return None if diagnosis is None else dict(diagnosis)
+    out = dict(diagnosis or {"bound": "unknown"})
+    first = [clip(n, MAX_NOTE) for n in notes]
+    rest = [n for n in out.get("notes") or [] if n not in first]
+    out["notes"] = [*first, *rest][:MAX_NOTES]
+    return out
+
+
 def recommendation_status(
     state: PolicyState, actions: Sequence[Action], previous: Mapping[str, Any] | None
 ) -> dict[str, Any] | None:
@@ -287,13 +298,16 @@ def build_status(
     diagnosis: Diagnosis | None = None,
     valid_spec: Mapping[str, Any] | None = None,
     scale: ScaleStatus | None = None,
+    notes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The whole status (for one merge patch). ``ready``: (ready?, reason, message) of the serving
     pods; ``valid_spec``: the spec rolled out (None keeps the one recorded before); ``scale``: the
     scale subresource's fields (None keeps the ones recorded before). The Tuning condition is the
     state's (``tuning_condition``), written every time: it follows the phase and step, and a fixed
     spec replaces an InvalidSpec one. The diagnosis describes ``currentConfig``: one made for
-    another config is dropped until a window of this one replaces it."""
+    another config is dropped until a window of this one replaces it. ``notes``: what is known of
+    the spec before any window (``rules.gpu_notes``: a GPU the twin does not model), first among
+    the diagnosis' notes."""
     prev = dict(previous or {})
     state = state.clipped()
     updates = [(a.type, a.status, a.reason, a.message) for a in actions if isinstance(a, SetCondition)]
@@ -314,7 +328,7 @@ def build_status(
         "bestConfig": best_config(state),
         "budget": {"used": trials_spent(state), "maxTrials": int(state.settings.max_trials)},
         "trials": trials + active,
-        "diagnosis": diagnosis_status(diagnosis) if diagnosis is not None else kept,
+        "diagnosis": with_notes(diagnosis_status(diagnosis) if diagnosis is not None else kept, notes),
         "recommendation": recommendation_status(state, actions, prev.get("recommendation")),
         "policy": {"schema": POLICY_SCHEMA, POLICY_KEY: state.to_json()},
     }

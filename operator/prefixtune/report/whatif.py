@@ -381,7 +381,7 @@ def main(argv: Sequence[str], stderr: TextIO | None = None) -> int:
     err = sys.stderr if stderr is None else stderr
     ns = _parser().parse_args(list(argv))
     from prefixtune.engines import get_adapter
-    from prefixtune.twin.catalog import check_tp, get_gpu, get_model
+    from prefixtune.twin.catalog import check_tp, find_gpu, get_model, no_twin_model
     from prefixtune.twin.run import parse_command
     from prefixtune.twin.workloads import WorkloadError
 
@@ -394,7 +394,11 @@ def main(argv: Sequence[str], stderr: TextIO | None = None) -> int:
         # Fail on a bad model / GPU / TP here, once, rather than in every worker.
         parse_command(ns.engine, [], model=ns.model, tp=ns.tp)
         get_model(ns.model)
-        get_gpu(ns.gpu)
+        if find_gpu(ns.gpu) is None:
+            raise ValueError(
+                f"{no_twin_model(ns.gpu)}: a what-if needs one; on the cluster the operator deploys any "
+                "GPU type and tunes it from measurements only"
+            )
         check_tp(ns.tp)
         requests, workload = _requests(ns)
     except (SweepError, ArgsError, WorkloadError, ValueError, KeyError, OSError) as exc:

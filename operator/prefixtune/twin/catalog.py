@@ -181,13 +181,26 @@ def get_model(name: str) -> ModelSpec:
     raise ValueError(f"unknown model {name!r}; known models: {', '.join(model_names())}")
 
 
-def get_gpu(name: str) -> GpuHardware:
+def find_gpu(name: str) -> GpuHardware | None:
+    """The twin's model of a GPU by name or alias (case-insensitive); None when it has none."""
     key = _norm(name)
     for g in GPUS:
         if key == _norm(g.name) or key in g.aliases:
             return g
+    return None
+
+
+def no_twin_model(name: str) -> str:
+    """What to say of a GPU the twin does not model (the one wording for every caller)."""
+    return f"no twin model for GPU {name!r} (the twin models {', '.join(g.name for g in GPUS)})"
+
+
+def get_gpu(name: str) -> GpuHardware:
+    found = find_gpu(name)
+    if found is not None:
+        return found
     known = ", ".join(f"{g.name} (aliases: {', '.join(g.aliases)})" for g in GPUS)
-    raise ValueError(f"unknown gpu {name!r}; known GPUs: {known}")
+    raise ValueError(f"unknown gpu {name!r}: {no_twin_model(name)}; known GPUs: {known}")
 
 
 def check_tp(tp: int) -> int:
