@@ -138,8 +138,8 @@ def test_demo_table_and_summary() -> None:
         "spec": {"engine": "vllm", "tuning": {"budget": {"maxTrials": 5}}},
     }
     cfg = {"memoryFraction": 0.9, "blockSize": 16, "prefixCaching": True, "schedulePolicy": "fcfs"}
-    # The records as the operator writes them (trial_record: they do not say which is the baseline)
-    # and the policy state beside them, which does.
+    # The records as the operator writes them (trial_record: each says its role) and the policy
+    # state beside them.
     from prefixtune.controller.status import POLICY_KEY, trial_record
     from prefixtune.tuning.settings import TuningSettings
     from prefixtune.tuning.state import PolicyState
@@ -158,7 +158,7 @@ def test_demo_table_and_summary() -> None:
         "trials": [trial_record(base), trial_record(tried)],
         "policy": {POLICY_KEY: state.to_json()},
     }
-    assert "role" not in res["status"]["trials"][0]
+    assert res["status"]["trials"][0]["role"] == "baseline"
     rows = progress_rows([res])
     assert rows[1][:6] == ["d/x", "vllm", "Converged", "1/5", "60", "90%"]
     assert rows[1][6] == "mem 0.90 · block 16 · cache on · fcfs"  # the knob registry's display
