@@ -54,6 +54,7 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TICK_S = 5.0  # the operator's default (prefixtune run --tick)
 WARMUP = "10s"
 MEASURE = "60s"
+STAGGER_S = 70.0  # the creates are spread over about one trial (warm-up + window)
 
 
 def resource(i: int, warmup: str = WARMUP, measure: str = MEASURE) -> dict[str, Any]:
@@ -299,13 +300,16 @@ async def run_one(
     warmup: str = WARMUP,
     measure: str = MEASURE,
     settle_trials: float = 0.0,
+    stagger_s: float = STAGGER_S,
 ) -> dict[str, Any]:
     from prefixtune.api.crd import build_crd
     from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
     from prefixtune.sandbox.kubelet import KubeletConfig
     from prefixtune.sandbox.up import SandboxOptions, sandbox
 
-    cfg = KubeletConfig(stand_in=True, startup_delay_s=2.0, probe_period_s=10.0, dcgm_port=None, resync_s=5.0)
+    cfg = KubeletConfig(
+        stand_in=True, startup_delay_s=2.0, probe_period_s=10.0, dcgm_port=None, resync_s=5.0, min_sync_s=2.0
+    )
     opts = SandboxOptions(speedup=1.0, crds=[build_crd()], config=cfg, load=False)
     async with sandbox(opts) as sb:
         await sb.api.create(
@@ -320,7 +324,11 @@ async def run_one(
         proc = spawn_operator(argv, str(log))
         try:
             t0 = time.monotonic()
+            began = sb.clock.now()
             for i in range(n):
+                # Spread over ``stagger_s``: a fleet's resources are not created in one instant, and
+                # N resources in lock-step would all decide in the same second (a burst, not a load).
+                await sb.clock.sleep_until(began + stagger_s * i / n)
                 await sb.api.create(
                     f"{SDEP}/namespaces/{NAMESPACE}/servingdeployments", resource(i, warmup, measure)
                 )
@@ -378,9 +386,13 @@ def main(argv: Sequence[str]) -> int:
         default=0.0,
         help="before --settle, wait until the fleet finished this many trials per resource (mean)",
     )
+    p.add_argument(
+        "--stagger", type=float, default=STAGGER_S, help="spread the creates over this many seconds"
+    )
     p.add_argument("--tick", type=float, default=TICK_S, help="the operator's --tick, seconds")
     p.add_argument("--warmup", default=WARMUP, help="each resource's spec.tuning.trial.warmup")
     p.add_argument("--measure", default=MEASURE, help="each resource's spec.tuning.trial.measure")
+    p.add_argument("--log-dir", default=None, help="keep the operator's logs here (default: a temporary dir)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.add_argument("--png", default=None, help="plot latency against N here")
@@ -395,7 +407,9 @@ def main(argv: Sequence[str]) -> int:
         return 2
     load_before = list(os.getloadavg())
     rows = []
-    with tempfile.TemporaryDirectory(prefix="prefixtune-scale-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="prefixtune-scale-") as scratch:
+        tmp = ns.log_dir or scratch
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         for n in counts:
             row = asyncio.run(
                 run_one(
@@ -407,6 +421,7 @@ def main(argv: Sequence[str]) -> int:
                     warmup=ns.warmup,
                     measure=ns.measure,
                     settle_trials=ns.settle_trials,
+                    stagger_s=ns.stagger,
                 )
             )
             print(f"bench scale: {json.dumps(row)}", file=sys.stderr, flush=True)
@@ -417,6 +432,7 @@ def main(argv: Sequence[str]) -> int:
             "duration_s": ns.duration,
             "settle_s": ns.settle,
             "settle_trials": ns.settle_trials,
+            "stagger_s": ns.stagger,
             "tick_s": ns.tick,
             "resource": f"vllm, 1 replica, warm-up {ns.warmup}, measure {ns.measure}, minInterval 0s, scrape",
             "pods": "stand-ins: a recorded vLLM exposition (sandbox/standin.py), one aiohttp server",

@@ -192,8 +192,9 @@ class Meter:
     def _window(
         self, spec: ServingDeploymentSpec, start: _Start, end: Mapping[str, Snapshot], pods: Sequence[PodView]
     ) -> Window | None:
+        kept = _kept(spec)
         chains = {
-            name: [start.snaps[name], *start.between.get(name, ()), end[name]]
+            name: [start.snaps[name], *start.between.get(name, ()), end[name].only(kept)]
             for name in (p.name for p in pods)
             if name in start.snaps and name in end
         }
@@ -237,7 +238,7 @@ class Meter:
             if empty := _empty(snaps):
                 # A window must not start from nothing: it would read as zero traffic.
                 return MetricsUnavailable(reason=f"metrics missing or NaN: {empty}")
-            self.starts[uid] = _Start(key, now, snaps, now)
+            self.starts[uid] = _Start(key, now, _slim(spec, snaps), now)
             return None
         full = (
             state.measure_until is not None and now >= state.measure_until - 1e-6
@@ -276,10 +277,10 @@ class Meter:
             if key[0] == "trial":
                 self.starts.pop(uid, None)
             else:
-                self.starts[uid] = _Start(key, now, end, now)  # rolling windows while watching
+                self.starts[uid] = _Start(key, now, _slim(spec, end), now)  # rolling windows while watching
         else:
             start.last_partial = now
-            for name, snap in end.items():
+            for name, snap in _slim(spec, end).items():
                 start.between.setdefault(name, []).append(snap)
         if signals is None:
             return MetricsUnavailable(
@@ -367,6 +368,20 @@ class Meter:
             baseline_pods=len(groups["baseline"]) or 1,
             offered_rps=signals.requests_per_s,
         )
+
+
+def _kept(spec: ServingDeploymentSpec) -> frozenset[str]:
+    """The sample names a window over this engine's pods reads (``Recipe.sample_names``)."""
+    from prefixtune.metrics.recipe import recipe
+
+    return recipe(spec.engine, _names(spec)).sample_names()
+
+
+def _slim(spec: ServingDeploymentSpec, snaps: Mapping[str, Snapshot]) -> dict[str, Snapshot]:
+    """Scrapes as a window keeps them until its end: only the series it reads (``Snapshot.only``),
+    so that a fleet's open windows hold kilobytes per pod, not a whole exposition per scrape."""
+    kept = _kept(spec)
+    return {name: snap.only(kept) for name, snap in snaps.items()}
 
 
 def _names(spec: ServingDeploymentSpec) -> MetricNames:

@@ -75,6 +75,12 @@ class Recipe:
     def histograms(self) -> tuple[str, ...]:
         return tuple(h for h in (self.ttft, self.itl) if h)
 
+    def sample_names(self) -> frozenset[str]:
+        """Every sample name the recipe reads (a histogram's buckets, sum and count)."""
+        names = {t.name for t in self.counters()} | set(self.gauges())
+        names |= {h + suffix for h in self.histograms() for suffix in ("_bucket", "_sum", "_count")}
+        return frozenset(names)
+
 
 def _term(name: str, *matchers: Matcher) -> Term | None:
     return Term(name, tuple(matchers)) if name else None

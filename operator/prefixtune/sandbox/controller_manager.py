@@ -6,6 +6,7 @@ ReplicaSets, Pods, Services) wakes a full resync, and a periodic resync catches 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -38,6 +39,8 @@ class ControllerManager:
             except (ApiStatusError, aiohttp.ClientError) as err:
                 logger.warning("controller sync failed (retrying): %s", err)
             self.syncs += 1
+            if self.config.min_sync_s > 0:
+                await asyncio.sleep(self.config.min_sync_s)
             await self.wakeup.wait(self.config.resync_s)
 
     async def sync(self) -> None:

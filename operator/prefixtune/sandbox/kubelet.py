@@ -89,6 +89,10 @@ class KubeletConfig:
     exit_delay_s: float = 1.0  # between a runtime OOM (503 on /health) and the process exit
     dcgm_port: int | None = 9400  # a DCGM-exporter-like GPU utilization endpoint per pod (None: off)
     resync_s: float = 1.0  # wall seconds between full resyncs without events
+    # Wall seconds at least between two full syncs of the kubelet and the controllers (the events
+    # meanwhile coalesce into the next): 0 syncs on every event. Each sync lists every pod (or every
+    # Deployment and ReplicaSet), so with hundreds of pods syncing per event is quadratic (bench scale).
+    min_sync_s: float = 0.0
     default_gpu: str = podlib.DEFAULT_GPU
     node_name: str = podlib.NODE_NAME
     seed: int = 0
@@ -598,6 +602,8 @@ class Kubelet:
                     await self.sync()
                 except (ApiStatusError, aiohttp.ClientError) as err:
                     logger.warning("kubelet sync failed (retrying): %s", err)
+                if self.config.min_sync_s > 0:
+                    await asyncio.sleep(self.config.min_sync_s)
                 await self.wakeup.wait(self.config.resync_s)
         finally:
             await self.stop_all()

@@ -1,0 +1,35 @@
+"""What a window keeps of a scrape (issue #21, a fleet per replica): only the series its recipe
+reads. A whole engine exposition parses to ~300 KB and an open window keeps up to five scrapes per
+pod, so at 500 resources whole scrapes held ~0.75 GB; the signals must not change by the slimming."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from prefixtune.engines.base import EngineName
+from prefixtune.metrics.exposition import parse
+from prefixtune.metrics.histogram import Slo
+from prefixtune.metrics.recipe import for_engine
+from prefixtune.metrics.scrape_source import window_signals
+
+DATA = Path(__file__).resolve().parents[2] / "operator" / "prefixtune" / "sandbox" / "data"
+
+
+@pytest.mark.parametrize("engine", [EngineName.VLLM, EngineName.SGLANG, EngineName.TRTLLM])
+def test_a_slimmed_window_reads_the_same_signals_as_the_whole_scrapes(engine: EngineName) -> None:
+    recorded = json.loads((DATA / f"standin-{engine.value}.json").read_text())
+    start = parse(recorded["start"], target="p", t=0.0)
+    end = parse(recorded["end"], target="p", t=float(recorded["interval_s"]))
+    rec = for_engine(engine)
+    kept = rec.sample_names()
+    slim_start, slim_end = start.only(kept), end.only(kept)
+    assert 0 < len(slim_start.values) < len(start.values) / 2  # most of an exposition is not read
+    assert {n for n, _ in slim_start.values} <= kept and slim_start.identity == start.identity
+    slo = Slo(1.0, 0.1)
+    whole = window_signals(rec, {"p": [start, end]}, slo=slo)
+    slim = window_signals(rec, {"p": [slim_start, slim_end]}, slo=slo)
+    assert slim.signals == whole.signals
+    assert slim.signals.requests_per_s is not None and slim.signals.requests_per_s > 0
