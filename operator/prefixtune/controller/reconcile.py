@@ -380,21 +380,12 @@ async def _reconcile(
     )  # fmt: skip
     outcome = Reconciled(phase=state.phase, actions=actions)
     written = body
-    try:
-        if patch_changes(previous, status):  # nothing changed (most ticks): no write, no watch event
-            require(API_GROUP, f"{PLURAL}/status", "patch")
-            written = await client.merge_patch(
-                resource_path(namespace, name) + "/status",
-                {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
-            )
-            _saw(ctx, ref, written)
-            outcome.status_patched = True
-    except KubeError as err:
-        if err.status == 409:  # somebody wrote in between: decide again on fresh data next time
-            ctx.seen_version.pop(ref, None)
+    if patch_changes(previous, status):  # nothing changed (most ticks): no write, no watch event
+        got = await _write_status(ctx, namespace, name, meta.get("resourceVersion"), status)
+        if got is None:
             outcome.conflict = True
             return outcome
-        raise
+        written, outcome.status_patched = got, True
     if measured is not None:
         ctx.meter.last_window.pop(uid, None)
     await post_events(client, body, [a for a in actions if isinstance(a, EmitEvent)], now)
@@ -437,6 +428,28 @@ async def _ensure(
         if name != owner.adopted:  # read by its name every time (``read_children``)
             ctx.fresh.wrote(owner.namespace, name)
     return ensured
+
+
+async def _write_status(
+    ctx: OperatorContext, namespace: str, name: str, version: object, status: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The status merge patch, guarded by the resourceVersion it was decided on; None when somebody
+    wrote in between (409: decide again on fresh data next time). Every write is remembered
+    (``current_body``)."""
+    require(API_GROUP, f"{PLURAL}/status", "patch")
+    ref = f"{namespace}/{name}"
+    try:
+        written = await ctx.client.merge_patch(
+            resource_path(namespace, name) + "/status",
+            {"metadata": {"resourceVersion": version}, "status": dict(status)},
+        )
+    except KubeError as err:
+        if err.status == 409:
+            ctx.seen_version.pop(ref, None)
+            return None
+        raise
+    _saw(ctx, ref, written)
+    return written
 
 
 def _saw(ctx: OperatorContext, key: str, body: Mapping[str, Any] | None) -> None:
@@ -485,14 +498,7 @@ async def _patch_ready(
         generation,
     )
     version = (written.get("metadata") or {}).get("resourceVersion")
-    try:
-        await ctx.client.merge_patch(
-            resource_path(namespace, name) + "/status",
-            {"metadata": {"resourceVersion": version}, "status": {"conditions": conditions}},
-        )
-    except KubeError as err:
-        if err.status != 409:
-            raise
+    await _write_status(ctx, namespace, name, version, {"conditions": conditions})
 
 
 async def _adopt(
@@ -541,16 +547,9 @@ async def _refused(
         previous.get("conditions") or [], [("Ready", "False", REFUSED_REASON, message)], now, generation
     )
     status = {"phase": outcome.phase, "observedGeneration": generation, "conditions": conditions}
-    try:
-        await ctx.client.merge_patch(
-            resource_path(namespace, name) + "/status",
-            {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
-        )
-    except KubeError as err:
-        if err.status == 409:
-            outcome.conflict = True
-            return outcome
-        raise
+    if await _write_status(ctx, namespace, name, meta.get("resourceVersion"), status) is None:
+        outcome.conflict = True
+        return outcome
     event = EmitEvent("Warning", REFUSED_REASON, f"adoption refused: {message}")
     await post_events(ctx.client, body, [event], now)
     return outcome
@@ -612,16 +611,9 @@ async def _invalid(
                 ready=(False, "InvalidSpec", message),
             )  # fmt: skip
         status = invalid_status(base, errors, now=now, generation=generation)
-        try:
-            await ctx.client.merge_patch(
-                resource_path(namespace, name) + "/status",
-                {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status},
-            )
-        except KubeError as err:
-            if err.status == 409:
-                outcome.conflict = True
-                return outcome
-            raise
+        if await _write_status(ctx, namespace, name, meta.get("resourceVersion"), status) is None:
+            outcome.conflict = True
+            return outcome
         events = [a for a in actions if isinstance(a, EmitEvent)]
         if not reported:
             kept = "the last valid spec keeps running" if last is not None else "nothing rolled out"
