@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from prefixtune.report.scores import ScoreRow, score_label
+from prefixtune.report.scores import ScoreRow, number, score_label
 
 DPI = 100
 SIZE = (8.0, 4.5)  # inches: 800 x 450 pixels at DPI
@@ -38,15 +38,6 @@ def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(str(path), dpi=DPI, format="png")
     return path
-
-
-def _number(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 BASIS_MARKER: dict[str, str] = {  # an ok trial's marker: how its score was made
@@ -115,7 +106,7 @@ def config_plot(trials: Sequence[Mapping[str, Any]], path: Path, *, label: str =
     ax = fig.add_subplot(1, 1, 1)
     blocks = sorted({int((t.get("config") or {}).get("blockSize", 0)) for t in trials})
     ypos = {b: i for i, b in enumerate(blocks)}
-    scored = [t for t in trials if _number(t.get("score")) is not None and t.get("outcome") == "ok"]
+    scored = [t for t in trials if number(t.get("score")) is not None and t.get("outcome") == "ok"]
     failed = [t for t in trials if t not in scored]
     if scored:
         xs = [float(t["config"]["memoryFraction"]) for t in scored]
@@ -167,7 +158,7 @@ def signal_plot(
         pts = [
             (int(t.get("index", 0)), v * scale)
             for t in trials
-            if (v := _number((t.get("signals") or {}).get(key))) is not None
+            if (v := number((t.get("signals") or {}).get(key))) is not None
         ]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
@@ -283,7 +274,7 @@ def scale_plot(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         ("decision_p99_s", "decision p99", "s--"),
     ):
         points = [
-            (n, v) for n, v in zip(ns, (_number(r.get(key)) for r in rows), strict=True) if v is not None
+            (n, v) for n, v in zip(ns, (number(r.get(key)) for r in rows), strict=True) if v is not None
         ]
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], style, label=label)

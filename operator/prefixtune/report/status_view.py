@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prefixtune.engines.knobs import api_text
-from prefixtune.report.scores import basis_of, best_record, derivation
+from prefixtune.report.scores import basis_of, best_record, derivation, number
 from prefixtune.tuning.phases import Phase
 
 DEFAULT_BUDGET = 20  # spec.tuning.budget.maxTrials when the spec omits it (the API's default)
@@ -38,15 +38,6 @@ def latest_signals(trials: Sequence[Mapping[str, Any]]) -> tuple[int | None, dic
     return None, {}
 
 
-def _float(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -66,9 +57,9 @@ def summarize(resource: Mapping[str, Any]) -> dict[str, Any]:
         outcomes[str(t.get("outcome", "?"))] = outcomes.get(str(t.get("outcome", "?")), 0) + 1
     spent = status.get("budget")
     budget: Mapping[str, Any] = spent if isinstance(spent, Mapping) else {}
-    hit_rate = _float(signals.get("hit_rate"))
+    hit_rate = number(signals.get("hit_rate"))
     if hit_rate is None:
-        hit_rate = _float(diagnosis.get("hitRate"))
+        hit_rate = number(diagnosis.get("hitRate"))
     objective = str(tuning.get("objective") or "goodput")
     best_trial = best_record(status)
     best_basis = None if best_trial is None else basis_of(best_trial)
@@ -87,17 +78,17 @@ def summarize(resource: Mapping[str, Any]) -> dict[str, Any]:
         "outcomes": outcomes,
         "currentConfig": status.get("currentConfig"),
         "bestConfig": best.get("config"),
-        "bestScore": _float(best.get("score")),
+        "bestScore": number(best.get("score")),
         # how the best's score was made (None: the best trial's record is not kept, or has no basis)
         "bestTrial": None if best_trial is None else _int(best_trial.get("index")),
         "bestBasis": None if best_basis is None else str(best_basis),
         "bestScoreHow": None if best_trial is None else derivation(best_trial, objective) or None,
-        "confidence": _float(best.get("confidence")),
+        "confidence": number(best.get("confidence")),
         "latestTrial": latest_index,
         "hitRate": hit_rate,
-        "ttftP50S": _float(signals.get("ttft_p50_s")),
-        "ttftP99S": _float(signals.get("ttft_p99_s")),
-        "goodputTokensPerS": _float(signals.get("goodput_tokens_per_s")),
+        "ttftP50S": number(signals.get("ttft_p50_s")),
+        "ttftP99S": number(signals.get("ttft_p99_s")),
+        "goodputTokensPerS": number(signals.get("goodput_tokens_per_s")),
         "bound": str(diagnosis.get("bound") or "unknown"),
         "notes": [str(n) for n in diagnosis.get("notes") or []],
         "conditions": [
