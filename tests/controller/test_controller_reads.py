@@ -108,6 +108,8 @@ def test_a_deployment_written_by_this_process_is_read_until_the_index_holds_that
     assert not fresh.stale("default", "a", None)
     fresh.read("default", "b", _dep("b", "1"))  # a read of one never written changes nothing
     assert not fresh.stale("default", "b", _dep("b", "0"))
+    fresh.forget("default", ["a"])  # its resource is gone: nothing is kept for it
+    assert not fresh.pending
 
 
 class _Index(dict[tuple[str, str], list[dict[str, Any]]]):

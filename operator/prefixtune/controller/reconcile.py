@@ -59,7 +59,7 @@ from prefixtune.controller.observe import (
     scale_plan,
 )
 from prefixtune.controller.ownership import Foreign, name_errors
-from prefixtune.controller.render import ROLES, Owner, config_hash
+from prefixtune.controller.render import ROLES, Owner, config_hash, deployment_name
 from prefixtune.controller.selfmetrics import SelfMetrics
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.controller.status import (
@@ -283,6 +283,7 @@ async def _reconcile(
         _saw(ctx, ref, body)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         ctx.seen_version.pop(ref, None)
+        ctx.fresh.forget(namespace, [deployment_name(name, role) for role in ROLES])
         uid = str(((body or {}).get("metadata") or {}).get("uid", ""))
         ctx.meter.forget(uid)
         ctx.metrics.forget(namespace, name)
