@@ -36,10 +36,6 @@ IndexKey = tuple[str, str]  # (namespace, the resource's name): LABEL_RESOURCE o
 ABSENT = ""  # Freshness: the API server said the object does not exist
 
 
-class Store(Protocol):
-    def __iter__(self) -> Any: ...
-
-
 class IndexView(Protocol):
     """What kopf passes for an index (``kopf.Index``): a mapping of keys to stores of values."""
 
