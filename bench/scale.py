@@ -201,15 +201,25 @@ def summarize(
     }
 
 
-async def _snapshot(sb: Any, metrics_url: str, pid: int) -> dict[str, Any]:
-    text = await _scrape(metrics_url)
-    objs = await sb.api.list(f"{SDEP}/namespaces/{NAMESPACE}/servingdeployments")
-    trials = sum(
+async def _resources(sb: Any) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = await sb.api.list(f"{SDEP}/namespaces/{NAMESPACE}/servingdeployments")
+    return got
+
+
+def finished_trials(objs: Sequence[Mapping[str, Any]]) -> int:
+    """Trial records of the resources that have ended (as their statuses hold them)."""
+    return sum(
         1
         for o in objs
         for t in ((o.get("status") or {}).get("trials") or [])
         if t.get("outcome") not in (None, "running")
     )
+
+
+async def _snapshot(sb: Any, metrics_url: str, pid: int) -> dict[str, Any]:
+    text = await _scrape(metrics_url)
+    objs = await _resources(sb)
+    trials = finished_trials(objs)
     phases: dict[str, int] = {}
     for o in objs:
         phase = str((o.get("status") or {}).get("phase") or "none")
@@ -226,7 +236,7 @@ async def _snapshot(sb: Any, metrics_url: str, pid: int) -> dict[str, Any]:
 
 async def _handled(sb: Any) -> int:
     """How many of the resources the operator has written a status for."""
-    objs = await sb.api.list(f"{SDEP}/namespaces/{NAMESPACE}/servingdeployments")
+    objs = await _resources(sb)
     return sum(1 for o in objs if o.get("status"))
 
 
@@ -251,16 +261,6 @@ async def _until_handled(sb: Any, n: int, proc: subprocess.Popen[bytes], log: Pa
     return time.monotonic()
 
 
-async def _finished_trials(sb: Any) -> int:
-    objs = await sb.api.list(f"{SDEP}/namespaces/{NAMESPACE}/servingdeployments")
-    return sum(
-        1
-        for o in objs
-        for t in ((o.get("status") or {}).get("trials") or [])
-        if t.get("outcome") not in (None, "running")
-    )
-
-
 async def _until_trials(
     sb: Any, n: int, per_resource: float, proc: subprocess.Popen[bytes], log: Path
 ) -> None:
@@ -274,7 +274,7 @@ async def _until_trials(
     async def done() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"the operator exited with {proc.returncode}; see {log}")
-        seen[0] = await _finished_trials(sb)
+        seen[0] = finished_trials(await _resources(sb))
         return seen[0] >= per_resource * n
 
     async def progress() -> int:
