@@ -27,6 +27,9 @@ if ! command -v apt-get >/dev/null 2>&1 || ! command -v dpkg >/dev/null 2>&1; th
 fi
 mkdir -p "$cache"
 (
+  # One fetch at a time: the test suite runs in parallel workers, each of which may call this.
+  flock 9
+  if [ -x "$unpacked" ]; then exit 0; fi
   cd "$cache"
   rm -f kubernetes-client_*.deb
   if ! apt-get download kubernetes-client >/dev/null 2>&1; then
@@ -34,7 +37,7 @@ mkdir -p "$cache"
     apt-get download kubernetes-client >/dev/null
   fi
   dpkg -x kubernetes-client_*.deb root
-)
+) 9>"$cache/.lock"
 if [ ! -x "$unpacked" ]; then
   echo "get-kubectl: kubernetes-client unpacked but $unpacked is missing" >&2
   exit 1
