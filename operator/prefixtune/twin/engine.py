@@ -99,9 +99,11 @@ def engine_limits(parsed: ParsedCommand, gpu: GpuHardware, model: ModelSpec) -> 
     defaults = twin.scheduler_defaults(gpu)
     chunked = defaults.chunked_prefill if opts.chunked_prefill is None else opts.chunked_prefill
     budget = defaults.max_batched_tokens if opts.max_batched_tokens is None else opts.max_batched_tokens
+    max_len = opts.max_model_len
+    context = model.max_model_len if max_len is None else max_len
     if budget < 0:  # SGLang --chunked-prefill-size -1: chunking off
         chunked, budget = False, 16384  # --max-prefill-tokens default
-    budget = twin.unchunked_budget(budget, bool(chunked), opts.max_batched_tokens is not None)
+    budget = twin.unchunked_budget(budget, bool(chunked), opts.max_batched_tokens is not None, context)
     policy = twin.normalize_policy(str(parsed.config.schedule_policy))
     allowed = _policies(twin.name)
     if policy not in allowed:
@@ -112,8 +114,8 @@ def engine_limits(parsed: ParsedCommand, gpu: GpuHardware, model: ModelSpec) -> 
     policy = twin.twin_policy(policy)
     if policy not in TWIN_POLICIES:
         raise ValueError(f"{twin.name}: schedule_policy {policy!r} maps to no queue order the twin has")
-    max_len = opts.max_model_len
     running = defaults.max_running if opts.max_running is None else opts.max_running
+    twin.check_limits(opts.max_running, budget, bool(chunked), context)
     return EngineLimits(
         max_running=_positive_int(running, "max_running", allow_zero=True),
         max_batched_tokens=_positive_int(budget, "max_batched_tokens"),

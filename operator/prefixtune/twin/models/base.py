@@ -81,9 +81,14 @@ class TwinModel:
     def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
         raise NotImplementedError
 
-    def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool) -> int:
-        """The token budget after the chunked-prefill decision (SGLang caps unchunked prefill)."""
+    def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool, max_model_len: int) -> int:
+        """The token budget after the chunked-prefill decision (SGLang caps unchunked prefill, vLLM
+        raises its default to ``max_model_len``)."""
         return budget
+
+    def check_limits(self, max_running: int | None, budget: int, chunked: bool, max_model_len: int) -> None:
+        """Refuse batch limits the engine refuses at start (``ArgsError``); ``max_running`` is None
+        when the command leaves it to the engine's default."""
 
     def resolve_max_running(self, max_running: int, pool_tokens: int, context_len: int) -> int:
         """The running-request limit once the pool is known (0 may mean "derive it")."""

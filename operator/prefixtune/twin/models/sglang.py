@@ -227,7 +227,7 @@ class SglangModel(TwinModel):
         budget = 16384 if gib >= 160 else 8192 if gib >= 35 else 4096
         return SchedulerDefaults(0, budget, True)
 
-    def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool) -> int:
+    def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool, max_model_len: int) -> int:
         # without chunking, a prefill batch is capped by --max-prefill-tokens
         return UNCHUNKED_PREFILL_TOKENS if not chunked and not budget_given else budget
 
