@@ -36,8 +36,9 @@ and jumps. Decoding requests are not touched per step: a request's progress is t
 step counter minus the counter when it started decoding.
 
 Not modelled: speculative decoding, prompt rejection by the HTTP layer (requests longer than
-``max_model_len`` or than the pool are dropped and counted in ``counters.rejected``), CPU scheduling
-overhead beyond the per-step/per-sequence constants of the cost model.
+``max_model_len`` or than the pool, and on TensorRT-LLM without chunked prefill prompts longer than
+``max_num_tokens``, are dropped and counted in ``counters.rejected``), CPU scheduling overhead beyond
+the per-step/per-sequence constants of the cost model.
 """
 
 from __future__ import annotations
@@ -262,6 +263,10 @@ class TwinEngine:
         if max_running < 1:
             raise ValueError(f"option max_running must be >= 1; got {max_running}")
         self.max_running = min(max_running, self.limits.max_batched_tokens)
+        # The longest prompt the API accepts: TensorRT-LLM without chunked prefill refuses prompts
+        # over max_num_tokens (``TwinModel.rejects_over_budget``).
+        refuses = self.twin.rejects_over_budget and not self.limits.chunked_prefill
+        self._max_prompt = self.limits.max_batched_tokens if refuses else _INF
         self.cost: StepCost = step_cost(
             self.engine,
             self.model,
@@ -352,7 +357,8 @@ class TwinEngine:
             return
         s = _Seq(req, self._order)
         self._order += 1
-        if req.prompt_len + req.output_len > self.memory.max_request_tokens:
+        prompt_len = req.prompt_len
+        if prompt_len + req.output_len > self.memory.max_request_tokens or prompt_len > self._max_prompt:
             self.counters.rejected += 1
             s.state = "done"
             return

@@ -67,6 +67,9 @@ class TwinModel:
     retracts_decode: ClassVar[bool] = False  # victim: the decoding request with least output (SGLang)
     new_token_ratio: ClassVar[float] = 0.0  # share of running requests' remaining output kept free
     no_evict_policy: ClassVar[str] = ""  # the policy that admits a request only when all of it fits
+    # Without chunked prefill, a prompt longer than the token budget is refused at the API (a 400),
+    # not run alone in one step (TensorRT-LLM; vLLM refuses such a budget at start instead).
+    rejects_over_budget: ClassVar[bool] = False
     policy_aliases: ClassVar[Mapping[str, str]] = {}  # engine policy name -> the twin's, where they differ
     # The KV cache model's options (engine-neutral ``ParsedCommand.options`` names it accepts).
     cache_options: ClassVar[tuple[str, ...]] = ()

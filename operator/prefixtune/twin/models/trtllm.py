@@ -173,6 +173,10 @@ class TrtllmModel(TwinModel):
     step_overhead_s = 1.3e-3  # the least per-step host work of the three (ours)
     seq_overhead_s = 5e-6
     no_evict_policy = "guaranteed_no_evict"  # admits a request only when its whole KV fits, allocated at once
+    # PyTorch backend, chunked prefill off: ``tensorrt_llm/llmapi/llm.py`` ``_check_arguments`` raises
+    # RequestError "The sum of prompt length (...), query length (...) should not exceed
+    # max_num_tokens (...)" (pinned by tests/unittest/llmapi/test_llm.py test_max_num_token_check)
+    rejects_over_budget = True
     cache_options = (
         "partial_reuse",
         "copy_on_partial_reuse",
