@@ -110,10 +110,15 @@ def test_small_sweep_in_parallel(
     assert ok16["finished"] > 0 and 0 < ok16["hit_rate"] <= 1
     assert ok16["hit_rate"] > ok128["hit_rate"]  # larger blocks share fewer full blocks
     assert [line.split()[2] for line in table[1:5]] == ["oom_startup", "oom_startup", "ok", "ok"]
-    assert doc["plots"] == ["whatif_memory_fraction.png", "whatif_block_size.png"]
-    for name in doc["plots"]:
+    assert doc["plots"] == [
+        "whatif_memory_fraction.png",
+        "whatif_block_size.png",
+        "whatif_map_memory_fraction_block_size.png",
+    ]
+    for name in doc["plots"][:2]:
         width, height = assert_png(out / name)
         assert width > height  # three panels side by side
+    assert_png(out / doc["plots"][2])  # the grid's map
 
     # The same point in this process gives the same numbers (parallel runs change nothing).
     adapter = get_adapter("vllm")
