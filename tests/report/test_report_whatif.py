@@ -211,3 +211,66 @@ def test_whatif_axes_start_at_zero() -> None:
     assert ttft.get_ylim()[0] == 0.0 and ttft.get_ylim()[1] >= 2000.0  # the SLO line is in view
     assert goodput.get_ylim()[0] == 0.0 and 5100.0 < goodput.get_ylim()[1] < 6000.0
     assert "TTFT SLO" in ttft.get_legend_handles_labels()[1]
+
+
+# --- the batch limits (issue 23) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_the_token_budget_sweeps_by_its_neutral_name_on_every_engine(
+    engine: str, tmp_path: Path, capsys: Any, assert_png: Callable[[Path], tuple[int, int]]
+) -> None:
+    out = tmp_path / engine
+    args = ["--engine", engine, "--model", MODEL, "--gpu", "H100-80GB", "--workload", "rag"]
+    code = whatif.main(
+        [*args, "--rate", "4", "--duration", "8", "--jobs", "2", "--out", str(out),
+         "--sweep", "max_batched_tokens=1024,16384"]
+    )  # fmt: skip
+    assert code == 0
+    assert capsys.readouterr().out.splitlines()[0].split()[:2] == ["max_batched_tokens", "status"]
+    doc = json.loads((out / whatif.RESULTS_JSON).read_text())
+    results = doc["results"]
+    assert [r["config"]["max_batched_tokens"] for r in results] == [1024, 16384]
+    assert [r["limits"]["max_batched_tokens"] for r in results] == [1024, 16384]  # what the twin ran
+    assert all(r["status"] == "ok" for r in results)
+    assert doc["plots"] == ["whatif_max_batched_tokens.png"]
+    width, height = assert_png(out / "whatif_max_batched_tokens.png")
+    assert width > 2 * height  # four panels: TTFT p50, TTFT p99, ITL p99, goodput
+
+
+def test_the_running_cap_sweeps_and_binds(tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "cap"
+    code = whatif.main(
+        [*BASE, "--rate", "8", "--duration", "8", "--jobs", "1", "--out", str(out),
+         "--sweep", "max_running=2,256", "--json"]
+    )  # fmt: skip
+    assert code == 0
+    capped, free = json.loads(capsys.readouterr().out)["results"]
+    assert capped["limits"]["max_running"] == 2 and capped["max_running"] == 2
+    assert capped["ttft_p50_s"] > free["ttft_p50_s"]
+
+
+def test_a_fraction_by_budget_sweep_maps_the_start_up_boundary(
+    tmp_path: Path, capsys: Any, assert_png: Callable[[Path], tuple[int, int]]
+) -> None:
+    out = tmp_path / "map"
+    args = ["--engine", "sglang", "--model", MODEL, "--gpu", "H100-80GB", "--workload", "qa"]
+    code = whatif.main(
+        [*args, "--rate", "4", "--duration", "4", "--jobs", "2", "--out", str(out),
+         "--sweep", "memory_fraction=0.9,0.97", "--sweep", "max_batched_tokens=8192,32768"]
+    )  # fmt: skip
+    assert code == 0
+    doc = json.loads((out / whatif.RESULTS_JSON).read_text())
+    # SGLang keeps activations outside its fraction: a 32k-token chunk does not fit beside 0.97
+    assert [r["status"] for r in doc["results"]] == ["ok", "ok", "ok", "oom_startup"]
+    assert doc["plots"][-1] == "whatif_map_memory_fraction_max_batched_tokens.png"
+    assert_png(out / doc["plots"][-1])
+
+
+def test_a_batch_limit_must_be_a_positive_integer(tmp_path: Path, capsys: Any) -> None:
+    code = whatif.main([*BASE, "--sweep", "max_running=0,8", "--out", str(tmp_path)])
+    assert code == 2
+    assert "--sweep max_running: must be in [1, 1048576], got 0" in capsys.readouterr().err
+    code = whatif.main([*BASE, "--sweep", "max_batched_tokens=1.5", "--out", str(tmp_path)])
+    assert code == 2
+    assert "--sweep max_batched_tokens: '1.5' is not an integer" in capsys.readouterr().err

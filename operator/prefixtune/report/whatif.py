@@ -70,7 +70,7 @@ OVERLOADED_MARK = "OVERLOADED"
 # as options where the engine has no knob of that name (a knob of the same name takes precedence).
 MAX_BATCHED_TOKENS = "max_batched_tokens"
 MAX_RUNNING = "max_running"
-_OPTION_HIGH = float(2**20)  # a bound for messages only: the engines take any positive integer
+_OPTION_HIGH = 2**20  # a bound for messages only: the engines take any positive integer
 OPTION_SPECS: Mapping[str, KnobSpec] = {
     MAX_BATCHED_TOKENS: KnobSpec(
         name=MAX_BATCHED_TOKENS,
