@@ -274,3 +274,13 @@ def test_a_batch_limit_must_be_a_positive_integer(tmp_path: Path, capsys: Any) -
     code = whatif.main([*BASE, "--sweep", "max_batched_tokens=1.5", "--out", str(tmp_path)])
     assert code == 2
     assert "--sweep max_batched_tokens: '1.5' is not an integer" in capsys.readouterr().err
+
+
+def test_a_row_that_served_nothing_shows_no_latencies_and_no_verdict() -> None:
+    # TensorRT-LLM without chunked prefill refuses every prompt over max_num_tokens: status ok, nothing
+    # finished, latencies of zero that would read as a met SLO
+    rows = [_row(16, finished=0, ttft_p99_s=0.0, goodput_tokens_per_s=0.0), _row(32)]
+    lines = whatif.format_table(rows, ["block_size"]).splitlines()
+    assert lines[1].split() == ["16", "ok", "-", "-", "-", "-", "-", "-", "-"]
+    assert whatif.slo_verdict(rows[0], whatif.TableSlo()) == "-"
+    assert whatif.best_index(rows) == 1

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from prefixtune.report.scores import ScoreRow, number, score_label
+from prefixtune.report.whatif import served
 
 DPI = 100
 SIZE = (8.0, 4.5)  # inches: 800 x 450 pixels at DPI
@@ -243,16 +244,16 @@ def whatif_figure(
         bad_label = True
         for _, group_rows in sorted(groups.items(), key=lambda kv: kv[0]):
             rows = sorted(group_rows, key=lambda r: xpos[_key(r["config"][knob])])
-            ok = [r for r in rows if r["status"] == "ok"]
+            ok = [r for r in rows if served(r)]
             name = ", ".join(f"{o}={rows[0]['config'][o]}" for o in others) or None
             if ok:
                 ax.plot([xpos[_key(r["config"][knob])] for r in ok], [float(r[key]) * scale for r in ok],
                         marker="o", label=name)  # fmt: skip
-            bad = [r for r in rows if r["status"] != "ok"]
+            bad = [r for r in rows if not served(r)]
             if bad:
                 ax.scatter([xpos[_key(r["config"][knob])] for r in bad], [0.0] * len(bad), marker="X",
                            s=90, color="tab:red", zorder=4,
-                           label="infeasible (OOM)" if bad_label else None)  # fmt: skip
+                           label="infeasible (OOM) or none served" if bad_label else None)  # fmt: skip
                 bad_label = False
         if categorical:
             ax.set_xticks([xpos[_key(v)] for v in values], [str(v) for v in values])
@@ -269,7 +270,7 @@ def whatif_figure(
         if key == "hit_rate":
             ax.set_ylim(0.0, 1.0)
         else:
-            shown = [float(r[key]) * scale for r in results if r["status"] == "ok"]
+            shown = [float(r[key]) * scale for r in results if served(r)]
             if key == "ttft_p99_s" and slo_ttft_s is not None:
                 shown.append(slo_ttft_s * scale)
             ax.set_ylim(0.0, 1.08 * max(shown) if shown and max(shown) > 0 else 1.0)
@@ -289,8 +290,8 @@ def whatif_map(
     title: str,
 ) -> Path:
     """The grid of two swept names as a map: each cell coloured by status (ok, out of memory at
-    start, out of memory under load) and labelled with its goodput (tokens/s), so the feasibility
-    boundary shows as the edge between colours."""
+    start, out of memory under load) and labelled with its goodput (tokens/s) and the requests the
+    engine refused, so the feasibility boundary shows as the edge between colours."""
     (xname, xvalues), (yname, yvalues) = x, y
     fig = Figure(figsize=(max(6.0, 0.9 * len(xvalues) + 2.5), max(4.0, 0.45 * len(yvalues) + 2.0)))
     ax = fig.add_subplot(1, 1, 1)
@@ -302,7 +303,14 @@ def whatif_map(
         ax.add_patch(
             Rectangle((i - 0.5, j - 0.5), 1.0, 1.0, color=STATUS_COLOUR.get(status, "#dddddd"), ec="white")
         )
-        text = f"{float(r['goodput_tokens_per_s']):.0f}" if status == "ok" else status.replace("oom_", "OOM ")
+        if status != "ok":
+            text = status.replace("oom_", "OOM ")
+        elif not served(r):
+            text = "none served"
+        else:
+            text = f"{float(r['goodput_tokens_per_s']):.0f}"
+            if int(r.get("rejected", 0)):  # refused at the API: not in goodput, not served
+                text += f"\n{int(r['rejected'])} refused"
         ax.text(i, j, text, ha="center", va="center", fontsize=7)
     ax.set_xlim(-0.5, len(xvalues) - 0.5)
     ax.set_ylim(-0.5, len(yvalues) - 0.5)
@@ -312,7 +320,7 @@ def whatif_map(
     ax.set_ylabel(yname)
     handles = [Patch(color=c, label=s) for s, c in STATUS_COLOUR.items()]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
-    ax.set_title(f"{title}\ncell: goodput (tokens/s) or why it failed", fontsize=9)
+    ax.set_title(f"{title}\ncell: goodput (tokens/s), requests refused, or why it failed", fontsize=9)
     return _save(fig, path)
 
 

@@ -13,11 +13,12 @@ Values are checked against the engine adapter's knob specs before anything runs.
 each row against the SLO, marks the best (``best_index``) and the overloaded (``overloaded``).
 
 Besides the knobs, the batch limits sweep by their engine-neutral option names (``OPTION_SPECS``:
-``max_batched_tokens``, the step token budget; ``max_running``, the running-request cap) on every
-engine: where the engine has no knob of that name they are set on the parsed command, as the
-engine's own flag would set them (``--max-num-batched-tokens``, ``--chunked-prefill-size``,
-``max_num_tokens``; ``--max-num-seqs``, ``--max-running-requests``, ``max_batch_size``); where it has
-one, the knob wins and renders its flag.
+``max_batched_tokens``, the step token budget; ``max_running``, the running-request cap; and
+``chunked_prefill``) on every engine: where the engine has no knob of that name they are set on the
+parsed command, as the engine's own flag would set them (``--max-num-batched-tokens``,
+``--chunked-prefill-size``, ``max_num_tokens``; ``--max-num-seqs``, ``--max-running-requests``,
+``max_batch_size``; ``--enable-chunked-prefill``, ``--enable_chunked_prefill``); where it has one,
+the knob wins and renders its flag.
 """
 
 from __future__ import annotations
@@ -67,9 +68,11 @@ OVERLOADED_MARK = "OVERLOADED"
 
 
 # The batch limits by their engine-neutral option names (``EngineOptions``): sweepable on every engine,
-# as options where the engine has no knob of that name (a knob of the same name takes precedence).
+# as options where the engine has no knob of that name (a knob of the same name takes precedence);
+# and chunked prefill, which decides what the token budget does to a long prompt.
 MAX_BATCHED_TOKENS = "max_batched_tokens"
 MAX_RUNNING = "max_running"
+CHUNKED_PREFILL = "chunked_prefill"
 _OPTION_HIGH = 2**20  # a bound for messages only: the engines take any positive integer
 OPTION_SPECS: Mapping[str, KnobSpec] = {
     MAX_BATCHED_TOKENS: KnobSpec(
@@ -86,8 +89,15 @@ OPTION_SPECS: Mapping[str, KnobSpec] = {
         high=_OPTION_HIGH,
         doc="requests in the running batch",
     ),
+    CHUNKED_PREFILL: KnobSpec(
+        name=CHUNKED_PREFILL,
+        default=True,
+        choices=(True, False),
+        doc="split long prompts across steps (vLLM and SGLang on by default, TensorRT-LLM off)",
+    ),
 }
-BATCH_LIMITS = frozenset(OPTION_SPECS)
+BATCH_LIMITS = frozenset({MAX_BATCHED_TOKENS, MAX_RUNNING})
+OptionValue = int | bool
 
 
 class SweepError(ValueError):
@@ -99,7 +109,7 @@ class SweepPoint:
     """One point of a sweep: the knob config and the engine options set beside it (by neutral name)."""
 
     config: KnobConfig
-    options: Mapping[str, int] = field(default_factory=dict)
+    options: Mapping[str, OptionValue] = field(default_factory=dict)
 
     def values(self) -> dict[str, Any]:
         """The swept names' values as the results show them: the knobs, then the options."""
@@ -175,7 +185,7 @@ def grid(
         if problems:
             text = "; ".join(f"{k}: {m}" for k, m in problems)
             raise SweepError(f"--sweep: the combination {config.to_dict()} is not valid: {text}")
-        options = {n: int(v) for n, v in chosen.items() if n not in knobs}
+        options = {n: v for n, v in chosen.items() if n not in knobs and isinstance(v, int)}
         points.append(SweepPoint(config, options))
     return points
 
@@ -197,7 +207,7 @@ def run_point(
     config: Mapping[str, Any],
     options: Mapping[str, Any],
     requests: Sequence[Request] | None = None,
-    engine_options: Mapping[str, int] | None = None,
+    engine_options: Mapping[str, OptionValue] | None = None,
 ) -> dict[str, Any]:
     """One twin run of ``config`` (a KnobConfig dict) with ``engine_options`` set on the parsed
     command (neutral option names, ``OPTION_SPECS``); the summary as plain values, the effective
@@ -295,9 +305,17 @@ class TableSlo:
     itl_p99_s: float = DEFAULT_SLO_ITL_S
 
 
+def served(result: Mapping[str, Any]) -> bool:
+    """The engine ran and finished requests: a row whose latencies mean something. An engine that
+    refused every request (TensorRT-LLM without chunked prefill, every prompt over max_num_tokens)
+    has status ok and no latencies at all."""
+    return result["status"] == "ok" and int(result.get("finished", 1)) > 0
+
+
 def slo_verdict(result: Mapping[str, Any], slo: TableSlo) -> str:
-    """``met``, or which p99 limits the row breaks (``ttft``, ``itl``, ``ttft+itl``); ``-`` if infeasible."""
-    if result["status"] != "ok":
+    """``met``, or which p99 limits the row breaks (``ttft``, ``itl``, ``ttft+itl``); ``-`` if infeasible
+    or nothing was served."""
+    if not served(result):
         return "-"
     broken = [
         name
@@ -342,7 +360,7 @@ def format_table(
     rows = [header]
     best = best_index(results)
     for i, r in enumerate(results):
-        infeasible = r["status"] != "ok"
+        infeasible = not served(r)
         cells = [_fmt(k, r["config"][k]) for k in swept]
         cells += [_fmt(k, r[k]) if (k == "status" or not infeasible) else "-" for k in TABLE_KEYS]
         marks = [BEST_MARK] if i == best else []
