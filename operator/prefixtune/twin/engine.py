@@ -24,9 +24,14 @@ Scheduling, per engine (``reference/engines.md``):
   guaranteed_no_evict admits only when the request's whole KV (prompt + max output) fits, and allocates
   it at once, so it never preempts.
 * Chunked prefill (vLLM and SGLang on by default, TensorRT-LLM off): a prompt is split across steps
-  to fit the token budget. Without it a prompt is prefilled whole, in one step (alone when it exceeds
-  the budget). SGLang does not mix prefill and decode in one batch: while prefill runs, decoding
-  requests wait (its default; ``--enable-mixed-chunk`` is not modelled).
+  to fit the token budget. Without it a prompt is prefilled whole, in one step, alone when it exceeds
+  the budget (SGLang: the first request of a prefill batch may exceed ``--max-prefill-tokens``,
+  ``schedule_policy.py`` ``PrefillAdder``); vLLM refuses such a budget at start (budget below
+  ``max_model_len``, ``vllm/config/scheduler.py`` ``verify_max_model_len``) and TensorRT-LLM refuses
+  such a prompt at its API (``TwinModel.rejects_over_budget``). SGLang does not mix prefill and decode
+  in one batch: while prefill runs (every chunk of a prompt in a row), decoding requests wait (its
+  default, ``scheduler.py`` ``get_next_batch_to_run``; ``--enable-mixed-chunk`` is not modelled).
+  docs/batch-limits.md has the curves and what each rule was read from.
 
 Speed (event-driven): when the batch only decodes and nothing can be admitted, the engine computes how
 many steps remain until the next event (an admissible arrival, a request finishing, ``advance``'s
