@@ -284,3 +284,20 @@ def test_a_row_that_served_nothing_shows_no_latencies_and_no_verdict() -> None:
     assert lines[1].split() == ["16", "ok", "-", "-", "-", "-", "-", "-", "-"]
     assert whatif.slo_verdict(rows[0], whatif.TableSlo()) == "-"
     assert whatif.best_index(rows) == 1
+
+
+def test_trtllm_refuses_long_prompts_unless_chunked_prefill_is_swept_on(tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "trt"
+    args = ["--engine", "trtllm", "--model", MODEL, "--gpu", "H100-80GB", "--workload", "rag"]
+    code = whatif.main(
+        [*args, "--rate", "2", "--duration", "8", "--jobs", "1", "--out", str(out),
+         "--sweep", "max_batched_tokens=4096", "--sweep", "chunked_prefill=false,true"]
+    )  # fmt: skip
+    assert code == 0
+    table = capsys.readouterr().out.splitlines()
+    plain, chunked = json.loads((out / whatif.RESULTS_JSON).read_text())["results"]
+    # every RAG prompt (a ~6k-token context) is over max_num_tokens: refused at the API
+    assert plain["status"] == "ok" and plain["finished"] == 0 and plain["rejected"] > 0
+    assert table[1].split() == ["4096", "False", "ok", "-", "-", "-", "-", "-", "-", "-"]
+    assert chunked["rejected"] == 0 and chunked["finished"] == plain["rejected"]
+    assert chunked["limits"]["chunked_prefill"] is True
