@@ -2,8 +2,9 @@
 
 A ``TwinModel`` holds every engine fact the twin needs and nothing else does: the memory plan (how
 the engine turns its memory fraction into a KV pool and an activation budget), scheduler traits
-(default limits by GPU, batch limits resolved at boot, policy names, whether prefill and decode mix,
-how a victim is chosen, the new-token reservation, the policy that never evicts), the roofline's
+(default limits by GPU, batch limits resolved at boot, the limits and prompts it refuses, policy
+names, whether prefill and decode mix, how a victim is chosen, the new-token reservation, the policy
+that never evicts), the roofline's
 per-step overheads, the KV cache model and its options, the engine's Prometheus series
 (``metrics``: an ``EngineMetrics`` class, see ``twin/exporter.py``) and serving quirks (the error
 body's shape, ``owned_by``, the start-up OOM message, extra HTTP routes).

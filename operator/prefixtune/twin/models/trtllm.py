@@ -210,7 +210,8 @@ class TrtllmModel(TwinModel):
         return super().normalize_policy(policy).replace("-", "_")
 
     def memory_split(self, start: MemoryStart) -> tuple[float, float]:
-        # a dry run measures the peak; pool = u*(M - peak)
+        # a dry run with max_num_tokens measures the peak; pool = u*(M - peak)
+        # (_torch/pyexecutor/_util.py _cal_max_memory, engines.md 4.3): the budget shrinks the pool
         u, gib, free_at_start = start.fraction, GIB, start.free_at_start
         peak = start.weights + NON_TORCH_BYTES + start.profile + start.graphs
         left = free_at_start - peak

@@ -240,7 +240,10 @@ class VllmModel(TwinModel):
             )
 
     def memory_split(self, start: MemoryStart) -> tuple[float, float]:
-        # pool = u*M - weights - non-torch - activation peak - cudagraphs; refuses u*M above free memory
+        # pool = u*M - weights - non-torch - activation peak - cudagraphs; refuses u*M above free memory.
+        # The peak is the profile run's: a dummy forward of max_num_batched_tokens before the pool is
+        # sized (v1/worker/gpu_worker.py determine_available_memory, gpu_model_runner.py profile_run;
+        # engines.md 4.1), so a larger budget shrinks the pool.
         u, m, gib = start.fraction, start.gpu_bytes, GIB
         free_at_start = start.free_at_start
         requested = u * m
