@@ -240,10 +240,11 @@ class SglangModel(TwinModel):
     def memory_split(self, start: MemoryStart) -> tuple[float, float]:
         # pool = u*M_free_at_start - weights; activations, graphs and buffers live outside the fraction
         # (kv_cache_configurator._profile_available_bytes, engines.md 4.2). What is outside must hold
-        # the CUDA graphs and a full chunk's activations: SGLang's default fraction reserves
-        # 512 + max(chunked_prefill_size, 2048)*1.5 MB + ... for it (arg_groups/memory_hook.py), and a
-        # fraction that leaves less fails while the engine starts (graph capture: "set
-        # --mem-fraction-static to a smaller value"). The failure point is inferred, not reproduced.
+        # the CUDA graphs and a full chunk's activations, or the engine fails while it starts (graph
+        # capture: "set --mem-fraction-static to a smaller value"); the failure point is inferred, not
+        # reproduced. SGLang's default fraction keeps a wider margin for the same trade,
+        # 512 + max(chunked_prefill_size, 2048)*1.5 MB + ... (arg_groups/memory_hook.py): that rule
+        # sets the default, it is not a start-up check.
         u, gib, free_at_start = start.fraction, GIB, start.free_at_start
         pool = u * free_at_start - start.weights
         outside = (1.0 - u) * free_at_start - start.graphs - NON_TORCH_BYTES
