@@ -110,10 +110,15 @@ def test_small_sweep_in_parallel(
     assert ok16["finished"] > 0 and 0 < ok16["hit_rate"] <= 1
     assert ok16["hit_rate"] > ok128["hit_rate"]  # larger blocks share fewer full blocks
     assert [line.split()[2] for line in table[1:5]] == ["oom_startup", "oom_startup", "ok", "ok"]
-    assert doc["plots"] == ["whatif_memory_fraction.png", "whatif_block_size.png"]
-    for name in doc["plots"]:
+    assert doc["plots"] == [
+        "whatif_memory_fraction.png",
+        "whatif_block_size.png",
+        "whatif_map_memory_fraction_block_size.png",
+    ]
+    for name in doc["plots"][:2]:
         width, height = assert_png(out / name)
         assert width > height  # three panels side by side
+    assert_png(out / doc["plots"][2])  # the grid's map
 
     # The same point in this process gives the same numbers (parallel runs change nothing).
     adapter = get_adapter("vllm")
@@ -206,3 +211,93 @@ def test_whatif_axes_start_at_zero() -> None:
     assert ttft.get_ylim()[0] == 0.0 and ttft.get_ylim()[1] >= 2000.0  # the SLO line is in view
     assert goodput.get_ylim()[0] == 0.0 and 5100.0 < goodput.get_ylim()[1] < 6000.0
     assert "TTFT SLO" in ttft.get_legend_handles_labels()[1]
+
+
+# --- the batch limits (issue 23) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_the_token_budget_sweeps_by_its_neutral_name_on_every_engine(
+    engine: str, tmp_path: Path, capsys: Any, assert_png: Callable[[Path], tuple[int, int]]
+) -> None:
+    out = tmp_path / engine
+    args = ["--engine", engine, "--model", MODEL, "--gpu", "H100-80GB", "--workload", "rag"]
+    code = whatif.main(
+        [*args, "--rate", "4", "--duration", "8", "--jobs", "2", "--out", str(out),
+         "--sweep", "max_batched_tokens=1024,16384"]
+    )  # fmt: skip
+    assert code == 0
+    assert capsys.readouterr().out.splitlines()[0].split()[:2] == ["max_batched_tokens", "status"]
+    doc = json.loads((out / whatif.RESULTS_JSON).read_text())
+    results = doc["results"]
+    assert [r["config"]["max_batched_tokens"] for r in results] == [1024, 16384]
+    assert [r["limits"]["max_batched_tokens"] for r in results] == [1024, 16384]  # what the twin ran
+    assert all(r["status"] == "ok" for r in results)
+    assert doc["plots"] == ["whatif_max_batched_tokens.png"]
+    width, height = assert_png(out / "whatif_max_batched_tokens.png")
+    assert width > 2 * height  # four panels: TTFT p50, TTFT p99, ITL p99, goodput
+
+
+def test_the_running_cap_sweeps_and_binds(tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "cap"
+    code = whatif.main(
+        [*BASE, "--rate", "8", "--duration", "8", "--jobs", "1", "--out", str(out),
+         "--sweep", "max_running=2,256", "--json"]
+    )  # fmt: skip
+    assert code == 0
+    capped, free = json.loads(capsys.readouterr().out)["results"]
+    assert capped["limits"]["max_running"] == 2 and capped["max_running"] == 2
+    assert capped["ttft_p50_s"] > free["ttft_p50_s"]
+
+
+def test_a_fraction_by_budget_sweep_maps_the_start_up_boundary(
+    tmp_path: Path, capsys: Any, assert_png: Callable[[Path], tuple[int, int]]
+) -> None:
+    out = tmp_path / "map"
+    args = ["--engine", "sglang", "--model", MODEL, "--gpu", "H100-80GB", "--workload", "qa"]
+    code = whatif.main(
+        [*args, "--rate", "4", "--duration", "4", "--jobs", "2", "--out", str(out),
+         "--sweep", "memory_fraction=0.9,0.97", "--sweep", "max_batched_tokens=8192,32768"]
+    )  # fmt: skip
+    assert code == 0
+    doc = json.loads((out / whatif.RESULTS_JSON).read_text())
+    # SGLang keeps activations outside its fraction: a 32k-token chunk does not fit beside 0.97
+    assert [r["status"] for r in doc["results"]] == ["ok", "ok", "ok", "oom_startup"]
+    assert doc["plots"][-1] == "whatif_map_memory_fraction_max_batched_tokens.png"
+    assert_png(out / doc["plots"][-1])
+
+
+def test_a_batch_limit_must_be_a_positive_integer(tmp_path: Path, capsys: Any) -> None:
+    code = whatif.main([*BASE, "--sweep", "max_running=0,8", "--out", str(tmp_path)])
+    assert code == 2
+    assert "--sweep max_running: must be in [1, 1048576], got 0" in capsys.readouterr().err
+    code = whatif.main([*BASE, "--sweep", "max_batched_tokens=1.5", "--out", str(tmp_path)])
+    assert code == 2
+    assert "--sweep max_batched_tokens: '1.5' is not an integer" in capsys.readouterr().err
+
+
+def test_a_row_that_served_nothing_shows_no_latencies_and_no_verdict() -> None:
+    # TensorRT-LLM without chunked prefill refuses every prompt over max_num_tokens: status ok, nothing
+    # finished, latencies of zero that would read as a met SLO
+    rows = [_row(16, finished=0, ttft_p99_s=0.0, goodput_tokens_per_s=0.0), _row(32)]
+    lines = whatif.format_table(rows, ["block_size"]).splitlines()
+    assert lines[1].split() == ["16", "ok", "-", "-", "-", "-", "-", "-", "-"]
+    assert whatif.slo_verdict(rows[0], whatif.TableSlo()) == "-"
+    assert whatif.best_index(rows) == 1
+
+
+def test_trtllm_refuses_long_prompts_unless_chunked_prefill_is_swept_on(tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "trt"
+    args = ["--engine", "trtllm", "--model", MODEL, "--gpu", "H100-80GB", "--workload", "rag"]
+    code = whatif.main(
+        [*args, "--rate", "2", "--duration", "8", "--jobs", "1", "--out", str(out),
+         "--sweep", "max_batched_tokens=4096", "--sweep", "chunked_prefill=false,true"]
+    )  # fmt: skip
+    assert code == 0
+    table = capsys.readouterr().out.splitlines()
+    plain, chunked = json.loads((out / whatif.RESULTS_JSON).read_text())["results"]
+    # every RAG prompt (a ~6k-token context) is over max_num_tokens: refused at the API
+    assert plain["status"] == "ok" and plain["finished"] == 0 and plain["rejected"] > 0
+    assert table[1].split() == ["4096", "False", "ok", "-", "-", "-", "-", "-", "-", "-"]
+    assert chunked["rejected"] == 0 and chunked["finished"] == plain["rejected"]
+    assert chunked["limits"]["chunked_prefill"] is True

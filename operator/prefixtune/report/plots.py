@@ -16,8 +16,10 @@ matplotlib.use("Agg")
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
 
 from prefixtune.report.scores import ScoreRow, number, score_label
+from prefixtune.report.whatif import served
 
 DPI = 100
 SIZE = (8.0, 4.5)  # inches: 800 x 450 pixels at DPI
@@ -181,6 +183,18 @@ WHATIF_METRICS: tuple[tuple[str, str, float], ...] = (  # (key, axis label, scal
     ("ttft_p99_s", "TTFT p99 (ms)", 1000.0),
     ("goodput_tokens_per_s", "goodput (tokens/s)", 1.0),
 )
+# The batch limits trade TTFT against ITL: their panels (``twin whatif --sweep max_batched_tokens=...``).
+LATENCY_METRICS: tuple[tuple[str, str, float], ...] = (
+    ("ttft_p50_s", "TTFT p50 (ms)", 1000.0),
+    ("ttft_p99_s", "TTFT p99 (ms)", 1000.0),
+    ("itl_p99_s", "ITL p99 (ms)", 1000.0),
+    ("goodput_tokens_per_s", "goodput (tokens/s)", 1.0),
+)
+STATUS_COLOUR: dict[str, str] = {  # a what-if map cell's status -> colour
+    "ok": "#cfe8cf",
+    "oom_startup": "#f4a6a6",
+    "oom_runtime": "#f6d08c",
+}
 
 
 def whatif_plot(
@@ -192,9 +206,14 @@ def whatif_plot(
     *,
     title: str,
     slo_ttft_s: float | None = None,
+    metrics: Sequence[tuple[str, str, float]] = WHATIF_METRICS,
+    log_x: bool = False,
 ) -> Path:
     """``whatif_figure`` as a PNG at ``path``."""
-    return _save(whatif_figure(results, knob, values, others, title=title, slo_ttft_s=slo_ttft_s), path)
+    fig = whatif_figure(
+        results, knob, values, others, title=title, slo_ttft_s=slo_ttft_s, metrics=metrics, log_x=log_x
+    )
+    return _save(fig, path)
 
 
 def whatif_figure(
@@ -205,36 +224,43 @@ def whatif_figure(
     *,
     title: str,
     slo_ttft_s: float | None = None,
+    metrics: Sequence[tuple[str, str, float]] = WHATIF_METRICS,
+    log_x: bool = False,
 ) -> Figure:
-    """Hit rate, TTFT p99 and goodput against ``knob``: one line per combination of the ``others``
-    swept knobs; infeasible points (status other than ok) marked with a red X on the x axis.
+    """``metrics`` (hit rate, TTFT p99 and goodput by default) against ``knob``: one line per
+    combination of the ``others`` swept knobs; infeasible points (status other than ok) marked with
+    a red X on the x axis; ``log_x`` for a knob swept over powers (the token budget).
 
-    Every y axis starts at zero (all three are shares, rates or durations), and the hit rate's ends
+    Every y axis starts at zero (all are shares, rates or durations), and the hit rate's ends
     at 1, so a 2% difference looks like 2%; ``slo_ttft_s`` draws the TTFT SLO on its panel."""
-    fig = Figure(figsize=(12.0, 4.5))
+    fig = Figure(figsize=(4.0 * len(metrics), 4.5))
     categorical = any(isinstance(v, bool | str) for v in values)
     xpos = {_key(v): (float(i) if categorical else float(v)) for i, v in enumerate(values)}
     groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for r in results:
         groups.setdefault(tuple(_key(r["config"][o]) for o in others), []).append(r)
-    for col, (key, label, scale) in enumerate(WHATIF_METRICS):
-        ax = fig.add_subplot(1, len(WHATIF_METRICS), col + 1)
+    for col, (key, label, scale) in enumerate(metrics):
+        ax = fig.add_subplot(1, len(metrics), col + 1)
         bad_label = True
         for _, group_rows in sorted(groups.items(), key=lambda kv: kv[0]):
             rows = sorted(group_rows, key=lambda r: xpos[_key(r["config"][knob])])
-            ok = [r for r in rows if r["status"] == "ok"]
+            ok = [r for r in rows if served(r)]
             name = ", ".join(f"{o}={rows[0]['config'][o]}" for o in others) or None
             if ok:
                 ax.plot([xpos[_key(r["config"][knob])] for r in ok], [float(r[key]) * scale for r in ok],
                         marker="o", label=name)  # fmt: skip
-            bad = [r for r in rows if r["status"] != "ok"]
+            bad = [r for r in rows if not served(r)]
             if bad:
                 ax.scatter([xpos[_key(r["config"][knob])] for r in bad], [0.0] * len(bad), marker="X",
                            s=90, color="tab:red", zorder=4,
-                           label="infeasible (OOM)" if bad_label else None)  # fmt: skip
+                           label="infeasible (OOM) or none served" if bad_label else None)  # fmt: skip
                 bad_label = False
         if categorical:
             ax.set_xticks([xpos[_key(v)] for v in values], [str(v) for v in values])
+        elif log_x:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks([xpos[_key(v)] for v in values], [str(v) for v in values], rotation=45)
+            ax.minorticks_off()
         if key == "ttft_p99_s" and slo_ttft_s is not None:
             ax.axhline(slo_ttft_s * scale, color="tab:gray", linestyle="--", label="TTFT SLO")
             ax.legend(loc="best", fontsize=7)
@@ -244,7 +270,7 @@ def whatif_figure(
         if key == "hit_rate":
             ax.set_ylim(0.0, 1.0)
         else:
-            shown = [float(r[key]) * scale for r in results if r["status"] == "ok"]
+            shown = [float(r[key]) * scale for r in results if served(r)]
             if key == "ttft_p99_s" and slo_ttft_s is not None:
                 shown.append(slo_ttft_s * scale)
             ax.set_ylim(0.0, 1.08 * max(shown) if shown and max(shown) > 0 else 1.0)
@@ -253,6 +279,49 @@ def whatif_figure(
             ax.legend(loc="best", fontsize=7)
     fig.suptitle(title)
     return fig
+
+
+def whatif_map(
+    results: Sequence[Mapping[str, Any]],
+    x: tuple[str, Sequence[Any]],
+    y: tuple[str, Sequence[Any]],
+    path: Path,
+    *,
+    title: str,
+) -> Path:
+    """The grid of two swept names as a map: each cell coloured by status (ok, out of memory at
+    start, out of memory under load) and labelled with its goodput (tokens/s) and the requests the
+    engine refused, so the feasibility boundary shows as the edge between colours."""
+    (xname, xvalues), (yname, yvalues) = x, y
+    fig = Figure(figsize=(max(6.0, 0.9 * len(xvalues) + 2.5), max(4.0, 0.45 * len(yvalues) + 2.0)))
+    ax = fig.add_subplot(1, 1, 1)
+    col = {_key(v): i for i, v in enumerate(xvalues)}
+    row = {_key(v): j for j, v in enumerate(yvalues)}
+    for r in results:
+        i, j = col[_key(r["config"][xname])], row[_key(r["config"][yname])]
+        status = str(r["status"])
+        ax.add_patch(
+            Rectangle((i - 0.5, j - 0.5), 1.0, 1.0, color=STATUS_COLOUR.get(status, "#dddddd"), ec="white")
+        )
+        if status != "ok":
+            text = status.replace("oom_", "OOM ")
+        elif not served(r):
+            text = "none served"
+        else:
+            text = f"{float(r['goodput_tokens_per_s']):.0f}"
+            if int(r.get("rejected", 0)):  # refused at the API: not in goodput, not served
+                text += f"\n{int(r['rejected'])} refused"
+        ax.text(i, j, text, ha="center", va="center", fontsize=7)
+    ax.set_xlim(-0.5, len(xvalues) - 0.5)
+    ax.set_ylim(-0.5, len(yvalues) - 0.5)
+    ax.set_xticks(range(len(xvalues)), [str(v) for v in xvalues], rotation=45)
+    ax.set_yticks(range(len(yvalues)), [str(v) for v in yvalues])
+    ax.set_xlabel(xname)
+    ax.set_ylabel(yname)
+    handles = [Patch(color=c, label=s) for s, c in STATUS_COLOUR.items()]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    ax.set_title(f"{title}\ncell: goodput (tokens/s), requests refused, or why it failed", fontsize=9)
+    return _save(fig, path)
 
 
 def _key(value: Any) -> Any:

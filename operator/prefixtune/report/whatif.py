@@ -6,9 +6,19 @@
 
 Runs the twin once per point of the cartesian product of the sweeps (other knobs at the engine's
 defaults), in parallel processes, and writes ``results.json`` plus one PNG per swept knob (hit rate,
-TTFT p99 and goodput against it; infeasible points, out of memory at start or under load, marked).
+TTFT p99 and goodput against it; for the batch limits TTFT p50/p99, ITL p99 and goodput; infeasible
+points, out of memory at start or under load, marked) and, when exactly two names are swept over
+several values each, a map of the grid (each cell's status and goodput: the OOM boundary).
 Values are checked against the engine adapter's knob specs before anything runs. The table judges
 each row against the SLO, marks the best (``best_index``) and the overloaded (``overloaded``).
+
+Besides the knobs, the batch limits sweep by their engine-neutral option names (``OPTION_SPECS``:
+``max_batched_tokens``, the step token budget; ``max_running``, the running-request cap; and
+``chunked_prefill``) on every engine: where the engine has no knob of that name they are set on the
+parsed command, as the engine's own flag would set them (``--max-num-batched-tokens``,
+``--chunked-prefill-size``, ``max_num_tokens``; ``--max-num-seqs``, ``--max-running-requests``,
+``max_batch_size``; ``--enable-chunked-prefill``, ``--enable_chunked_prefill``); where it has one,
+the knob wins and renders its flag.
 """
 
 from __future__ import annotations
@@ -20,11 +30,18 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from prefixtune.engines.base import KNOB_NAMES, ArgsError, EngineAdapter, KnobConfig, KnobSpec
+from prefixtune.engines.base import (
+    KNOB_NAMES,
+    ArgsError,
+    EngineAdapter,
+    EngineOptions,
+    KnobConfig,
+    KnobSpec,
+)
 from prefixtune.twin.cliargs import add_target_args, add_workload_source
 from prefixtune.twin.request import Request
 
@@ -50,8 +67,58 @@ BEST_MARK = "<- best"
 OVERLOADED_MARK = "OVERLOADED"
 
 
+# The batch limits by their engine-neutral option names (``EngineOptions``): sweepable on every engine,
+# as options where the engine has no knob of that name (a knob of the same name takes precedence);
+# and chunked prefill, which decides what the token budget does to a long prompt.
+MAX_BATCHED_TOKENS = "max_batched_tokens"
+MAX_RUNNING = "max_running"
+CHUNKED_PREFILL = "chunked_prefill"
+_OPTION_HIGH = 2**20  # a bound for messages only: the engines take any positive integer
+OPTION_SPECS: Mapping[str, KnobSpec] = {
+    MAX_BATCHED_TOKENS: KnobSpec(
+        name=MAX_BATCHED_TOKENS,
+        default=8192,
+        low=1,
+        high=_OPTION_HIGH,
+        doc="tokens per engine step (the prefill chunk and the decode tokens together)",
+    ),
+    MAX_RUNNING: KnobSpec(
+        name=MAX_RUNNING,
+        default=256,
+        low=1,
+        high=_OPTION_HIGH,
+        doc="requests in the running batch",
+    ),
+    CHUNKED_PREFILL: KnobSpec(
+        name=CHUNKED_PREFILL,
+        default=True,
+        choices=(True, False),
+        doc="split long prompts across steps (vLLM and SGLang on by default, TensorRT-LLM off)",
+    ),
+}
+BATCH_LIMITS = frozenset({MAX_BATCHED_TOKENS, MAX_RUNNING})
+OptionValue = int | bool
+
+
 class SweepError(ValueError):
     """A --sweep that names an unknown knob or a value the engine does not accept."""
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One point of a sweep: the knob config and the engine options set beside it (by neutral name)."""
+
+    config: KnobConfig
+    options: Mapping[str, OptionValue] = field(default_factory=dict)
+
+    def values(self) -> dict[str, Any]:
+        """The swept names' values as the results show them: the knobs, then the options."""
+        return {**self.config.to_dict(), **self.options}
+
+
+def sweepable(knobs: Mapping[str, KnobSpec]) -> dict[str, KnobSpec]:
+    """What ``--sweep`` accepts on an engine: its knobs, and the batch-limit options it has no knob for."""
+    return {**knobs, **{name: spec for name, spec in OPTION_SPECS.items() if name not in knobs}}
 
 
 def _parse_value(spec: KnobSpec, text: str) -> float | int | bool | str:
@@ -101,22 +168,26 @@ def parse_sweep(text: str, knobs: Mapping[str, KnobSpec]) -> tuple[str, list[flo
 
 def grid(
     adapter: EngineAdapter, sweeps: Sequence[tuple[str, Sequence[float | int | bool | str]]]
-) -> list[KnobConfig]:
-    """The cartesian product of the sweeps over the engine's default config, in sweep order."""
+) -> list[SweepPoint]:
+    """The cartesian product of the sweeps over the engine's default config, in sweep order; the
+    names that are not the engine's knobs (``OPTION_SPECS``) become the points' options."""
     names = [n for n, _ in sweeps]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise SweepError(f"--sweep given more than once for {', '.join(dupes)}; list all values in one")
+    knobs = adapter.knobs()
     base = adapter.default_config()
-    configs = []
+    points = []
     for combo in itertools.product(*(values for _, values in sweeps)):
-        config = base.with_(**dict(zip(names, combo, strict=True)))
+        chosen = dict(zip(names, combo, strict=True))
+        config = base.with_(**{n: v for n, v in chosen.items() if n in knobs})
         problems = adapter.validate(config)
         if problems:
             text = "; ".join(f"{k}: {m}" for k, m in problems)
             raise SweepError(f"--sweep: the combination {config.to_dict()} is not valid: {text}")
-        configs.append(config)
-    return configs
+        options = {n: v for n, v in chosen.items() if n not in knobs and isinstance(v, int)}
+        points.append(SweepPoint(config, options))
+    return points
 
 
 # --- running points (in worker processes) ---------------------------------------------------------
@@ -136,30 +207,38 @@ def run_point(
     config: Mapping[str, Any],
     options: Mapping[str, Any],
     requests: Sequence[Request] | None = None,
+    engine_options: Mapping[str, OptionValue] | None = None,
 ) -> dict[str, Any]:
-    """One twin run of ``config`` (a KnobConfig dict); the summary as plain values."""
+    """One twin run of ``config`` (a KnobConfig dict) with ``engine_options`` set on the parsed
+    command (neutral option names, ``OPTION_SPECS``); the summary as plain values, the effective
+    batch limits under ``limits``."""
     from prefixtune.engines import get_adapter
-    from prefixtune.twin.run import SimOptions, simulate
+    from prefixtune.twin.run import SimOptions, parse_command, simulate
     from prefixtune.twin.summary import GoodputSlo
 
     adapter = get_adapter(engine)
     knobs = KnobConfig.from_dict(config)
     rendered = adapter.render(model, knobs, tensor_parallel=int(options.get("tp") or 1))
+    parsed = parse_command(engine, list(rendered.argv), files=rendered.files)
+    if engine_options:
+        parsed = replace(parsed, options=EngineOptions({**parsed.options, **engine_options}))
     summary = simulate(
         engine,
-        list(rendered.argv),
+        parsed,
         gpu,
         _REQUESTS if requests is None else requests,
         SimOptions(
             seed=int(options.get("seed", 0)),
             slo=GoodputSlo(ttft_s=options.get("slo_ttft_s"), itl_s=options.get("slo_itl_s")),
             warmup_s=float(options.get("warmup_s", 0.0)),
-            files=rendered.files,
         ),
     )
     data = summary.to_dict()
-    data.pop("setup", None)
-    return {"config": knobs.to_dict(), **data}
+    setup = data.pop("setup", None) or {}
+    limits = setup.get("limits")
+    if limits is not None:
+        data["limits"] = limits
+    return {"config": {**knobs.to_dict(), **(engine_options or {})}, **data}
 
 
 def progress_bar(done: int, total: int, width: int = 30) -> str:
@@ -171,19 +250,23 @@ def run_sweep(
     engine: str,
     model: str,
     gpu: str,
-    configs: Sequence[KnobConfig],
+    configs: Sequence[KnobConfig | SweepPoint],
     requests: list[Request],
     options: Mapping[str, Any],
     *,
     jobs: int = 1,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every config through the twin (``jobs`` processes; 1: in this process); results in config order."""
-    total = len(configs)
+    """Every point through the twin (``jobs`` processes; 1: in this process); results in point order.
+    A bare KnobConfig is a point without engine options."""
+    points = [c if isinstance(c, SweepPoint) else SweepPoint(c) for c in configs]
+    total = len(points)
     results: list[dict[str, Any] | None] = [None] * total
     if jobs <= 1 or total <= 1:
-        for i, config in enumerate(configs):
-            results[i] = run_point(engine, model, gpu, config.to_dict(), options, requests)
+        for i, point in enumerate(points):
+            results[i] = run_point(
+                engine, model, gpu, point.config.to_dict(), options, requests, point.options
+            )
             if on_progress:
                 on_progress(i + 1, total)
     else:
@@ -191,8 +274,8 @@ def run_sweep(
             max_workers=min(jobs, total), initializer=_init_worker, initargs=(requests,)
         ) as pool:
             futures = {
-                pool.submit(run_point, engine, model, gpu, c.to_dict(), options): i
-                for i, c in enumerate(configs)
+                pool.submit(run_point, engine, model, gpu, p.config.to_dict(), options, None, p.options): i
+                for i, p in enumerate(points)
             }
             for done, future in enumerate(as_completed(futures), start=1):
                 results[futures[future]] = future.result()
@@ -222,9 +305,17 @@ class TableSlo:
     itl_p99_s: float = DEFAULT_SLO_ITL_S
 
 
+def served(result: Mapping[str, Any]) -> bool:
+    """The engine ran and finished requests: a row whose latencies mean something. An engine that
+    refused every request (TensorRT-LLM without chunked prefill, every prompt over max_num_tokens)
+    has status ok and no latencies at all."""
+    return result["status"] == "ok" and int(result.get("finished", 1)) > 0
+
+
 def slo_verdict(result: Mapping[str, Any], slo: TableSlo) -> str:
-    """``met``, or which p99 limits the row breaks (``ttft``, ``itl``, ``ttft+itl``); ``-`` if infeasible."""
-    if result["status"] != "ok":
+    """``met``, or which p99 limits the row breaks (``ttft``, ``itl``, ``ttft+itl``); ``-`` if infeasible
+    or nothing was served."""
+    if not served(result):
         return "-"
     broken = [
         name
@@ -269,7 +360,7 @@ def format_table(
     rows = [header]
     best = best_index(results)
     for i, r in enumerate(results):
-        infeasible = r["status"] != "ok"
+        infeasible = not served(r)
         cells = [_fmt(k, r["config"][k]) for k in swept]
         cells += [_fmt(k, r[k]) if (k == "status" or not infeasible) else "-" for k in TABLE_KEYS]
         marks = [BEST_MARK] if i == best else []
@@ -296,16 +387,19 @@ def write_outputs(
     setup: Mapping[str, Any],
     out_dir: Path,
 ) -> dict[str, Any]:
-    """results.json and one PNG per swept knob (every knob when only one value is swept)."""
+    """results.json and one PNG per swept knob (every knob when only one value is swept): hit rate,
+    TTFT p99 and goodput, or for a batch limit (``BATCH_LIMITS``) TTFT p50/p99, ITL p99 and goodput
+    (the token budget on a log axis); with exactly two names swept over several values each, also
+    ``whatif_map_<x>_<y>.png``, the grid's status and goodput."""
     from prefixtune.report import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
     names = [n for n, _ in sweeps]
     plotted = [(n, v) for n, v in sweeps if len(v) > 1] or list(sweeps[:1])
+    title = f"{setup['engine']} · {setup['model']} · {setup['gpu']} · {setup['workload']}"
     images = []
     for knob, values in plotted:
         others = [n for n in names if n != knob and len(dict(sweeps)[n]) > 1]
-        title = f"{setup['engine']} · {setup['model']} · {setup['gpu']} · {setup['workload']}"
         path = plots.whatif_plot(
             results,
             knob,
@@ -314,6 +408,18 @@ def write_outputs(
             out_dir / f"whatif_{knob}.png",
             title=title,
             slo_ttft_s=setup.get("slo_ttft_s"),
+            metrics=plots.LATENCY_METRICS if knob in BATCH_LIMITS else plots.WHATIF_METRICS,
+            log_x=knob == MAX_BATCHED_TOKENS,
+        )
+        images.append(path.name)
+    if len(plotted) == 2 and len(sweeps) == 2:
+        (xname, xvalues), (yname, yvalues) = plotted
+        path = plots.whatif_map(
+            results,
+            (xname, xvalues),
+            (yname, yvalues),
+            out_dir / f"whatif_map_{xname}_{yname}.png",
+            title=title,
         )
         images.append(path.name)
     doc = {
@@ -340,7 +446,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         required=True,
         metavar="KNOB=V1,V2,...",
-        help=f"knob values to try (knobs: {', '.join(KNOB_NAMES)}); repeat for a grid",
+        help=f"knob values to try (knobs: {', '.join(KNOB_NAMES)}; and the batch limits "
+        f"{', '.join(OPTION_SPECS)} on every engine); repeat for a grid",
     )
     p.add_argument("--out", required=True, help="output folder (results.json and PNGs)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: CPUs)")
@@ -388,7 +495,7 @@ def main(argv: Sequence[str], stderr: TextIO | None = None) -> int:
     try:
         _check_numbers(ns)
         adapter = get_adapter(ns.engine)
-        knobs = adapter.knobs()
+        knobs = sweepable(adapter.knobs())
         sweeps = [parse_sweep(s, knobs) for s in ns.sweep]
         configs = grid(adapter, sweeps)
         # Fail on a bad model / GPU / TP here, once, rather than in every worker.

@@ -24,9 +24,14 @@ Scheduling, per engine (``reference/engines.md``):
   guaranteed_no_evict admits only when the request's whole KV (prompt + max output) fits, and allocates
   it at once, so it never preempts.
 * Chunked prefill (vLLM and SGLang on by default, TensorRT-LLM off): a prompt is split across steps
-  to fit the token budget. Without it a prompt is prefilled whole, in one step (alone when it exceeds
-  the budget). SGLang does not mix prefill and decode in one batch: while prefill runs, decoding
-  requests wait (its default; ``--enable-mixed-chunk`` is not modelled).
+  to fit the token budget. Without it a prompt is prefilled whole, in one step, alone when it exceeds
+  the budget (SGLang: the first request of a prefill batch may exceed ``--max-prefill-tokens``,
+  ``schedule_policy.py`` ``PrefillAdder``); vLLM refuses such a budget at start (budget below
+  ``max_model_len``, ``vllm/config/scheduler.py`` ``verify_max_model_len``) and TensorRT-LLM refuses
+  such a prompt at its API (``TwinModel.rejects_over_budget``). SGLang does not mix prefill and decode
+  in one batch: while prefill runs (every chunk of a prompt in a row), decoding requests wait (its
+  default, ``scheduler.py`` ``get_next_batch_to_run``; ``--enable-mixed-chunk`` is not modelled).
+  docs/batch-limits.md has the curves and what each rule was read from.
 
 Speed (event-driven): when the batch only decodes and nothing can be admitted, the engine computes how
 many steps remain until the next event (an admissible arrival, a request finishing, ``advance``'s
@@ -36,8 +41,9 @@ and jumps. Decoding requests are not touched per step: a request's progress is t
 step counter minus the counter when it started decoding.
 
 Not modelled: speculative decoding, prompt rejection by the HTTP layer (requests longer than
-``max_model_len`` or than the pool are dropped and counted in ``counters.rejected``), CPU scheduling
-overhead beyond the per-step/per-sequence constants of the cost model.
+``max_model_len`` or than the pool, and on TensorRT-LLM without chunked prefill prompts longer than
+``max_num_tokens``, are dropped and counted in ``counters.rejected``), CPU scheduling overhead beyond
+the per-step/per-sequence constants of the cost model.
 """
 
 from __future__ import annotations
@@ -99,9 +105,11 @@ def engine_limits(parsed: ParsedCommand, gpu: GpuHardware, model: ModelSpec) -> 
     defaults = twin.scheduler_defaults(gpu)
     chunked = defaults.chunked_prefill if opts.chunked_prefill is None else opts.chunked_prefill
     budget = defaults.max_batched_tokens if opts.max_batched_tokens is None else opts.max_batched_tokens
+    max_len = opts.max_model_len
+    context = model.max_model_len if max_len is None else max_len
     if budget < 0:  # SGLang --chunked-prefill-size -1: chunking off
         chunked, budget = False, 16384  # --max-prefill-tokens default
-    budget = twin.unchunked_budget(budget, bool(chunked), opts.max_batched_tokens is not None)
+    budget = twin.unchunked_budget(budget, bool(chunked), opts.max_batched_tokens is not None, context)
     policy = twin.normalize_policy(str(parsed.config.schedule_policy))
     allowed = _policies(twin.name)
     if policy not in allowed:
@@ -112,8 +120,8 @@ def engine_limits(parsed: ParsedCommand, gpu: GpuHardware, model: ModelSpec) -> 
     policy = twin.twin_policy(policy)
     if policy not in TWIN_POLICIES:
         raise ValueError(f"{twin.name}: schedule_policy {policy!r} maps to no queue order the twin has")
-    max_len = opts.max_model_len
     running = defaults.max_running if opts.max_running is None else opts.max_running
+    twin.check_limits(opts.max_running, budget, bool(chunked), context)
     return EngineLimits(
         max_running=_positive_int(running, "max_running", allow_zero=True),
         max_batched_tokens=_positive_int(budget, "max_batched_tokens"),
@@ -260,6 +268,10 @@ class TwinEngine:
         if max_running < 1:
             raise ValueError(f"option max_running must be >= 1; got {max_running}")
         self.max_running = min(max_running, self.limits.max_batched_tokens)
+        # The longest prompt the API accepts: TensorRT-LLM without chunked prefill refuses prompts
+        # over max_num_tokens (``TwinModel.rejects_over_budget``).
+        refuses = self.twin.rejects_over_budget and not self.limits.chunked_prefill
+        self._max_prompt = self.limits.max_batched_tokens if refuses else _INF
         self.cost: StepCost = step_cost(
             self.engine,
             self.model,
@@ -350,7 +362,8 @@ class TwinEngine:
             return
         s = _Seq(req, self._order)
         self._order += 1
-        if req.prompt_len + req.output_len > self.memory.max_request_tokens:
+        prompt_len = req.prompt_len
+        if prompt_len + req.output_len > self.memory.max_request_tokens or prompt_len > self._max_prompt:
             self.counters.rejected += 1
             s.state = "done"
             return

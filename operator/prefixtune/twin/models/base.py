@@ -2,8 +2,9 @@
 
 A ``TwinModel`` holds every engine fact the twin needs and nothing else does: the memory plan (how
 the engine turns its memory fraction into a KV pool and an activation budget), scheduler traits
-(default limits by GPU, batch limits resolved at boot, policy names, whether prefill and decode mix,
-how a victim is chosen, the new-token reservation, the policy that never evicts), the roofline's
+(default limits by GPU, batch limits resolved at boot, the limits and prompts it refuses, policy
+names, whether prefill and decode mix, how a victim is chosen, the new-token reservation, the policy
+that never evicts), the roofline's
 per-step overheads, the KV cache model and its options, the engine's Prometheus series
 (``metrics``: an ``EngineMetrics`` class, see ``twin/exporter.py``) and serving quirks (the error
 body's shape, ``owned_by``, the start-up OOM message, extra HTTP routes).
@@ -67,6 +68,9 @@ class TwinModel:
     retracts_decode: ClassVar[bool] = False  # victim: the decoding request with least output (SGLang)
     new_token_ratio: ClassVar[float] = 0.0  # share of running requests' remaining output kept free
     no_evict_policy: ClassVar[str] = ""  # the policy that admits a request only when all of it fits
+    # Without chunked prefill, a prompt longer than the token budget is refused at the API (a 400),
+    # not run alone in one step (TensorRT-LLM; vLLM refuses such a budget at start instead).
+    rejects_over_budget: ClassVar[bool] = False
     policy_aliases: ClassVar[Mapping[str, str]] = {}  # engine policy name -> the twin's, where they differ
     # The KV cache model's options (engine-neutral ``ParsedCommand.options`` names it accepts).
     cache_options: ClassVar[tuple[str, ...]] = ()
@@ -81,9 +85,14 @@ class TwinModel:
     def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
         raise NotImplementedError
 
-    def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool) -> int:
-        """The token budget after the chunked-prefill decision (SGLang caps unchunked prefill)."""
+    def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool, max_model_len: int) -> int:
+        """The token budget after the chunked-prefill decision (SGLang caps unchunked prefill, vLLM
+        raises its default to ``max_model_len``)."""
         return budget
+
+    def check_limits(self, max_running: int | None, budget: int, chunked: bool, max_model_len: int) -> None:
+        """Refuse batch limits the engine refuses at start (``ArgsError``); ``max_running`` is None
+        when the command leaves it to the engine's default."""
 
     def resolve_max_running(self, max_running: int, pool_tokens: int, context_len: int) -> int:
         """The running-request limit once the pool is known (0 may mean "derive it")."""

@@ -227,7 +227,7 @@ class SglangModel(TwinModel):
         budget = 16384 if gib >= 160 else 8192 if gib >= 35 else 4096
         return SchedulerDefaults(0, budget, True)
 
-    def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool) -> int:
+    def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool, max_model_len: int) -> int:
         # without chunking, a prefill batch is capped by --max-prefill-tokens
         return UNCHUNKED_PREFILL_TOKENS if not chunked and not budget_given else budget
 
@@ -239,6 +239,12 @@ class SglangModel(TwinModel):
 
     def memory_split(self, start: MemoryStart) -> tuple[float, float]:
         # pool = u*M_free_at_start - weights; activations, graphs and buffers live outside the fraction
+        # (kv_cache_configurator._profile_available_bytes, engines.md 4.2). What is outside must hold
+        # the CUDA graphs and a full chunk's activations, or the engine fails while it starts (graph
+        # capture: "set --mem-fraction-static to a smaller value"); the failure point is inferred, not
+        # reproduced. SGLang's default fraction keeps a wider margin for the same trade,
+        # 512 + max(chunked_prefill_size, 2048)*1.5 MB + ... (arg_groups/memory_hook.py): that rule
+        # sets the default, it is not a start-up check.
         u, gib, free_at_start = start.fraction, GIB, start.free_at_start
         pool = u * free_at_start - start.weights
         outside = (1.0 - u) * free_at_start - start.graphs - NON_TORCH_BYTES

@@ -173,6 +173,10 @@ class TrtllmModel(TwinModel):
     step_overhead_s = 1.3e-3  # the least per-step host work of the three (ours)
     seq_overhead_s = 5e-6
     no_evict_policy = "guaranteed_no_evict"  # admits a request only when its whole KV fits, allocated at once
+    # PyTorch backend, chunked prefill off: ``tensorrt_llm/llmapi/llm.py`` ``_check_arguments`` raises
+    # RequestError "The sum of prompt length (...), query length (...) should not exceed
+    # max_num_tokens (...)" (pinned by tests/unittest/llmapi/test_llm.py test_max_num_token_check)
+    rejects_over_budget = True
     cache_options = (
         "partial_reuse",
         "copy_on_partial_reuse",
@@ -206,7 +210,8 @@ class TrtllmModel(TwinModel):
         return super().normalize_policy(policy).replace("-", "_")
 
     def memory_split(self, start: MemoryStart) -> tuple[float, float]:
-        # a dry run measures the peak; pool = u*(M - peak)
+        # a dry run with max_num_tokens measures the peak; pool = u*(M - peak)
+        # (_torch/pyexecutor/_util.py _cal_max_memory, engines.md 4.3): the budget shrinks the pool
         u, gib, free_at_start = start.fraction, GIB, start.free_at_start
         peak = start.weights + NON_TORCH_BYTES + start.profile + start.graphs
         left = free_at_start - peak

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prefixtune.engines.base import EngineName
+from prefixtune.engines.base import ArgsError, EngineName
 from prefixtune.twin.cache import NativeVllmCache, VllmCache, use_native_pool
 from prefixtune.twin.cache.base import KVCache
 from prefixtune.twin.catalog import GIB, GpuHardware
@@ -218,8 +218,32 @@ class VllmModel(TwinModel):
         running, budget, chunked = (1024, 8192, True) if big else (256, 2048, True)
         return SchedulerDefaults(running, budget, chunked)
 
+    def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool, max_model_len: int) -> int:
+        # vllm/engine/arg_utils.py (the default batch limits): without chunked prefill the default
+        # budget is max_model_len, so that any prompt fits one step
+        return max_model_len if not chunked and not budget_given else budget
+
+    def check_limits(self, max_running: int | None, budget: int, chunked: bool, max_model_len: int) -> None:
+        # vllm/config/scheduler.py SchedulerConfig.verify_max_model_len (ValueError at start); an
+        # unset max_num_seqs defaults to min(default, max_num_batched_tokens) (arg_utils.py)
+        if budget < max_model_len and not chunked:
+            raise ArgsError(
+                f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}). "
+                "This effectively limits the maximum sequence length to max_num_batched_tokens and "
+                "makes vLLM reject longer sequences. Please increase max_num_batched_tokens or "
+                "decrease max_model_len."
+            )
+        if max_running is not None and budget < max_running:
+            raise ArgsError(
+                f"max_num_batched_tokens ({budget}) must be greater than or equal to max_num_seqs "
+                f"({max_running})."
+            )
+
     def memory_split(self, start: MemoryStart) -> tuple[float, float]:
-        # pool = u*M - weights - non-torch - activation peak - cudagraphs; refuses u*M above free memory
+        # pool = u*M - weights - non-torch - activation peak - cudagraphs; refuses u*M above free memory.
+        # The peak is the profile run's: a dummy forward of max_num_batched_tokens before the pool is
+        # sized (v1/worker/gpu_worker.py determine_available_memory, gpu_model_runner.py profile_run;
+        # engines.md 4.1), so a larger budget shrinks the pool.
         u, m, gib = start.fraction, start.gpu_bytes, GIB
         free_at_start = start.free_at_start
         requested = u * m
