@@ -18,7 +18,7 @@ from prefixtune.engines.knobs import MEMORY_KNOB, OOM_AXES, knob
 from prefixtune.tuning.optimizer import Feasibility, TrialResult
 from prefixtune.tuning.space import SearchSpace, build_space
 
-BUDGET = replace(knob("block_size"), oom_monotone=True)  # the stand-in second axis
+BUDGET = replace(knob("block_size"), oom_monotone=True, log_scale=True)  # the stand-in second axis
 AXES = (MEMORY_KNOB, BUDGET)
 C = KnobConfig(0.85, 64, True, "fcfs")
 
@@ -34,7 +34,6 @@ def at(f: float, b: int) -> KnobConfig:
 
 def test_the_registry_has_the_memory_fraction_as_an_oom_axis() -> None:
     assert MEMORY_KNOB in OOM_AXES and MEMORY_KNOB.continuous and not MEMORY_KNOB.log_scale
-    assert BUDGET.log_scale  # an integer OOM axis is a size: modelled on a log scale
 
 
 def test_an_oom_rules_out_every_config_at_or_above_it_on_both_axes() -> None:
@@ -108,3 +107,12 @@ def test_the_classifier_sees_the_budget_axis_on_a_log_scale() -> None:
 def test_axes_without_the_memory_fraction_are_refused() -> None:
     with pytest.raises(ValueError, match="must include memory_fraction"):
         Feasibility(vllm_space(), [], (BUDGET,))
+
+
+def test_an_engine_default_budget_is_ordered_only_against_itself() -> None:
+    default = 0  # a log-scale value <= 0: the engine resolves its own default, size unknown here
+    feas = Feasibility(vllm_space(), [TrialResult(at(0.85, default), None, "oom_runtime")], AXES)
+    assert feas.known_infeasible(at(0.9, default))  # same unknown budget: memory alone orders them
+    assert not feas.known_infeasible(at(0.9, 16))
+    other = Feasibility(vllm_space(), [TrialResult(at(0.85, 16), None, "oom_runtime")], AXES)
+    assert not other.known_infeasible(at(0.9, default))

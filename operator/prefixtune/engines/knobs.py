@@ -40,8 +40,9 @@ class Knob:
     ``oom_monotone``: OOM risk grows with the knob's value (the memory fraction; a step token budget,
     whose activations must fit outside the KV pool): the optimizer's feasibility model reasons along
     every such knob as one axis of a partial order (``OOM_AXES``), and configs equal in every other
-    knob share a feasibility key. One axis must be the memory fraction (``MEMORY_KNOB``); an INTEGER
-    axis is modelled on a log scale (``log_scale``). Adding an axis is this flag, nothing else.
+    knob share a feasibility key. One axis must be the memory fraction (``MEMORY_KNOB``); an axis with
+    ``log_scale`` (a size: the token budget) enters the classifier on its logarithm, and its values
+    <= 0 (the engine's default, no limit) are no point on the axis. An axis is this flag, nothing else.
     ``label`` names the knob in Event messages (``memory 0.9``); ``short`` in tables (``mem 0.90``),
     empty when the value speaks for itself (a policy name).
     """
@@ -53,6 +54,7 @@ class Knob:
     config_doc: str  # spec.config.<camel> in the CRD
     space_doc: str  # spec.tuning.space.<camel> in the CRD
     oom_monotone: bool = False
+    log_scale: bool = False
 
     @property
     def camel(self) -> str:
@@ -61,12 +63,6 @@ class Knob:
     @property
     def continuous(self) -> bool:
         return self.kind is KnobKind.FRACTION
-
-    @property
-    def log_scale(self) -> bool:
-        """Modelled on a log scale: an OOM axis that is a size (a token budget in powers of two),
-        where doubling, not adding, is the unit of change."""
-        return self.oom_monotone and self.kind is KnobKind.INTEGER
 
     def coerce(self, value: object) -> Value:
         """The value as the knob's plain Python type (numpy scalars and ints-for-floats included)."""

@@ -84,11 +84,6 @@ Point = tuple[float, ...]  # a config's values along the OOM axes, in the axes' 
 EPS = 1e-9
 
 
-def _above(q: Point, p: Point) -> bool:
-    """``q`` asks at least as much memory as ``p`` on every OOM axis (``q >= p`` componentwise)."""
-    return all(a >= b - EPS for a, b in zip(q, p, strict=True))
-
-
 def _differs(q: Point, p: Point) -> bool:
     return any(abs(a - b) > EPS for a, b in zip(q, p, strict=True))
 
@@ -112,7 +107,9 @@ class Feasibility:
     small; with a pool no larger: too large) or, without evidence, from where its memory fraction lies
     (bottom / top quarter of the range); otherwise only that exact config is marked.
     The classifier's features: each continuous dimension scaled to [0, 4], a log-scale axis (a token
-    budget) likewise on its logarithm, other knobs one-hot.
+    budget) likewise on its logarithm, other knobs one-hot. A log-scale value <= 0 (the engine's own
+    default, or no limit) is a size unknown here: it is ordered only against the same value, so
+    configs that all keep the engine's default budget are ordered by memory alone.
     """
 
     def __init__(
@@ -125,6 +122,7 @@ class Feasibility:
         self.axes = tuple(axes)
         self._names = frozenset(names)
         self._m = names.index(MEMORY_KNOB.name)
+        self._log = tuple(k.log_scale for k in self.axes)
         self.too_large: dict[Key, list[Point]] = {}  # an OOM here fails everything above it
         self.too_small: dict[Key, list[Point]] = {}  # a pool too small here: smaller pools fail
         self.ok: dict[Key, list[Point]] = {}
@@ -148,7 +146,7 @@ class Feasibility:
                 if t.failure in ("oom", "oom_runtime"):
                     direction = "large"
                 elif t.failure == "oom_startup":
-                    above = any(_above(o, p) and _differs(o, p) for o in ok_points)
+                    above = any(self._above(o, p) and _differs(o, p) for o in ok_points)
                     below = any(self._smaller_pool(o, p) and _differs(o, p) for o in ok_points)
                     if above != below:
                         direction = "small" if above else "large"
@@ -179,6 +177,17 @@ class Feasibility:
         """``cfg``'s values along the OOM axes."""
         return tuple(float(cfg.get(k.name)) for k in self.axes)
 
+    def _ge(self, i: int, a: float, b: float) -> bool:
+        """``a >= b`` on axis ``i``. A log-scale value <= 0 is a sentinel (the engine's own default,
+        no limit) whose size is unknown here: it compares equal to itself and to nothing else."""
+        if self._log[i] and (a <= 0 or b <= 0):
+            return a == b
+        return a >= b - EPS
+
+    def _above(self, q: Point, p: Point) -> bool:
+        """``q`` asks at least as much memory as ``p`` on every OOM axis (``q >= p`` componentwise)."""
+        return all(self._ge(i, a, b) for i, (a, b) in enumerate(zip(q, p, strict=True)))
+
     def key(self, cfg: KnobConfig) -> Key:
         """The knobs other than the OOM axes: configs with the same key differ only along them."""
         return tuple(k.coerce(v) for k, v in cfg.items() if k.name not in self._names)
@@ -187,7 +196,7 @@ class Feasibility:
         """``q``'s KV pool is no larger than ``p``'s: no more memory, and no less of every other
         axis (each takes memory from the pool)."""
         return all(
-            (a <= b + EPS) if i == self._m else (a >= b - EPS)
+            self._ge(i, b, a) if i == self._m else self._ge(i, a, b)
             for i, (a, b) in enumerate(zip(q, p, strict=True))
         )
 
@@ -200,9 +209,10 @@ class Feasibility:
                 assert d.low is not None and d.high is not None
                 out.append((float(data[d.name]) - d.low) / max(d.high - d.low, 1e-9) * 4.0)
             elif axis is not None and axis.log_scale:
-                sizes = [math.log(float(c)) for c in d.choices]
-                lo, hi = min(sizes), max(sizes)
-                out.append((math.log(float(data[d.name])) - lo) / max(hi - lo, 1e-9) * 4.0)
+                sizes = [float(c) for c in d.choices if float(c) > 0]
+                lo, hi = math.log(min(sizes)), math.log(max(sizes))
+                value = max(float(data[d.name]), min(sizes))
+                out.append((math.log(value) - lo) / max(hi - lo, 1e-9) * 4.0)
             else:
                 out.extend(1.0 if data[d.name] == c else 0.0 for c in d.choices)
         return out
@@ -212,7 +222,7 @@ class Feasibility:
         if cfg in self.exact or _measured(cfg, list(self.exact)):
             return True
         key, q = self.key(cfg), self.point(cfg)
-        return any(_above(q, p) for p in self.too_large.get(key, ())) or any(
+        return any(self._above(q, p) for p in self.too_large.get(key, ())) or any(
             self._smaller_pool(q, p) for p in self.too_small.get(key, ())
         )
 
@@ -220,7 +230,7 @@ class Feasibility:
         """Below a feasible config in the order (not too large) and with a pool no smaller than a
         feasible one's (not too small), same other knobs."""
         ok, q = self.ok.get(self.key(cfg), []), self.point(cfg)
-        return any(_above(c, q) for c in ok) and any(self._smaller_pool(a, q) for a in ok)
+        return any(self._above(c, q) for c in ok) and any(self._smaller_pool(a, q) for a in ok)
 
     def p_feasible(self, cfgs: Sequence[KnobConfig]) -> list[float]:
         probs = [1.0] * len(cfgs)
@@ -236,7 +246,7 @@ class Feasibility:
                 out.append(1.0)  # inside the region feasible trials with the same knobs span
             elif any(self._smaller_pool(q, s) for s in self.any_small):
                 out.append(min(p, CROSS_KNOB_OOM_CAP))  # too small to start with other knobs too
-            elif any(_above(q, s) for s in self.any_large):
+            elif any(self._above(q, s) for s in self.any_large):
                 # Memory, not the other knobs, decides OOM to first order: an OOM at a point with
                 # other knobs keeps the points above it out of the suggestions until proven otherwise.
                 out.append(min(p, CROSS_KNOB_OOM_CAP))
