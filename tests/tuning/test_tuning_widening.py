@@ -89,7 +89,7 @@ def test_a_cap_at_the_top_of_its_allowed_values_adds_nothing() -> None:
     [
         {},  # the engine has no such knob
         {RUNNING_CAP: replace(KNOBS[RUNNING_CAP], searched=True)},  # already searched
-        {RUNNING_CAP: replace(KNOBS[RUNNING_CAP], choices=(64, 128, 512))},  # deployed 256 not allowed
+        {RUNNING_CAP: replace(KNOBS[RUNNING_CAP], choices=(64, 128, 512))},  # deployed 256 not valid
     ],
 )
 def test_a_knob_that_cannot_be_widened_is_not(knobs: dict[str, KnobSpec]) -> None:
@@ -98,6 +98,26 @@ def test_a_knob_that_cannot_be_widened_is_not(knobs: dict[str, KnobSpec]) -> Non
 
 def test_the_limits_of_a_config_without_batch_limit_knobs_are_unknown() -> None:
     assert widening.limits_of(get_adapter("vllm").default_config()) == BatchLimits()
+
+
+class _Values:
+    """A config's ``to_dict`` with batch-limit values (a stand-in until the registry has the knobs)."""
+
+    def __init__(self, **values: int) -> None:
+        self.values = values
+
+    def to_dict(self) -> dict[str, int]:
+        return self.values
+
+
+def test_the_limits_of_a_config_are_its_positive_batch_limit_values() -> None:
+    cfg: Any = _Values(max_running=256, max_batched_tokens=8192)
+    assert widening.limits_of(cfg) == BatchLimits(max_running=256, max_batched_tokens=8192)
+
+
+def test_an_engine_default_or_no_limit_is_an_unknown_limit() -> None:
+    cfg: Any = _Values(max_running=0, max_batched_tokens=-1)  # flag not rendered; SGLang chunking off
+    assert widening.limits_of(cfg) == BatchLimits()
 
 
 def test_the_space_takes_a_widened_knob_the_adapter_does_not_search() -> None:

@@ -22,10 +22,12 @@ the same findings ``status.diagnosis`` shows) against the SLO:
   allowed values above it.
 - both: the budget and one allowed value on each side.
 
-At most ``STEPS`` + 1 values per knob: with both knobs the categorical part of the space grows nine
-times at most. A knob the resource's ``tuning.space`` names is never widened (the spec pinned or
-narrowed it), nor one the engine does not have, nor one whose deployed value is not an allowed one
-(the baseline must stay a point of the space).
+The values come from the adapter's ladder (``KnobSpec.choices``) around the deployed value, which
+stays one of them (the baseline must be a point of the space). At most ``STEPS`` + 1 values per
+knob: with both knobs the categorical part of the space grows nine times at most. A knob the
+resource's ``tuning.space`` names is never widened (the spec pinned or narrowed it), nor one the
+engine does not have, nor one whose deployed value is unknown (the engine's own default) or not
+valid.
 """
 
 from __future__ import annotations
@@ -59,12 +61,16 @@ class Widening:
 
 
 def limits_of(config: KnobConfig) -> BatchLimits:
-    """The batch limits ``config`` runs (None where the registry has no such knob yet)."""
+    """The batch limits ``config`` runs; None where the registry has no such knob yet, or where the
+    value is a sentinel (the engine resolves its own default: the number is not known here)."""
     data = config.to_dict()
-    cap, budget = data.get(RUNNING_CAP), data.get(TOKEN_BUDGET)
+
+    def known(value: object) -> int | None:
+        # <= 0: the engine's own default (flag not rendered) or no limit (SGLang's chunk -1).
+        return int(value) if isinstance(value, int | float) and value > 0 else None
+
     return BatchLimits(
-        max_running=None if cap is None else int(cap),
-        max_batched_tokens=None if budget is None else int(budget),
+        max_running=known(data.get(RUNNING_CAP)), max_batched_tokens=known(data.get(TOKEN_BUDGET))
     )
 
 
@@ -85,8 +91,9 @@ def widen(
         spec = knobs.get(name)
         if spec is None or spec.searched or current is None or (override and override.get(name) is not None):
             return None  # absent, already searched, or the spec decides
-        choices = tuple(sorted(int(c) for c in spec.choices))
-        return choices if current in choices else None
+        if spec.validate(current) is not None:
+            return None  # the deployed value is not one the space could hold
+        return tuple(sorted(int(c) for c in spec.choices))
 
     cap = limits.max_running
     cap_choices = allowed(RUNNING_CAP, cap)
