@@ -80,6 +80,13 @@ def test_both_budget_signs_bring_in_one_value_on_each_side() -> None:
     assert w.values == {TOKEN_BUDGET: (512, 1024, 2048)} and len(w.reasons) == 1 and ";" in w.reasons[0]
 
 
+def test_a_smaller_budget_is_a_size_never_the_no_limit_sentinel() -> None:
+    knobs = {TOKEN_BUDGET: replace(KNOBS[TOKEN_BUDGET], choices=(-1, 512, 1024, 2048, 4096, 8192))}
+    assert widen(RAG, replace(LIMITS, max_batched_tokens=1024), SLO, knobs).values == {
+        TOKEN_BUDGET: (512, 1024)
+    }
+
+
 def test_a_cap_at_the_top_of_its_allowed_values_adds_nothing() -> None:
     assert widen(CHAT, replace(LIMITS, max_running=1024), SLO, KNOBS).empty
 

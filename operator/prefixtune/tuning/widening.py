@@ -93,7 +93,7 @@ def widen(
             return None  # absent, already searched, or the spec decides
         if spec.validate(current) is not None:
             return None  # the deployed value is not one the space could hold
-        return tuple(sorted(int(c) for c in spec.choices))
+        return tuple(sorted(int(c) for c in spec.choices if int(c) > 0))  # not SGLang's -1: no chunking
 
     cap = limits.max_running
     cap_choices = allowed(RUNNING_CAP, cap)
