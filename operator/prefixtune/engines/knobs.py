@@ -42,7 +42,7 @@ class Knob:
     every such knob as one axis of a partial order (``OOM_AXES``), and configs equal in every other
     knob share a feasibility key. One axis must be the memory fraction (``MEMORY_KNOB``); an axis with
     ``log_scale`` (a size: the token budget) enters the classifier on its logarithm, and its values
-    <= 0 (the engine's default, no limit) are no point on the axis. An axis is this flag, nothing else.
+    <= 0 (the engine's default, no limit) are ordered only against themselves. An axis is this flag.
     ``label`` names the knob in Event messages (``memory 0.9``); ``short`` in tables (``mem 0.90``),
     empty when the value speaks for itself (a policy name).
     """
