@@ -14,7 +14,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from prefixtune.engines import get_adapter
-from prefixtune.metrics.diagnosis import DECODE, KV_CAPACITY, PREFILL, QUEUEING, diagnose, prefill_time_share
+from prefixtune.metrics.diagnosis import (
+    DECODE,
+    KV_CAPACITY,
+    PREFILL,
+    QUEUEING,
+    BatchLimits,
+    diagnose,
+    prefill_time_share,
+)
 from prefixtune.metrics.exposition import parse
 from prefixtune.metrics.recipe import for_engine
 from prefixtune.metrics.scrape_source import window_signals
@@ -234,3 +242,44 @@ def test_short_prefix_hits_on_trtllm_block_counters() -> None:
         {"name": "docs", "count": 2, "length": 4000}], "suffix": 60, "output": 16}), 128, 4.0)  # fmt: skip
     assert rag.hit_rate is not None and rag.hit_rate > 0.9
     assert "short-prefix-hits" not in diagnose(rag).codes
+
+
+# ------------------------------------------------------------------------------------------------
+# Batch limits that bind (the findings need the config's limits: ``diagnose(limits=...)``)
+
+
+def test_running_cap_binds_a_small_cap_with_kv_free_and_a_queue() -> None:
+    _, sig = measure(QUEUED, 16.0, ["--max-num-seqs", "16"])
+    assert sig.running_max == 16 and sig.kv_usage_mean is not None and sig.kv_usage_mean < 0.5
+    assert sig.waiting_mean is not None and sig.waiting_mean > 16  # the premise: a queue, KV free
+    d = diagnose(sig, limits=BatchLimits(max_running=16))
+    assert "running-cap-binds" in d.codes
+    assert "running-cap-binds" not in diagnose(sig, limits=BatchLimits(max_running=256)).codes
+
+
+CHUNKED = WorkloadSpec(name="diag-chunks", suffix=Dist(value=8000), output=Dist(value=300))
+
+
+def _chunked(budget: int) -> Signals:
+    _, sig = measure(
+        CHUNKED, 1.5, ["--max-num-batched-tokens", str(budget), "--max-num-seqs", "256"], horizon_s=60.0
+    )
+    return sig
+
+
+def test_token_budget_itl_spikes_with_prompts_as_large_as_the_budget() -> None:
+    large, small = _chunked(8192), _chunked(2048)
+    assert large.itl_p99_s is not None and small.itl_p99_s is not None
+    assert small.itl_p99_s < 0.5 * large.itl_p99_s  # the premise: smaller chunks, lower ITL spikes
+    assert "token-budget-itl-spikes" in diagnose(large, limits=BatchLimits(max_batched_tokens=8192)).codes
+
+
+def test_token_budget_chunks_make_ttft_with_a_small_budget() -> None:
+    small, large = _chunked(512), _chunked(8192)
+    assert small.ttft_p50_s is not None and large.ttft_p50_s is not None
+    assert small.ttft_p50_s > large.ttft_p50_s  # the premise: chunking lengthens TTFT
+    d = diagnose(small, limits=BatchLimits(max_batched_tokens=512))
+    assert "token-budget-chunks-ttft" in d.codes
+    assert (
+        "token-budget-chunks-ttft" not in diagnose(large, limits=BatchLimits(max_batched_tokens=8192)).codes
+    )

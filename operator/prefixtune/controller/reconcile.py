@@ -86,6 +86,7 @@ from prefixtune.tuning.state import (
     Tick,
     TrialInvalidated,
 )
+from prefixtune.tuning.widening import limits_of
 
 logger = logging.getLogger(__name__)
 
@@ -368,7 +369,9 @@ async def _reconcile(
     # Diagnosed against the config its pods ran (status.diagnosis describes currentConfig: one of
     # another config, e.g. the window before a rolling trial's pods took over, is not shown).
     diagnosis = (
-        diagnose(measured.signals, prefix_caching=measured.config.prefix_caching)
+        diagnose(
+            measured.signals, prefix_caching=measured.config.prefix_caching, limits=limits_of(measured.config)
+        )
         if measured is not None and measured.config == state.current
         else None
     )

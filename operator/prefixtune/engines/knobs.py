@@ -2,9 +2,9 @@
 
 Each ``Knob`` states once what the rest of the code used to restate: its engine-neutral name, its
 kind (a fraction, an integer, a switch, a name), its camelCase spelling in the API, its display
-labels, and whether it is the knob that OOM risk is monotone in. From ``KNOBS`` come ``KnobConfig``'s
-conversions, the API models' knob fields (``prefixtune.api.models``), ``SpaceOverride``, the search
-space's dimensions, the optimizer's feasibility key, camelCase and both display formats.
+labels, and whether OOM risk is monotone in it. From ``KNOBS`` come ``KnobConfig``'s conversions,
+the API models' knob fields (``prefixtune.api.models``), ``SpaceOverride``, the search space's
+dimensions, the optimizer's feasibility axes and key, camelCase and both display formats.
 
 What a knob is on one engine (default, allowed values, flag binding) is the adapter's ``KnobSpec``
 (``prefixtune.engines.base``); this module knows no engine.
@@ -37,8 +37,12 @@ class KnobKind(StrEnum):
 class Knob:
     """One engine-neutral knob.
 
-    ``oom_monotone``: OOM risk grows with the knob's value (the memory fraction): the optimizer's
-    feasibility model reasons along it, and configs equal in every other knob share a feasibility key.
+    ``oom_monotone``: OOM risk grows with the knob's value (the memory fraction; a step token budget,
+    whose activations must fit outside the KV pool): the optimizer's feasibility model reasons along
+    every such knob as one axis of a partial order (``OOM_AXES``), and configs equal in every other
+    knob share a feasibility key. One axis must be the memory fraction (``MEMORY_KNOB``); an axis with
+    ``log_scale`` (a size: the token budget) enters the classifier on its logarithm, and its values
+    <= 0 (the engine's default, no limit) are ordered only against themselves. An axis is this flag.
     ``label`` names the knob in Event messages (``memory 0.9``); ``short`` in tables (``mem 0.90``),
     empty when the value speaks for itself (a policy name).
     """
@@ -50,6 +54,7 @@ class Knob:
     config_doc: str  # spec.config.<camel> in the CRD
     space_doc: str  # spec.tuning.space.<camel> in the CRD
     oom_monotone: bool = False
+    log_scale: bool = False
 
     @property
     def camel(self) -> str:
@@ -128,7 +133,8 @@ KNOBS: tuple[Knob, ...] = (
 KNOB_NAMES: tuple[str, ...] = tuple(knob.name for knob in KNOBS)
 BY_NAME: Mapping[str, Knob] = {knob.name: knob for knob in KNOBS}
 BY_CAMEL: Mapping[str, Knob] = {knob.camel: knob for knob in KNOBS}
-(MEMORY_KNOB,) = (knob for knob in KNOBS if knob.oom_monotone)  # the feasibility model's axis
+OOM_AXES: tuple[Knob, ...] = tuple(knob for knob in KNOBS if knob.oom_monotone)  # the feasibility axes
+(MEMORY_KNOB,) = (knob for knob in OOM_AXES if knob.kind is KnobKind.FRACTION)  # the KV pool's axis
 
 
 def knob(name: str) -> Knob:
@@ -182,13 +188,13 @@ if tuple(f.name for f in fields(KnobConfig)) != KNOB_NAMES:  # pragma: no cover 
 
 
 def memory_of(config: KnobConfig) -> float:
-    """The value of the knob OOM risk is monotone in (the feasibility model's axis)."""
+    """The memory fraction (the KV pool's axis of the feasibility model)."""
     return float(getattr(config, MEMORY_KNOB.name))
 
 
 def categorical_key(config: KnobConfig) -> tuple[Value, ...]:
     """The knobs other than the memory one: configs with the same key differ only in memory."""
-    return tuple(k.coerce(value) for k, value in config.items() if not k.oom_monotone)
+    return tuple(k.coerce(value) for k, value in config.items() if k is not MEMORY_KNOB)
 
 
 def to_api(config: KnobConfig) -> dict[str, Value]:

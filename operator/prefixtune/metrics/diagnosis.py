@@ -15,6 +15,15 @@ queueing, unknown, or insufficient-data) with the readings that support it, plus
 - ``hit-rate-up-throughput-down``: more hits but less throughput than the previous window (look at
   the batch size and GPU utilization: the cache may be taking memory from the batch).
 - ``caching-earns-nothing``: hit rate below 0.6 in every window seen: consider turning caching off.
+- ``running-cap-binds`` (needs ``limits``): the running batch sits at the running-request cap while
+  KV memory is free and requests queue: the cap, not memory, limits the batch.
+- ``token-budget-itl-spikes`` (needs ``limits``): ITL p99 far above p50 while the prompt tokens each
+  request computes fill most of a step's token budget: decode steps carry large prefill chunks
+  (vLLM's and SGLang's mixed steps, TensorRT-LLM's in-flight batching), so a smaller budget cuts the
+  spikes at some TTFT. Prompts much shorter than the budget make the same spikes at any budget.
+- ``token-budget-chunks-ttft`` (needs ``limits``): a prompt needs many steps of what the budget
+  leaves after the running decodes (one token each) and TTFT is about that many steps: TTFT is mostly
+  chunked prefill; a larger budget cuts it at some ITL.
 
 The bound: a full KV pool with preemptions or a queue is kv-capacity; a queue against the batch is
 queueing; many computed prompt tokens per output token is prefill (the token mix, robust to chunked
@@ -63,6 +72,21 @@ class Thresholds:
     flat: float = 0.05  # relative change of throughput/p99 within this is "flat"
     tail_ratio: float = 5.0  # p99 / p50 at or above this with a high hit rate: miss-dominated tail
     hit_rate_fall: float = 0.05  # absolute fall of the hit rate that counts as "falling"
+    cap_share: float = 0.9  # running batch mean at or above this x the running cap: the cap binds
+    itl_tail_ratio: float = 3.0  # ITL p99 / p50 at or above this: ITL spikes
+    chunk_share: float = 0.5  # computed prompt >= this x the token budget: steps carry large chunks
+    many_steps: float = 4.0  # a prompt's prefill over at least this many steps: chunking decides TTFT
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """The batch limits the measured config runs (None: not known). Engine-neutral: the running cap
+    is vLLM's ``--max-num-seqs``, SGLang's ``--max-running-requests``, TensorRT-LLM's
+    ``max_batch_size``; the token budget per step is ``--max-num-batched-tokens``,
+    ``--chunked-prefill-size``, ``max_num_tokens``."""
+
+    max_running: int | None = None
+    max_batched_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +162,14 @@ def prefill_time_share(s: Signals) -> float | None:
     return None if total <= 0 else s.ttft_p50_s / total
 
 
+def computed_prompt_per_request(s: Signals) -> float | None:
+    """Prompt tokens a request computes (not served from the cache), on average."""
+    if s.input_tokens_per_s is None or not s.requests_per_s:
+        return None
+    saved = s.prefill_reduction if s.prefill_reduction is not None else 0.0
+    return s.input_tokens_per_s * (1.0 - saved) / s.requests_per_s
+
+
 def computed_prefill_per_output_token(s: Signals) -> float | None:
     """Prompt tokens actually computed (not served from the cache) per output token."""
     if s.input_tokens_per_s is None or not s.output_tokens_per_s:
@@ -155,6 +187,7 @@ class _Case:
     baseline: Signals | None
     history: Sequence[Signals]
     prefix_caching: bool | None
+    limits: BatchLimits
 
     @property
     def previous(self) -> Signals | None:
@@ -383,6 +416,79 @@ def _caching_earns_nothing(c: _Case) -> Finding | None:
     )
 
 
+def _running_cap_binds(c: _Case) -> Finding | None:
+    s, t, cap = c.s, c.t, c.limits.max_running
+    running, kv, waiting = s.running_mean, s.kv_usage_mean, s.waiting_mean
+    if not (
+        cap
+        and running is not None
+        and running >= t.cap_share * cap
+        and (s.running_max is None or s.running_max >= cap)
+        and kv is not None
+        and kv < t.kv_full
+        and waiting is not None
+        and waiting >= t.min_waiting
+    ):
+        return None
+    return Finding(
+        "running-cap-binds",
+        f"running cap binds: {running:.0f} running on average against a cap of {cap}, KV usage {kv:.0%}, "
+        f"queue {waiting:.1f}: requests wait for a batch slot while KV memory is free "
+        "(a larger running cap admits them)",
+        {
+            "max_running": float(cap),
+            **_present(s, "running_mean", "running_max", "kv_usage_mean", "waiting_mean"),
+        },
+    )
+
+
+def _token_budget_itl_spikes(c: _Case) -> Finding | None:
+    s, t, budget = c.s, c.t, c.limits.max_batched_tokens
+    prompt = computed_prompt_per_request(s)
+    if not (budget and prompt is not None and s.itl_p50_s and s.itl_p99_s is not None):
+        return None
+    ratio = s.itl_p99_s / s.itl_p50_s
+    if not (ratio >= t.itl_tail_ratio and prompt >= t.chunk_share * budget):
+        return None
+    chunk = min(prompt, float(budget))
+    return Finding(
+        "token-budget-itl-spikes",
+        f"token budget {budget}: ITL p99 {s.itl_p99_s * 1000:.0f} ms is {ratio:.1f}x p50 while each request "
+        f"computes {prompt:.0f} prompt tokens: decode steps carry prefill chunks of up to {chunk:.0f} "
+        "tokens (a smaller token budget cuts the ITL spikes, at some TTFT)",
+        {
+            "max_batched_tokens": float(budget),
+            "computed_prompt_per_request": prompt,
+            "itl_p99_over_p50": ratio,
+            **_present(s, "itl_p50_s", "itl_p99_s"),
+        },
+    )
+
+
+def _token_budget_chunks_ttft(c: _Case) -> Finding | None:
+    s, t, budget = c.s, c.t, c.limits.max_batched_tokens
+    prompt = computed_prompt_per_request(s)
+    if not (budget and prompt is not None and s.ttft_p50_s is not None and s.itl_p50_s):
+        return None
+    per_step = max(float(budget) - (s.running_mean or 0.0), 1.0)  # each running decode takes a token
+    steps = prompt / per_step
+    if not (steps >= t.many_steps and s.ttft_p50_s >= 0.5 * steps * s.itl_p50_s):
+        return None
+    return Finding(
+        "token-budget-chunks-ttft",
+        f"token budget {budget}: a request's {prompt:.0f} computed prompt tokens take {steps:.0f} steps of "
+        f"the {per_step:.0f} tokens the running decodes leave, and TTFT p50 {s.ttft_p50_s:.2f} s is "
+        f"{s.ttft_p50_s / s.itl_p50_s:.0f} steps: TTFT is mostly chunked prefill (a larger token budget "
+        "cuts it, at some ITL)",
+        {
+            "max_batched_tokens": float(budget),
+            "computed_prompt_per_request": prompt,
+            "prefill_steps": steps,
+            **_present(s, "ttft_p50_s", "itl_p50_s", "running_mean"),
+        },
+    )
+
+
 FINDING_RULES: tuple[Callable[[_Case], Finding | None], ...] = (
     _ttft_down_throughput_flat,
     _p99_stuck,
@@ -391,6 +497,9 @@ FINDING_RULES: tuple[Callable[[_Case], Finding | None], ...] = (
     _eviction_pressure,
     _hit_rate_up_throughput_down,
     _caching_earns_nothing,
+    _running_cap_binds,
+    _token_budget_itl_spikes,
+    _token_budget_chunks_ttft,
 )
 
 
@@ -401,10 +510,12 @@ def diagnose(
     history: Sequence[Signals] = (),
     thresholds: Thresholds | None = None,
     prefix_caching: bool | None = None,
+    limits: BatchLimits | None = None,
 ) -> Diagnosis:
     """Diagnose one window. ``baseline``: the same workload with caching off or the previous config;
     ``history``: earlier windows of this config, oldest first (for trends and "stably");
-    ``prefix_caching``: whether the measured config caches (False: a zero hit rate is no finding)."""
+    ``prefix_caching``: whether the measured config caches (False: a zero hit rate is no finding);
+    ``limits``: the batch limits the measured config runs (None: no batch-limit findings)."""
     t = thresholds or Thresholds()
     s = signals
     if s.requests is None or s.requests < t.min_requests:
@@ -417,7 +528,7 @@ def diagnose(
             prefill_reduction=s.prefill_reduction,
         )
     bound, reason, readings = _bound(s, t)
-    case = _Case(s, t, baseline, history, prefix_caching)
+    case = _Case(s, t, baseline, history, prefix_caching, limits or BatchLimits())
     findings = tuple(f for f in (rule(case) for rule in FINDING_RULES) if f is not None)
     if bound == UNKNOWN and any(f.code == TTFT_DOWN_THROUGHPUT_FLAT for f in findings):
         bound, reason = DECODE, "TTFT fell with caching while throughput stayed flat: decode-bound"

@@ -10,13 +10,15 @@ tells it every finished trial in one batch, asks, and then applies what skopt do
   or just below the highest fraction that survives the load, a corner that space-filling samples
   rarely (``_top_probe``).
 - Infeasible trials (crash, OOM, not ready in time) are told as a penalty value worse than the
-  worst feasible one, AND feed a feasibility model. An OOM at memory fraction f makes every
-  fraction >= f infeasible for the same other knobs (monotone rule; a feasible trial at f proves
-  every fraction <= f feasible) and caps P(feasible) at 0.3 for fractions >= f with other knobs;
-  a start-up OOM that means "too small" works the other way round (see ``Feasibility``);
-  other failures mark that exact config; a logistic classifier over the space (fraction + one-hot
-  knobs) estimates P(feasible) elsewhere. Candidates need P(feasible) >= 0.5, and a known-infeasible
-  config (after normalize) is never suggested. Candidates are ranked by EI x P(feasible).
+  worst feasible one, AND feed a feasibility model. OOM risk is monotone along every knob flagged
+  ``oom_monotone`` (the memory fraction; a step token budget): an OOM at (f, b) makes every
+  (f' >= f, b' >= b) infeasible for the same other knobs (a partial order; a feasible trial at
+  (f, b) proves every (f' <= f, b' <= b) free of it) and caps P(feasible) at 0.3 above it with other
+  knobs; a start-up OOM that means "too small" works the other way round along the memory fraction
+  (see ``Feasibility``); other failures mark that exact config; a logistic classifier over the
+  space (fraction, token budget on a log scale, one-hot knobs) estimates P(feasible) elsewhere.
+  Candidates need P(feasible) >= 0.5, and a known-infeasible config (after normalize) is never
+  suggested. Candidates are ranked by EI x P(feasible).
 - Repeated points: an asked point that normalizes to an already-measured config (or lands within
   ``SAME_FRACTION`` of one) is replaced by the best unseen candidate by acquisition.
 - Noise: the GP has a white-noise term, and EI is taken against the best posterior mean at a
@@ -38,10 +40,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefixtune.engines.base import KnobConfig
-from prefixtune.engines.knobs import MEMORY_KNOB, Value, memory_of
+from prefixtune.engines.knobs import MEMORY_KNOB, OOM_AXES, Knob, Value, memory_of
 from prefixtune.tuning.space import SearchSpace, categorical_key
 
-Key = tuple[Value, ...]  # the knobs other than the memory one (``categorical_key``)
+Key = tuple[Value, ...]  # the knobs other than some axes (``categorical_key``, ``Feasibility.key``)
 
 SAME_FRACTION = 0.005  # memory fractions closer than this are the same config for deduplication
 OOM_FAILURES = frozenset({"oom", "oom_startup", "oom_runtime"})
@@ -78,35 +80,65 @@ def seed_from(key: str, generation: int = 0) -> int:
     return h & 0x7FFFFFFF
 
 
+Point = tuple[float, ...]  # a config's values along the OOM axes, in the axes' order
+EPS = 1e-9
+
+
+def _differs(q: Point, p: Point) -> bool:
+    return any(abs(a - b) > EPS for a, b in zip(q, p, strict=True))
+
+
 class Feasibility:
     """What the finished trials say about where configs fail.
 
-    Memory failures are directional. Too LARGE a fraction leaves too little memory outside the KV
-    pool (runtime OOM under load; SGLang's start-up OOM at 0.98): every fraction >= f fails too.
-    Too SMALL a fraction cannot hold the weights or one sequence (start-up OOM): every fraction
-    <= f fails too. A runtime OOM is always "too large"; a start-up OOM's direction comes from the
-    evidence (a feasible trial above f, any knobs: too small; below f: too large) or, without
-    evidence, from where f lies (bottom / top quarter of the range); otherwise only that exact
-    config is marked. The feasible fractions of one knob combination are taken to be an interval.
+    OOM risk is monotone along several axes at once (``OOM_AXES``: the memory fraction, and any knob
+    flagged ``oom_monotone`` such as a step token budget whose activations must fit outside the KV
+    pool), so the rules below hold in the partial order of those axes, among configs equal in every
+    other knob (the feasibility key). With one axis they are intervals of the memory fraction.
+
+    Memory failures are directional. Too LARGE a demand leaves too little memory outside the KV pool
+    (runtime OOM under load; SGLang's start-up OOM at 0.98 or with a chunk its reserve cannot hold):
+    an OOM at (f, b) fails every (f' >= f, b' >= b) too, and a feasible (f, b) proves every
+    (f' <= f, b' <= b) free of that failure. Too SMALL a pool cannot hold the weights or one sequence
+    (start-up OOM): a failure at (f, b) fails every (f' <= f, b' >= b) too (a larger budget only takes
+    more memory from the pool), and a feasible (f, b) proves every (f' >= f, b' <= b) free of it. A
+    config is proven feasible when both hold. A runtime OOM is always "too large"; a start-up OOM's
+    direction comes from the evidence (a feasible trial, any knobs, at or above it in the order: too
+    small; with a pool no larger: too large) or, without evidence, from where its memory fraction lies
+    (bottom / top quarter of the range); otherwise only that exact config is marked.
+    The classifier's features: each continuous dimension scaled to [0, 4], a log-scale axis (a token
+    budget) likewise on its logarithm, other knobs one-hot. A log-scale value <= 0 (the engine's own
+    default, or no limit) is a size unknown here: it is ordered only against the same value, so
+    configs that all keep the engine's default budget are ordered by memory alone.
     """
 
-    def __init__(self, space: SearchSpace, history: Sequence[TrialResult]) -> None:
+    def __init__(
+        self, space: SearchSpace, history: Sequence[TrialResult], axes: Sequence[Knob] = OOM_AXES
+    ) -> None:
+        names = [k.name for k in axes]
+        if MEMORY_KNOB.name not in names:
+            raise ValueError(f"the OOM axes must include {MEMORY_KNOB.name}; got: {', '.join(names)}")
         self.space = space
-        self.oom_floor: dict[Key, float] = {}  # too large: fractions >= fail
-        self.small_ceiling: dict[Key, float] = {}  # too small: fractions <= fail
-        self.ok_range: dict[Key, tuple[float, float]] = {}
+        self.axes = tuple(axes)
+        self._names = frozenset(names)
+        self._m = names.index(MEMORY_KNOB.name)
+        self._log = tuple(k.log_scale for k in self.axes)
+        self.too_large: dict[Key, list[Point]] = {}  # an OOM here fails everything above it
+        self.too_small: dict[Key, list[Point]] = {}  # a pool too small here: smaller pools fail
+        self.ok: dict[Key, list[Point]] = {}
         self.exact: set[KnobConfig] = set()
-        self.any_oom = math.inf  # the lowest "too large" fraction, with any other knobs
-        self.any_small = -math.inf  # the highest "too small" fraction, with any other knobs
+        self.any_large: list[Point] = []  # "too large" failures with any other knobs
+        self.any_small: list[Point] = []  # "too small" failures with any other knobs
         fdim = space.dimension(MEMORY_KNOB.name)
         low, high = (fdim.low, fdim.high) if fdim is not None else (0.0, 1.0)
         assert low is not None and high is not None
-        ok_fractions = [memory_of(space.normalize(t.config)) for t in history if t.value is not None]
+        ok_points = [self.point(space.normalize(t.config)) for t in history if t.value is not None]
         xs: list[list[float]] = []
         ys: list[int] = []
         for t in history:
             cfg = space.normalize(t.config)
-            key = categorical_key(cfg)
+            key = self.key(cfg)
+            p = self.point(cfg)
             f = memory_of(cfg)
             if t.value is None:
                 self.exact.add(cfg)
@@ -114,8 +146,8 @@ class Feasibility:
                 if t.failure in ("oom", "oom_runtime"):
                     direction = "large"
                 elif t.failure == "oom_startup":
-                    above = any(o > f + 1e-9 for o in ok_fractions)
-                    below = any(o < f - 1e-9 for o in ok_fractions)
+                    above = any(self._above(o, p) and _differs(o, p) for o in ok_points)
+                    below = any(self._smaller_pool(o, p) and _differs(o, p) for o in ok_points)
                     if above != below:
                         direction = "small" if above else "large"
                     elif not above and f <= low + 0.25 * (high - low):
@@ -123,14 +155,13 @@ class Feasibility:
                     elif not above and f >= high - 0.25 * (high - low):
                         direction = "large"
                 if direction == "large":
-                    self.oom_floor[key] = min(f, self.oom_floor.get(key, math.inf))
-                    self.any_oom = min(self.any_oom, f)
+                    self.too_large.setdefault(key, []).append(p)
+                    self.any_large.append(p)
                 elif direction == "small":
-                    self.small_ceiling[key] = max(f, self.small_ceiling.get(key, -math.inf))
-                    self.any_small = max(self.any_small, f)
+                    self.too_small.setdefault(key, []).append(p)
+                    self.any_small.append(p)
             else:
-                lo, hi = self.ok_range.get(key, (f, f))
-                self.ok_range[key] = (min(lo, f), max(hi, f))
+                self.ok.setdefault(key, []).append(p)
             if space.contains(cfg):
                 xs.append(self._features(cfg))
                 ys.append(0 if t.value is None else 1)
@@ -142,13 +173,46 @@ class Feasibility:
             clf.fit(xs, ys)
             self._clf = clf
 
+    def point(self, cfg: KnobConfig) -> Point:
+        """``cfg``'s values along the OOM axes."""
+        return tuple(float(cfg.get(k.name)) for k in self.axes)
+
+    def _ge(self, i: int, a: float, b: float) -> bool:
+        """``a >= b`` on axis ``i``. A log-scale value <= 0 is a sentinel (the engine's own default,
+        no limit) whose size is unknown here: it compares equal to itself and to nothing else."""
+        if self._log[i] and (a <= 0 or b <= 0):
+            return a == b
+        return a >= b - EPS
+
+    def _above(self, q: Point, p: Point) -> bool:
+        """``q`` asks at least as much memory as ``p`` on every OOM axis (``q >= p`` componentwise)."""
+        return all(self._ge(i, a, b) for i, (a, b) in enumerate(zip(q, p, strict=True)))
+
+    def key(self, cfg: KnobConfig) -> Key:
+        """The knobs other than the OOM axes: configs with the same key differ only along them."""
+        return tuple(k.coerce(v) for k, v in cfg.items() if k.name not in self._names)
+
+    def _smaller_pool(self, q: Point, p: Point) -> bool:
+        """``q``'s KV pool is no larger than ``p``'s: no more memory, and no less of every other
+        axis (each takes memory from the pool)."""
+        return all(
+            self._ge(i, b, a) if i == self._m else self._ge(i, a, b)
+            for i, (a, b) in enumerate(zip(q, p, strict=True))
+        )
+
     def _features(self, cfg: KnobConfig) -> list[float]:
         data = cfg.to_dict()
         out: list[float] = []
         for d in self.space.dims:
+            axis = next((k for k in self.axes if k.name == d.name), None)
             if d.continuous:
                 assert d.low is not None and d.high is not None
                 out.append((float(data[d.name]) - d.low) / max(d.high - d.low, 1e-9) * 4.0)
+            elif axis is not None and axis.log_scale:
+                sizes = [float(c) for c in d.choices if float(c) > 0]
+                lo, hi = math.log(min(sizes)), math.log(max(sizes))
+                value = max(float(data[d.name]), min(sizes))
+                out.append((math.log(value) - lo) / max(hi - lo, 1e-9) * 4.0)
             else:
                 out.extend(1.0 if data[d.name] == c else 0.0 for c in d.choices)
         return out
@@ -157,14 +221,16 @@ class Feasibility:
         cfg = self.space.normalize(cfg)
         if cfg in self.exact or _measured(cfg, list(self.exact)):
             return True
-        f = memory_of(cfg)
-        floor = self.oom_floor.get(categorical_key(cfg))
-        ceiling = self.small_ceiling.get(categorical_key(cfg))
-        return (floor is not None and f >= floor - 1e-9) or (ceiling is not None and f <= ceiling + 1e-9)
+        key, q = self.key(cfg), self.point(cfg)
+        return any(self._above(q, p) for p in self.too_large.get(key, ())) or any(
+            self._smaller_pool(q, p) for p in self.too_small.get(key, ())
+        )
 
     def _proven(self, cfg: KnobConfig) -> bool:
-        lo, hi = self.ok_range.get(categorical_key(cfg), (math.inf, -math.inf))
-        return lo - 1e-9 <= memory_of(cfg) <= hi + 1e-9
+        """Below a feasible config in the order (not too large) and with a pool no smaller than a
+        feasible one's (not too small), same other knobs."""
+        ok, q = self.ok.get(self.key(cfg), []), self.point(cfg)
+        return any(self._above(c, q) for c in ok) and any(self._smaller_pool(a, q) for a in ok)
 
     def p_feasible(self, cfgs: Sequence[KnobConfig]) -> list[float]:
         probs = [1.0] * len(cfgs)
@@ -173,15 +239,16 @@ class Feasibility:
             probs = [float(p) for p in predicted]
         out: list[float] = []
         for cfg, p in zip(cfgs, probs, strict=True):
+            q = self.point(cfg)
             if self.known_infeasible(cfg):
                 out.append(0.0)
             elif self._proven(cfg):
-                out.append(1.0)  # between two feasible fractions with the same knobs
-            elif memory_of(cfg) <= self.any_small + 1e-9:
+                out.append(1.0)  # inside the region feasible trials with the same knobs span
+            elif any(self._smaller_pool(q, s) for s in self.any_small):
                 out.append(min(p, CROSS_KNOB_OOM_CAP))  # too small to start with other knobs too
-            elif memory_of(cfg) >= self.any_oom - 1e-9:
-                # Memory, not the other knobs, decides OOM to first order: an OOM at f with other
-                # knobs keeps fractions >= f out of the suggestions until proven otherwise.
+            elif any(self._above(q, s) for s in self.any_large):
+                # Memory, not the other knobs, decides OOM to first order: an OOM at a point with
+                # other knobs keeps the points above it out of the suggestions until proven otherwise.
                 out.append(min(p, CROSS_KNOB_OOM_CAP))
             else:
                 out.append(p)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prefixtune.engines.base import (
@@ -184,13 +184,18 @@ def build_space(
     base: KnobConfig,
     normalize: Callable[[KnobConfig], KnobConfig],
     override: SpaceOverride | None = None,
+    widen: Mapping[str, Sequence[Value]] | None = None,
 ) -> SearchSpace:
-    """The search space for one engine: adapter knob specs narrowed by the resource's override."""
+    """The search space for one engine: adapter knob specs narrowed by the resource's override.
+    ``widen``: knobs the adapter does not search by default, with the values the policy decided to
+    search after the baseline (``tuning/widening.py``); a knob the override names is not widened."""
     override = override or SpaceOverride()
     dims: list[Dimension] = []
     for name in KNOB_NAMES:
         spec = knobs.get(name)
         wanted = override.get(name)
+        if wanted is None and spec is not None and not spec.searched and widen and name in widen:
+            spec, wanted = replace(spec, searched=True), tuple(widen[name])
         if spec is None or not spec.searched:
             if wanted is not None and spec is not None:
                 raise SpaceError(

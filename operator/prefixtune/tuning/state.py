@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from prefixtune.engines.base import KnobConfig
-from prefixtune.engines.knobs import to_api
+from prefixtune.engines.knobs import Value, to_api
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.objective import ScoreBasis
 from prefixtune.tuning.phases import Phase, Step, TuningReason
@@ -328,6 +328,9 @@ class PolicyState(_Model):
     note: str = ""  # why the phase is what it is (converged reason, failure)
     # The Tuning condition's reason for ``note`` (None: the phase's own, e.g. Converged)
     note_reason: TuningReason | None = None
+    # Knobs not searched by default that this epoch's baseline put into the space, with their values
+    # (``tuning/widening.py``; set once when the baseline is scored, empty until then).
+    widened: dict[str, list[Value]] = Field(default_factory=dict)
 
     def to_json(self) -> str:
         return self.model_dump_json()

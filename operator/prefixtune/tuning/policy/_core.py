@@ -6,6 +6,7 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from prefixtune.engines.base import KnobConfig
+from prefixtune.engines.knobs import Value
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.actions import (
     Action,
@@ -30,15 +31,19 @@ MAX_STARVED_REPEATS = 2  # invalidations of one config for too little traffic be
 
 
 @lru_cache(maxsize=64)
-def _space(engine: str, override: SpaceOverride, base: KnobConfig) -> SearchSpace:
+def _space(
+    engine: str, override: SpaceOverride, base: KnobConfig, widened: tuple[tuple[str, tuple[Value, ...]], ...]
+) -> SearchSpace:
     from prefixtune.engines import get_adapter
 
     adapter = get_adapter(engine)
-    return build_space(adapter.knobs(), base, adapter.normalize, override)
+    return build_space(adapter.knobs(), base, adapter.normalize, override, dict(widened))
 
 
 def space_of(state: PolicyState) -> SearchSpace:
-    return _space(state.engine, state.settings.space, state.spec_config)
+    """The epoch's search space: the spec's, with the knobs the baseline widened it by."""
+    widened = tuple((name, tuple(values)) for name, values in sorted(state.widened.items()))
+    return _space(state.engine, state.settings.space, state.spec_config, widened)
 
 
 class Core:

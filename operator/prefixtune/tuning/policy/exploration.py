@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from prefixtune.engines.base import KnobConfig
+from prefixtune.metrics.signals import Signals
+from prefixtune.tuning import widening
 from prefixtune.tuning.optimizer import seed_from
 from prefixtune.tuning.phases import Phase, Step, TuningReason
 from prefixtune.tuning.policy import (
@@ -10,7 +13,7 @@ from prefixtune.tuning.policy import (
 )
 from prefixtune.tuning.policy._core import Core, space_of
 from prefixtune.tuning.policy.messages import config_label
-from prefixtune.tuning.state import Trial
+from prefixtune.tuning.state import Trial, clip
 
 
 def decide(self: Core) -> None:
@@ -47,6 +50,21 @@ def decide(self: Core) -> None:
         exploration.converge(self, suggestion.reason)
         return
     rollout.start_trial(self, space.normalize(suggestion.config), suggestion.reason)
+
+
+def widen_space(self: Core, signals: Signals, config: KnobConfig) -> None:
+    """After the baseline: put the batch-limit knobs its window shows binding into the epoch's space
+    (``tuning/widening.py``), recorded in the state so the space stays the same for the epoch."""
+    from prefixtune.engines import get_adapter
+
+    settings = self.s.settings
+    found = widening.widen(
+        signals, widening.limits_of(config), settings.slo, get_adapter(self.s.engine).knobs(), settings.space
+    )
+    self.s.widened = {name: list(values) for name, values in found.values.items()}
+    if not found.empty:
+        searched = ", ".join(f"{name} {'/'.join(map(str, v))}" for name, v in found.values.items())
+        self.event("Normal", "SpaceWidened", clip(f"searching {searched}: {'; '.join(found.reasons)}"))
 
 
 def confirm_reason(self: Core, best: Trial, why: str) -> str:

@@ -50,6 +50,7 @@ def begin_baseline(self: Core, warm: bool) -> None:
     self.s.active = t.id
     self.s.best = None
     self.s.extensions = 0
+    self.s.widened = {}  # the baseline's window decides the epoch's batch-limit knobs afresh
     self.goto(Phase.BASELINE)
     if warm and self.s.settings.warmup_s > 0:
         self.goto(step=Step.WARMING_UP)
@@ -210,6 +211,7 @@ def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
         + f"; {evidence(obs.signals)}",
     )
     if trial.role == "baseline":
+        exploration.widen_space(self, obs.signals, trial.config)
         self.goto(Phase.EXPLORING, Step.IDLE)
     else:
         self.goto(step=Step.IDLE)

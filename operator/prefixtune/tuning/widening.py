@@ -1,0 +1,133 @@
+"""When the batch limits enter the search space, and with which few values. Pure functions.
+
+The running-request cap and the step token budget are not searched by default (their adapters'
+``KnobSpec.searched`` is False): on most workloads neither binds, and every knob that enters the
+space multiplies what a handful of trials must cover. They matter where the baseline shows one
+binding, and then only a few values near the deployed one are worth a trial. So once per epoch,
+when the baseline window is scored, the policy asks ``widen()``; the answer is recorded in the
+policy state (``PolicyState.widened``), the space is built with it for the rest of the epoch
+(``build_space(widen=...)``), and a restarted operator resumes with the same space.
+
+The evidence is the baseline's diagnosis with the config's batch limits (``metrics/diagnosis.py``,
+the same findings ``status.diagnosis`` shows) against the SLO:
+
+- running cap: ``running-cap-binds`` (the batch sits at the cap with KV memory free and a queue):
+  the cap and the next ``STEPS`` allowed values above it (a larger cap admits the queue into the
+  free KV memory; how much larger is what the trials find out).
+- token budget, smaller: ``token-budget-itl-spikes`` (decode steps carry prefill chunks near the
+  budget) with ITL p99 at or above ``TIGHT`` x the ITL SLO: the budget and the ``STEPS`` allowed
+  values below it (smaller chunks, lower ITL spikes, at some TTFT).
+- token budget, larger: ``token-budget-chunks-ttft`` (prefill spans many steps and TTFT is about
+  that many steps) with TTFT p99 at or above ``TIGHT`` x the TTFT SLO: the budget and the ``STEPS``
+  allowed values above it.
+- both: the budget and one allowed value on each side.
+
+The values come from the adapter's ladder (``KnobSpec.choices``) around the deployed value, which
+stays one of them (the baseline must be a point of the space). At most ``STEPS`` + 1 values per
+knob: with both knobs the categorical part of the space grows nine times at most. A knob the
+resource's ``tuning.space`` names is never widened (the spec pinned or narrowed it), nor one the
+engine does not have, nor one whose deployed value is unknown (the engine's own default) or not
+valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from prefixtune.engines.base import KnobConfig, KnobSpec
+from prefixtune.metrics.diagnosis import BatchLimits, diagnose
+from prefixtune.metrics.histogram import Slo
+from prefixtune.metrics.signals import Signals
+from prefixtune.tuning.settings import SpaceOverride
+
+# The registry's names of the batch-limit knobs (engines/knobs.py, issue 23).
+RUNNING_CAP = "max_running"
+TOKEN_BUDGET = "max_batched_tokens"
+STEPS = 2  # allowed values tried beyond the deployed one, per direction
+TIGHT = 0.8  # a latency p99 at or above this share of its SLO: the SLO is at stake
+
+
+@dataclass(frozen=True)
+class Widening:
+    """Knobs to add to the space with their values (deployed value included), and why."""
+
+    values: Mapping[str, tuple[int, ...]]
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.values
+
+
+def limits_of(config: KnobConfig) -> BatchLimits:
+    """The batch limits ``config`` runs; None where the registry has no such knob yet, or where the
+    value is a sentinel (the engine resolves its own default: the number is not known here)."""
+    data = config.to_dict()
+
+    def known(value: object) -> int | None:
+        # <= 0: the engine's own default (flag not rendered) or no limit (SGLang's chunk -1).
+        return int(value) if isinstance(value, int | float) and value > 0 else None
+
+    return BatchLimits(
+        max_running=known(data.get(RUNNING_CAP)), max_batched_tokens=known(data.get(TOKEN_BUDGET))
+    )
+
+
+def widen(
+    signals: Signals,
+    limits: BatchLimits,
+    slo: Slo,
+    knobs: Mapping[str, KnobSpec],
+    override: SpaceOverride | None = None,
+) -> Widening:
+    """The batch-limit knobs the baseline window (``signals``, measured under ``limits``: see
+    ``limits_of``) says to search, given the engine's knob specs and the resource's space override."""
+    codes = set(diagnose(signals, limits=limits).codes)
+    values: dict[str, tuple[int, ...]] = {}
+    reasons: dict[str, str] = {}
+
+    def allowed(name: str, current: int | None) -> tuple[int, ...] | None:
+        spec = knobs.get(name)
+        if spec is None or spec.searched or current is None or (override and override.get(name) is not None):
+            return None  # absent, already searched, or the spec decides
+        if spec.validate(current) is not None:
+            return None  # the deployed value is not one the space could hold
+        return tuple(sorted(int(c) for c in spec.choices if int(c) > 0))  # not SGLang's -1: no chunking
+
+    cap = limits.max_running
+    cap_choices = allowed(RUNNING_CAP, cap)
+    if cap_choices is not None and cap is not None and "running-cap-binds" in codes:
+        values[RUNNING_CAP] = _near(cap_choices, cap, below=0, above=STEPS)
+        reasons[RUNNING_CAP] = f"the running cap {cap} binds with KV memory free and a queue"
+
+    budget = limits.max_batched_tokens
+    budget_choices = allowed(TOKEN_BUDGET, budget)
+    if budget_choices is not None and budget is not None:
+        itl, ttft = signals.itl_p99_s, signals.ttft_p99_s
+        smaller = "token-budget-itl-spikes" in codes and itl is not None and itl >= TIGHT * slo.itl_p99_s
+        larger = "token-budget-chunks-ttft" in codes and ttft is not None and ttft >= TIGHT * slo.ttft_p99_s
+        why: list[str] = []
+        if smaller and itl is not None:
+            why.append(
+                f"ITL p99 {itl * 1000:.0f} ms near its SLO {slo.itl_p99_s * 1000:.0f} ms spikes with prefill"
+                f" chunks of up to the token budget {budget}"
+            )
+        if larger and ttft is not None:
+            why.append(
+                f"TTFT p99 {ttft:.2f} s near its SLO {slo.ttft_p99_s:.2f} s is mostly chunked prefill under"
+                f" the token budget {budget}"
+            )
+        if why:
+            below, above = (1, 1) if smaller and larger else (STEPS, 0) if smaller else (0, STEPS)
+            values[TOKEN_BUDGET] = _near(budget_choices, budget, below=below, above=above)
+            reasons[TOKEN_BUDGET] = "; ".join(why)
+    kept = {k: v for k, v in values.items() if len(v) > 1}  # nothing beyond the deployed value: no knob
+    return Widening(kept, tuple(reasons[k] for k in kept))
+
+
+def _near(choices: Sequence[int], current: int, *, below: int, above: int) -> tuple[int, ...]:
+    """``current`` and up to ``below`` / ``above`` allowed values next to it (ascending)."""
+    lower = [c for c in choices if c < current][-below:] if below else []
+    upper = [c for c in choices if c > current][:above]
+    return (*lower, current, *upper)

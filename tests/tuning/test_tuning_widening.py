@@ -1,0 +1,194 @@
+"""When the batch limits enter the search space (tuning/widening.py), and how the policy keeps it.
+
+The rule is tested with knob specs written here (the engines' batch-limit specs are the adapters'),
+the space and the policy with vLLM's ``schedule_policy``, a knob vLLM does not search by default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from prefixtune.engines import get_adapter
+from prefixtune.engines.base import KnobSpec
+from prefixtune.metrics.diagnosis import BatchLimits
+from prefixtune.metrics.signals import Signals
+from prefixtune.tuning import widening
+from prefixtune.tuning.actions import EmitEvent
+from prefixtune.tuning.optimizer import Suggestion, TrialResult
+from prefixtune.tuning.policy import initial_state, space_of, step
+from prefixtune.tuning.policy._core import Core
+from prefixtune.tuning.policy.measurement import begin_baseline
+from prefixtune.tuning.settings import Slo, TuningSettings
+from prefixtune.tuning.space import SearchSpace, build_space
+from prefixtune.tuning.state import PolicyState, RolloutReady, Tick, WindowMeasured
+from prefixtune.tuning.widening import RUNNING_CAP, TOKEN_BUDGET, Widening, widen
+
+KNOBS = {
+    RUNNING_CAP: KnobSpec(RUNNING_CAP, 256, choices=(64, 128, 256, 512, 1024), searched=False),
+    TOKEN_BUDGET: KnobSpec(TOKEN_BUDGET, 8192, choices=(512, 1024, 2048, 4096, 8192, 16384), searched=False),
+}
+LIMITS = BatchLimits(max_running=256, max_batched_tokens=8192)
+SLO = Slo(ttft_p99_s=2.0, itl_p99_s=0.15)
+# Short chat at high concurrency, the batch at its cap of 256 with KV 40% used and 12 waiting.
+CHAT = Signals(
+    window_s=300.0, requests=3000.0, prefill_reduction=0.7, running_mean=250.0, running_max=256.0,
+    waiting_mean=12.0, kv_usage_mean=0.4, ttft_p50_s=0.3, ttft_p99_s=0.9, itl_p50_s=0.03, itl_p99_s=0.05,
+    output_tokens_per_s=2500.0, input_tokens_per_s=10000.0, requests_per_s=10.0,
+)  # fmt: skip
+# Long RAG prompts (9,000 tokens computed each), ITL p99 140 ms against a 150 ms SLO.
+RAG = Signals(
+    window_s=300.0, requests=600.0, prefill_reduction=0.25, running_mean=20.0, running_max=32.0,
+    waiting_mean=0.0, kv_usage_mean=0.6, ttft_p50_s=0.9, ttft_p99_s=1.5, itl_p50_s=0.03, itl_p99_s=0.14,
+    output_tokens_per_s=400.0, input_tokens_per_s=24000.0, requests_per_s=2.0,
+)  # fmt: skip
+
+
+def test_a_binding_running_cap_enters_with_the_next_two_larger_values() -> None:
+    w = widen(CHAT, LIMITS, SLO, KNOBS)
+    assert w.values == {RUNNING_CAP: (256, 512, 1024)}
+    assert w.reasons == ("the running cap 256 binds with KV memory free and a queue",)
+
+
+def test_nothing_enters_when_no_limit_binds() -> None:
+    calm = replace(CHAT, waiting_mean=0.0)
+    assert widen(calm, LIMITS, SLO, KNOBS).empty
+
+
+def test_itl_spikes_near_the_slo_bring_in_smaller_token_budgets() -> None:
+    w = widen(RAG, LIMITS, SLO, KNOBS)
+    assert w.values == {TOKEN_BUDGET: (2048, 4096, 8192)}
+    assert "ITL p99 140 ms near its SLO 150 ms" in w.reasons[0]
+
+
+def test_itl_spikes_well_within_the_slo_leave_the_budget_alone() -> None:
+    assert widen(replace(RAG, itl_p99_s=0.09), LIMITS, SLO, KNOBS).empty  # 3x p50 but 60% of the SLO
+
+
+def test_ttft_of_chunked_prefill_near_the_slo_brings_in_larger_token_budgets() -> None:
+    chunked = replace(RAG, running_mean=256.0, ttft_p50_s=1.2, ttft_p99_s=1.8, itl_p99_s=0.04)
+    w = widen(chunked, replace(LIMITS, max_batched_tokens=512), SLO, KNOBS)
+    assert w.values == {TOKEN_BUDGET: (512, 1024, 2048)}
+    assert "TTFT p99 1.80 s near its SLO 2.00 s" in w.reasons[0]
+
+
+def test_both_budget_signs_bring_in_one_value_on_each_side() -> None:
+    both = replace(RAG, running_mean=256.0, ttft_p50_s=1.2, ttft_p99_s=1.8)  # ITL spikes and chunked TTFT
+    w = widen(both, replace(LIMITS, max_batched_tokens=1024), SLO, KNOBS)
+    assert w.values == {TOKEN_BUDGET: (512, 1024, 2048)} and len(w.reasons) == 1 and ";" in w.reasons[0]
+
+
+def test_a_smaller_budget_is_a_size_never_the_no_limit_sentinel() -> None:
+    knobs = {TOKEN_BUDGET: replace(KNOBS[TOKEN_BUDGET], choices=(-1, 512, 1024, 2048, 4096, 8192))}
+    assert widen(RAG, replace(LIMITS, max_batched_tokens=1024), SLO, knobs).values == {
+        TOKEN_BUDGET: (512, 1024)
+    }
+
+
+def test_a_cap_at_the_top_of_its_allowed_values_adds_nothing() -> None:
+    assert widen(CHAT, replace(LIMITS, max_running=1024), SLO, KNOBS).empty
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {},  # the engine has no such knob
+        {RUNNING_CAP: replace(KNOBS[RUNNING_CAP], searched=True)},  # already searched
+        {RUNNING_CAP: replace(KNOBS[RUNNING_CAP], choices=(64, 128, 512))},  # deployed 256 not valid
+    ],
+)
+def test_a_knob_that_cannot_be_widened_is_not(knobs: dict[str, KnobSpec]) -> None:
+    assert widen(CHAT, LIMITS, SLO, knobs).empty
+
+
+def test_the_limits_of_a_config_without_batch_limit_knobs_are_unknown() -> None:
+    assert widening.limits_of(get_adapter("vllm").default_config()) == BatchLimits()
+
+
+class _Values:
+    """A config's ``to_dict`` with batch-limit values (a stand-in until the registry has the knobs)."""
+
+    def __init__(self, **values: int) -> None:
+        self.values = values
+
+    def to_dict(self) -> dict[str, int]:
+        return self.values
+
+
+def test_the_limits_of_a_config_are_its_positive_batch_limit_values() -> None:
+    cfg: Any = _Values(max_running=256, max_batched_tokens=8192)
+    assert widening.limits_of(cfg) == BatchLimits(max_running=256, max_batched_tokens=8192)
+
+
+def test_an_engine_default_or_no_limit_is_an_unknown_limit() -> None:
+    cfg: Any = _Values(max_running=0, max_batched_tokens=-1)  # flag not rendered; SGLang chunking off
+    assert widening.limits_of(cfg) == BatchLimits()
+
+
+def test_the_space_takes_a_widened_knob_the_adapter_does_not_search() -> None:
+    a = get_adapter("vllm")
+    plain = build_space(a.knobs(), a.default_config(), a.normalize)
+    wide = build_space(
+        a.knobs(), a.default_config(), a.normalize, widen={"schedule_policy": ("fcfs", "priority")}
+    )
+    assert "schedule_policy" not in plain.names
+    d = wide.dimension("schedule_policy")
+    assert d is not None and d.choices == ("fcfs", "priority")
+
+
+def test_the_space_refuses_a_widened_value_the_engine_does_not_allow() -> None:
+    a = get_adapter("vllm")
+    with pytest.raises(ValueError, match="schedule_policy: 'lpm' must be one of fcfs, priority"):
+        build_space(a.knobs(), a.default_config(), a.normalize, widen={"schedule_policy": ("fcfs", "lpm")})
+
+
+SETTINGS = TuningSettings(
+    warmup_s=60, measure_s=300, min_requests=100, max_trials=3, min_interval_s=0, seed_key="w"
+)
+
+
+def _baseline(monkeypatch: pytest.MonkeyPatch) -> tuple[PolicyState, list[Any], list[SearchSpace]]:
+    """Through the baseline with the rule widening vLLM's space by its schedule policy."""
+    monkeypatch.setattr(
+        widening,
+        "widen",
+        lambda *_: Widening({"schedule_policy": ("fcfs", "priority")}, ("the test says so",)),
+    )
+    spaces: list[SearchSpace] = []
+
+    def suggester(space: SearchSpace, history: list[TrialResult], seed: int, s: TuningSettings) -> Suggestion:
+        spaces.append(space)
+        return Suggestion(None, "stop", converged=True)
+
+    default = get_adapter("vllm").default_config()
+    state = initial_state("vllm", SETTINGS, default)
+    actions: list[Any] = []
+    for obs, now in ((RolloutReady(config=default), 0.0), (Tick(), 60.0)):
+        state, acts = step(state, obs, now, suggester)
+        actions += acts
+    window = replace(CHAT, goodput_tokens_per_s=2000.0, slo_attainment=0.95)
+    state, acts = step(state, WindowMeasured(signals=window, offered_rps=10.0), 360.0, suggester)
+    return state, actions + acts, spaces
+
+
+def test_the_policy_widens_the_space_once_the_baseline_is_scored(monkeypatch: pytest.MonkeyPatch) -> None:
+    state, actions, spaces = _baseline(monkeypatch)
+    assert state.widened == {"schedule_policy": ["fcfs", "priority"]}
+    assert spaces and all("schedule_policy" in s.names for s in spaces)  # the first decision searches it
+    (event,) = (a for a in actions if isinstance(a, EmitEvent) and a.reason == "SpaceWidened")
+    assert event.message == "searching schedule_policy fcfs/priority: the test says so"
+
+
+def test_a_restarted_operator_resumes_with_the_widened_space(monkeypatch: pytest.MonkeyPatch) -> None:
+    state, _, _ = _baseline(monkeypatch)
+    restored = PolicyState.from_json(state.to_json())
+    assert restored.widened == state.widened and space_of(restored) == space_of(state)
+
+
+def test_a_new_baseline_starts_from_the_default_space(monkeypatch: pytest.MonkeyPatch) -> None:
+    state, _, _ = _baseline(monkeypatch)
+    core = Core(state.model_copy(deep=True), 400.0, lambda *_: Suggestion(None, "", converged=True))
+    begin_baseline(core, warm=False)
+    assert core.s.widened == {} and "schedule_policy" not in space_of(core.s).names
