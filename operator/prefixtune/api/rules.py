@@ -377,7 +377,7 @@ def _check_combination(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> l
         spec_ = knobs[knob]
         if spec_.open_range:
             numbers = [int(v) for v in values if isinstance(v, int)]
-            text = f"{min(numbers)} to {max(numbers)}" if numbers else "none"
+            text = f"{min(numbers)} to {int(spec_.high or 0)}" if numbers else "none"
             unset = BY_NAME[knob].unset
             text += f", or {unset} (the engine's own default)" if unset is not None else ""
         else:

@@ -165,13 +165,15 @@ class KnobSpec:
 
     def allows(self, value: object, narrowed: Sequence[object]) -> bool:
         """Whether ``value`` is among ``narrowed`` (choices an engine narrowed by extra args): for an
-        open range, whether it lies between their smallest and largest; the knob's unset value always."""
+        open range, whether it lies between their smallest and the range's top (an engine narrows a
+        batch limit from below: vLLM's budget >= max_model_len); the knob's unset value always."""
         unset = BY_NAME[self.name].unset if self.name in BY_NAME else None
         if unset is not None and value == unset:
             return True
         if self.open_range:
+            assert self.high is not None
             numbers = [float(v) for v in narrowed if isinstance(v, int | float)]
-            return bool(numbers) and isinstance(value, int | float) and min(numbers) <= value <= max(numbers)
+            return bool(numbers) and isinstance(value, int | float) and min(numbers) <= value <= self.high
         return value in narrowed
 
 
