@@ -252,7 +252,13 @@ class AdapterBase(ABC):
         args = (*self.metric_args(ttft_slo_s), *extra_args)
         rendered = self.render_args(model, config, args, port, require_tensor_parallel(tensor_parallel))
         # What we render must read back: unknown extra flags and bad values fail here.
-        self.parse(rendered.argv, rendered.files)
+        parsed = self.parse(rendered.argv, rendered.files)
+        if parsed.extra_args != tuple(extra_args):
+            # An extra arg the engine would read otherwise: a stray value after an owned list flag
+            # (SGLang's --bucket-time-to-first-token takes it as one more bucket).
+            read = parsed.extra_args
+            lost = extra_args[len(read) :] if tuple(extra_args[: len(read)]) == read else extra_args
+            raise ArgsError(f"unrecognized arguments: {' '.join(lost)}")
         return rendered
 
     def metric_args(self, ttft_slo_s: float | None) -> tuple[str, ...]:
