@@ -184,18 +184,22 @@ def build_space(
     base: KnobConfig,
     normalize: Callable[[KnobConfig], KnobConfig],
     override: SpaceOverride | None = None,
+    include: frozenset[str] = frozenset(),
 ) -> SearchSpace:
-    """The search space for one engine: adapter knob specs narrowed by the resource's override."""
+    """The search space for one engine: adapter knob specs narrowed by the resource's override.
+
+    A knob enters when the adapter searches it by default, when the override lists it (then over
+    exactly the listed values, as ``spec.tuning.space`` says), or when ``include`` names it: the
+    policy's way to search a knob the adapter keeps fixed by default where it matters (the batch
+    limits, over their log-spaced ladders)."""
     override = override or SpaceOverride()
     dims: list[Dimension] = []
     for name in KNOB_NAMES:
         spec = knobs.get(name)
         wanted = override.get(name)
-        if spec is None or not spec.searched:
-            if wanted is not None and spec is not None:
-                raise SpaceError(
-                    f"space.{name}: this knob is not tuned on this engine (it stays at {spec.default!r})"
-                )
+        if spec is None:
+            continue
+        if not spec.searched and wanted is None and name not in include:
             continue
         if spec.continuous:
             bounds = None if wanted is None else (float(wanted[0]), float(wanted[1]))
