@@ -157,3 +157,10 @@ def test_with_kv_tokens_multiplies_blocks_by_block_size_only_when_both_are_known
     }
     assert with_kv_tokens({"kv_blocks": 10}) == {"kv_blocks": 10}
     assert with_kv_tokens({"block_size": 16}) == {"block_size": 16}
+
+
+def test_a_stray_value_after_an_owned_list_flag_is_refused() -> None:
+    # SGLang's rendered command ends with --bucket-time-to-first-token VALUES...: a bare "0.9" in the
+    # extra args would be read as one more bucket, so render refuses it instead.
+    with pytest.raises(ArgsError, match=r"unrecognized arguments: 0\.9"):
+        get_adapter("sglang").render("m", get_adapter("sglang").default_config(), ["0.9"])
