@@ -46,7 +46,14 @@ from prefixtune.controller.render import Owner, render_command, render_deploymen
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.engines import get_adapter
 from prefixtune.engines._argv import Kind, Role
-from prefixtune.engines.base import KNOB_NAMES, EngineAdapter, EngineName, KnobSpec
+from prefixtune.engines.base import (
+    KNOB_NAMES,
+    MAX_BATCHED_TOKENS,
+    MAX_RUNNING,
+    EngineAdapter,
+    EngineName,
+    KnobSpec,
+)
 from prefixtune.sandbox.waiting import PROGRESS_CAP, wait_until
 from prefixtune.tuning.policy import initial_state
 
@@ -54,6 +61,7 @@ ENGINES: tuple[str, ...] = tuple(e.value for e in EngineName)
 MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "/models/llama-8b")
 MAX_EXAMPLES = 8  # rejections kept in the report
 _FIELD_PATH = re.compile(r"^spec(\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*$")
+BATCH_LIMITS = (MAX_BATCHED_TOKENS, MAX_RUNNING)
 _CAMEL = {k: "".join(w.capitalize() if i else w for i, w in enumerate(k.split("_"))) for k in KNOB_NAMES}
 
 Spec = dict[str, Any]
@@ -146,7 +154,8 @@ def valid_spec(draw: st.DrawFn, engine: str | None = None, max_replicas: int = 8
         spec["extraArgs"] = [token for item in options for token in item]
     # Extra args may narrow what the engine starts with (SGLang's priority scheduling: fcfs, lof).
     knobs = narrowed_choices(adapter, spec.get("extraArgs", []))
-    spec["config"] = draw(_optional({_CAMEL[k]: _knob_value(knobs[k]) for k in KNOB_NAMES}))
+    single = [k for k in KNOB_NAMES if k not in BATCH_LIMITS]
+    spec["config"] = draw(_optional({_CAMEL[k]: _knob_value(knobs[k]) for k in single}))
     strategies = [RolloutStrategy.ROLLING.value] + ([RolloutStrategy.CANARY.value] if replicas >= 2 else [])
     space: dict[str, st.SearchStrategy[Any]] = {
         "blockSize": st.lists(st.sampled_from(knobs["block_size"].choices), min_size=1, unique=True),
@@ -185,6 +194,13 @@ def valid_spec(draw: st.DrawFn, engine: str | None = None, max_replicas: int = 8
     )
     if draw(st.booleans()):
         spec["tuning"] = draw(tuning)
+    # Drawn last, so the draws above (and the mix of cases a seed gives) are those before the batch
+    # limits existed. They are pinned together, so the engine's rule across them (vLLM: token budget
+    # >= running cap) is checked on the drawn pair, not against a GPU default.
+    if draw(st.booleans()) and all(knobs[k].choices for k in BATCH_LIMITS):
+        pair = {k: draw(_knob_value(knobs[k])) for k in BATCH_LIMITS}
+        if not adapter.cross_check(adapter.default_config().with_(**pair)):
+            spec["config"].update({_CAMEL[k]: v for k, v in pair.items()})
     return spec
 
 
@@ -724,10 +740,8 @@ def _rendered(spec_obj: object) -> list[str] | None:
     model, errors = validate_spec(spec_obj)
     if model is None or errors:
         return None
-    rendered = get_adapter(model.engine).render(
-        model.model, model.knob_config(), model.extra_args, None, model.gpu.count
-    )
-    return list(rendered.argv)
+    # What the operator renders (the TTFT SLO included: SGLang's TTFT buckets carry it).
+    return list(render_command(model, model.knob_config()).argv)
 
 
 def live_cases(n: int, seed: int) -> list[FuzzCase]:

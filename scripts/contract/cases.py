@@ -1,9 +1,11 @@
 """Step 1 of `make contract` (project venv): every command line the adapters can render, as JSON.
 
-Every categorical knob value x memory-fraction edges x TP 1/2 for vLLM and SGLang, every Deployment
-rendered from examples/, and every extraArgs sample the validation accepts, each with the values the
-engine's own parser must read back. Also the twin's exposition and the recipe's names for vLLM, for
-step 3. Usage: python cases.py OUT.json
+Every categorical knob value x memory-fraction edges x TP 1/2 for vLLM and SGLang; every pair of
+batch limits a space can search (each ladder value and the engine default, of both; vLLM also with
+chunked prefill off) and the ends of their valid ranges; every Deployment rendered from examples/,
+and every extraArgs sample the validation accepts, each with the values the engine's own parser must
+read back. The pairs the adapters refuse go to step 2 too: the engine must refuse them. Also the
+twin's exposition and the recipe's names for vLLM, for step 3. Usage: python cases.py OUT.json
 """
 
 from __future__ import annotations
@@ -19,18 +21,20 @@ import yaml
 from prefixtune.api import parse_spec, validate_spec
 from prefixtune.controller import render as R
 from prefixtune.engines import get_adapter
-from prefixtune.engines.base import KnobConfig
+from prefixtune.engines.base import MAX_BATCHED_TOKENS, MAX_RUNNING, ArgsError, KnobConfig
+from prefixtune.engines.knobs import ENGINE_DEFAULT
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 FRACTIONS = (0.05, 0.5, 0.9999, 1.0)
+# vLLM with chunked prefill off: a budget must be >= max_model_len (the adapter narrows the budgets).
+UNCHUNKED = ["--no-enable-chunked-prefill", "--max-model-len", "4096"]
+BATCH_KNOBS = (MAX_BATCHED_TOKENS, MAX_RUNNING)
 # extraArgs the validation accepts and the engines' parsers must accept too (and what each sets).
 # Secret-bearing flags (--api-key) are refused by validation on purpose (spec.apiKeySecret instead),
 # so they are not here; --served-model-name a b keeps a several-values spelling in the check.
 ACCEPTED: dict[str, list[tuple[list[str], dict[str, Any]]]] = {
     "vllm": [
-        (["--max-num-seqs", "256"], {"max_num_seqs": 256}),
-        (["--max-num-batched-tokens", "8192"], {"max_num_batched_tokens": 8192}),
         (["--disable-chunked-prefill"], {"enable_chunked_prefill": False}),
         (["--enable-chunked-prefill"], {"enable_chunked_prefill": True}),
         (["--kv-cache-dtype", "fp8"], {"kv_cache_dtype": "fp8"}),
@@ -45,9 +49,6 @@ ACCEPTED: dict[str, list[tuple[list[str], dict[str, Any]]]] = {
         (["--uvicorn-log-level", "warning"], {"uvicorn_log_level": "warning"}),
     ],
     "sglang": [
-        (["--max-running-requests", "256"], {"max_running_requests": 256}),
-        (["--chunked-prefill-size", "4096"], {"chunked_prefill_size": 4096}),
-        (["--chunked-prefill-size", "-1"], {"chunked_prefill_size": -1}),
         (["--context-length", "8192"], {"context_length": 8192}),
         (["--kv-cache-dtype", "fp8_e4m3"], {"kv_cache_dtype": "fp8_e4m3"}),
         (["--cuda-graph-max-bs-decode", "64"], {"cuda_graph_max_bs_decode": 64}),
@@ -76,19 +77,89 @@ def knob_cases(engine: str) -> list[dict[str, Any]]:
         config = KnobConfig(float(fraction), int(block), bool(caching), str(policy))  # type: ignore[arg-type]
         rendered = adapter.render(MODEL, config, tensor_parallel=tp, ttft_slo_s=0.05)
         out.append(
-            {"engine": engine, "source": "knobs", "argv": list(rendered.argv), "expect": expect(config, tp)}
+            {
+                "engine": engine,
+                "source": "knobs",
+                "argv": list(rendered.argv),
+                "expect": expect(config, tp, engine),
+            }
         )
     return out
 
 
-def expect(config: KnobConfig, tp: int) -> dict[str, Any]:
-    return {
+def batch_values(engine: str, knob: str) -> list[int]:
+    """What a space can search for a batch limit (its ladder) and the engine default (0), then the
+    ends of the knob's valid range."""
+    spec = get_adapter(engine).knobs()[knob]
+    assert spec.low is not None and spec.high is not None
+    ends = [int(spec.low), int(spec.high)]
+    return [ENGINE_DEFAULT, *(int(c) for c in spec.choices), *(e for e in ends if e not in spec.choices)]
+
+
+def batch_cases(engine: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every (token budget, running cap) pair of the two knobs' values, rendered where the adapter
+    allows it (cases) and recorded where it refuses it (the engine must refuse those too)."""
+    adapter = get_adapter(engine)
+    variants: list[list[str]] = [[], UNCHUNKED] if engine == "vllm" else [[]]
+    cases, refused = [], []
+    for extra in variants:
+        allowed = adapter.allowed_choices(extra).get(MAX_BATCHED_TOKENS)
+        for tokens, running in itertools.product(
+            batch_values(engine, MAX_BATCHED_TOKENS), batch_values(engine, MAX_RUNNING)
+        ):
+            config = adapter.default_config().with_(max_batched_tokens=tokens, max_running=running)
+            source = f"batch limits {tokens}/{running}{' ' + ' '.join(extra) if extra else ''}"
+            narrowed = allowed is not None and not adapter.knobs()[MAX_BATCHED_TOKENS].allows(tokens, allowed)
+            try:
+                if narrowed:
+                    raise ArgsError("refused with these extra args")
+                rendered = adapter.render(MODEL, config, extra)
+            except ArgsError as err:
+                refused.append(
+                    {
+                        "engine": engine,
+                        "source": source,
+                        "scheduler": {
+                            "max_num_batched_tokens": tokens,
+                            "max_num_seqs": running,
+                            "enable_chunked_prefill": not extra,
+                            "max_model_len": 4096,
+                        },
+                        "why": str(err),
+                    }
+                )
+                continue
+            case = {"engine": engine, "source": source, "argv": list(rendered.argv)}
+            case["expect"] = expect(config, 1, engine)
+            if engine == "vllm" and tokens and running:  # vLLM's SchedulerConfig must accept the pair
+                case["scheduler"] = {
+                    "max_num_batched_tokens": tokens,
+                    "max_num_seqs": running,
+                    "enable_chunked_prefill": not extra,
+                    "max_model_len": 4096,
+                }
+            cases.append(case)
+    return cases, refused
+
+
+def expect(config: KnobConfig, tp: int, engine: str) -> dict[str, Any]:
+    """What the engine's parser must read. A batch limit at the engine default is not rendered:
+    vLLM's EngineArgs then holds None (its default is resolved later, by device); SGLang resolves its
+    own at once, so nothing is expected of it there."""
+    wanted: dict[str, Any] = {
         "memory_fraction": config.memory_fraction,
         "block_size": config.block_size,
         "prefix_caching": config.prefix_caching,
         "schedule_policy": config.schedule_policy,
         "tensor_parallel": tp,
     }
+    for knob in BATCH_KNOBS:
+        value = config.get(knob)
+        if value != ENGINE_DEFAULT:
+            wanted[knob] = value
+        elif engine == "vllm":
+            wanted[knob] = None
+    return wanted
 
 
 def extra_arg_cases(engine: str) -> list[dict[str, Any]]:
@@ -105,7 +176,7 @@ def extra_arg_cases(engine: str) -> list[dict[str, Any]]:
                 "engine": engine,
                 "source": f"extraArgs {' '.join(args)}",
                 "argv": list(rendered.argv),
-                "expect": expect(config, 1),
+                "expect": expect(config, 1, engine),
                 "sets": sets,
             }
         )
@@ -127,7 +198,7 @@ def example_cases() -> list[dict[str, Any]]:
                     "engine": str(spec.engine),
                     "source": f"examples/{path.name}",
                     "argv": [*container["command"], *container["args"]],
-                    "expect": expect(spec.knob_config(), spec.gpu.count),
+                    "expect": expect(spec.knob_config(), spec.gpu.count, str(spec.engine)),
                 }
             )
     return out
@@ -163,7 +234,7 @@ def twin_vllm_families() -> dict[str, Any]:
     return {"twin": families, "recipe": sorted(read)}
 
 
-def engine_sets() -> dict[str, Any]:
+def engine_sets(batch_refused: list[dict[str, Any]]) -> dict[str, Any]:
     """Value sets the adapters offer, for step 2 to compare with the engines' own (and the command
     lines the adapters refuse, which the engines must refuse too)."""
     from prefixtune.engines.sglang import CACHE_AWARE_POLICIES
@@ -180,6 +251,8 @@ def engine_sets() -> dict[str, Any]:
             {"engine": "vllm", "quantization": "gguf"},
             {"engine": "sglang", "argv": ["--model-path", MODEL, "--cuda-graph-max-bs", "64"]},
         ],
+        # (vLLM) batch-limit pairs the adapter refuses: vLLM's SchedulerConfig must refuse them too.
+        "batch_refused": [r for r in batch_refused if r["engine"] == "vllm"],
     }
 
 
@@ -204,8 +277,16 @@ def _accepts(convert: Any, value: str) -> bool:
 
 def main() -> int:
     cases = [*knob_cases("vllm"), *knob_cases("sglang"), *extra_arg_cases("vllm"), *extra_arg_cases("sglang")]
+    refused: list[dict[str, Any]] = []
+    for engine in ("vllm", "sglang"):
+        batch, no = batch_cases(engine)
+        cases += batch
+        refused += no
+    unexplained = [r for r in refused if r["engine"] != "vllm"]
+    if unexplained:
+        raise SystemExit(f"the adapter refuses batch limits no engine rule explains: {unexplained[:3]}")
     cases += example_cases()
-    document = {"cases": cases, "vllm_metrics": twin_vllm_families(), "sets": engine_sets()}
+    document = {"cases": cases, "vllm_metrics": twin_vllm_families(), "sets": engine_sets(refused)}
     Path(sys.argv[1]).write_text(json.dumps(document))
     print(f"{len(cases)} command lines", file=sys.stderr)
     return 0

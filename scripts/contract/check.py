@@ -53,8 +53,12 @@ def check_vllm(parser: Any, cmds: dict[str, Any], case: dict[str, Any]) -> list[
         "prefix_caching": engine.enable_prefix_caching,
         "schedule_policy": engine.scheduling_policy,
         "tensor_parallel": engine.tensor_parallel_size,
+        "max_batched_tokens": engine.max_num_batched_tokens,
+        "max_running": engine.max_num_seqs,
     }
     problems = compare(case["expect"], got)
+    if case.get("scheduler"):
+        problems += vllm_scheduler(case["scheduler"], refused=False)
     for key, value in (case.get("sets") or {}).items():
         have = getattr(engine, key, getattr(args, key, None))
         if have != value:
@@ -75,6 +79,8 @@ def check_sglang(case: dict[str, Any]) -> list[str]:
         "prefix_caching": not args.disable_radix_cache,
         "schedule_policy": args.schedule_policy,
         "tensor_parallel": args.tp_size,
+        "max_batched_tokens": args.chunked_prefill_size,
+        "max_running": args.max_running_requests,
     }
     problems = compare(case["expect"], got)
     if not args.enable_metrics:
@@ -83,6 +89,24 @@ def check_sglang(case: dict[str, Any]) -> list[str]:
         if getattr(args, key, None) != value:
             problems.append(f"{key}: intended {value!r}, parsed {getattr(args, key, None)!r}")
     return problems
+
+
+# How many batch-limit pairs went through vLLM's SchedulerConfig, by what prefixtune expects of it.
+SCHEDULER_CHECKS = {"accepted": 0, "refused": 0}
+
+
+def vllm_scheduler(values: dict[str, Any], refused: bool) -> list[str]:
+    """vLLM's own SchedulerConfig on a pair of batch limits (its start-up checks: budget >= running
+    cap, and >= max_model_len with chunked prefill off): accepted, or refused when ``refused``."""
+    from vllm.config import SchedulerConfig
+
+    SCHEDULER_CHECKS["refused" if refused else "accepted"] += 1
+    fields = {k: v for k, v in values.items() if k != "max_model_len"}
+    try:
+        SchedulerConfig(**fields, max_model_len=values["max_model_len"], is_encoder_decoder=False)
+    except Exception as err:
+        return [] if refused else [f"vLLM's SchedulerConfig refuses {values}: {err}"]
+    return [f"prefixtune refuses {values}, vLLM's SchedulerConfig accepts it"] if refused else []
 
 
 def compare(expect: dict[str, Any], got: dict[str, Any]) -> list[str]:
@@ -129,6 +153,9 @@ def check_sets(sets: dict[str, Any], model_dir: str) -> list[str]:
         except (SystemExit, Exception):
             continue  # refused, as prefixtune refuses it
         problems.append(f"{refused}: prefixtune refuses it, the engine accepts it")
+    for refused in sets.get("batch_refused", []):
+        if refused["scheduler"]["max_num_batched_tokens"] and refused["scheduler"]["max_num_seqs"]:
+            problems += vllm_scheduler(refused["scheduler"], refused=True)
     return problems
 
 
@@ -221,6 +248,7 @@ def main() -> int:
             results["failures"].append({"source": case["source"], "argv": case["argv"], "problems": problems})
     model = tiny_model()
     results["set_problems"] = check_sets(data["sets"], model)
+    results["vllm_scheduler_pairs"] = dict(SCHEDULER_CHECKS)
     try:
         results["vllm_metrics"] = vllm_metrics(model)
     except Exception as err:

@@ -95,6 +95,9 @@ def main() -> int:
         # value sets (vLLM quantization methods, SGLang policies and which are cache-aware) and the
         # command lines prefixtune refuses that the engines must refuse too
         "set_problems": check.get("set_problems", ["not checked"]),
+        # batch-limit pairs (token budget, running cap) run through vLLM's SchedulerConfig: those
+        # prefixtune renders (it must accept them) and those it refuses (it must refuse them too)
+        "vllm_scheduler_pairs": check.get("vllm_scheduler_pairs"),
         "check_seconds": check.get("seconds"),
         "total_seconds": float(sys.argv[4]) if len(sys.argv) > 4 else None,
     }

@@ -36,13 +36,24 @@ def test_group_version_constants_agree() -> None:
     assert f"{API_GROUP}/{API_VERSION}" == GROUP_VERSION
 
 
+# The engines' own batch limits on the default GPU (an H100-80GB): (token budget, running cap); SGLang
+# derives its running cap from the KV pool at start (0: not rendered).
+H100_BATCH_LIMITS = {
+    EngineName.VLLM: (8192, 1024),
+    EngineName.SGLANG: (8192, 0),
+    EngineName.TRTLLM: (8192, 2048),
+}
+
+
 @pytest.mark.parametrize("engine", list(EngineName))
 def test_defaults_filled_in_from_the_adapter(engine: EngineName) -> None:
     adapter = get_adapter(engine)
     spec, errors = validate_spec({"engine": engine.value, "model": "m"})
     assert errors == [] and spec is not None
     assert spec.image == adapter.default_image
-    assert spec.knob_config() == adapter.default_config()
+    tokens, running = H100_BATCH_LIMITS[engine]
+    filled = adapter.default_config().with_(max_batched_tokens=tokens, max_running=running)
+    assert spec.knob_config() == filled
     assert spec.replicas == 1
     assert (spec.gpu.count, spec.gpu.type) == (1, "H100-80GB")
     assert spec.extra_args == []
@@ -64,6 +75,8 @@ def test_defaults_filled_in_from_the_adapter(engine: EngineName) -> None:
         "blockSize": adapter.default_config().block_size,
         "prefixCaching": adapter.default_config().prefix_caching,
         "schedulePolicy": adapter.default_config().schedule_policy,
+        "maxBatchedTokens": tokens,
+        "maxRunning": running,
     }
 
 
@@ -76,20 +89,21 @@ def test_rollout_defaults_to_canary_with_two_replicas() -> None:
 
 
 def test_partial_config_keeps_given_values() -> None:
-    spec = _spec(config={"blockSize": 64})
+    spec = _spec(config={"blockSize": 64, "maxRunning": 256})
     default = get_adapter("vllm").default_config()
-    assert spec.knob_config() == default.with_(block_size=64)
+    assert spec.knob_config() == default.with_(block_size=64, max_batched_tokens=8192, max_running=256)
 
 
 def test_snake_case_input_is_accepted_and_output_is_camel_case() -> None:
     spec = _spec(
-        extra_args=["--max-num-seqs", "64"],
-        config={"memory_fraction": 0.8},
+        extra_args=["--max-model-len", "4096"],
+        config={"memory_fraction": 0.8, "max_running": 64},
         tuning={"slo": {"ttft_p99": "1s"}},
     )
     data = spec.to_dict()
-    assert data["extraArgs"] == ["--max-num-seqs", "64"]
+    assert data["extraArgs"] == ["--max-model-len", "4096"]
     assert data["config"]["memoryFraction"] == 0.8
+    assert data["config"]["maxRunning"] == 64
     assert data["tuning"]["slo"]["ttftP99"] == "1s"
 
 
@@ -131,6 +145,8 @@ def test_knob_config_helpers() -> None:
         "blockSize": 32,
         "prefixCaching": False,
         "schedulePolicy": "fcfs",
+        "maxBatchedTokens": 0,
+        "maxRunning": 0,
     }
     with pytest.raises(ValueError, match="not filled in"):
         ConfigSpec(block_size=16).to_knob_config()

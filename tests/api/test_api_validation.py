@@ -160,7 +160,7 @@ CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...], bool]] = [
     ),
     (
         "vllm-tuned-flag",
-        _with("vllm", extraArgs=["--max-num-seqs", "64", "--block-size=32"]),
+        _with("vllm", extraArgs=["--max-model-len", "8192", "--block-size=32"]),
         "spec.extraArgs[2]",
         ("--block-size", "spec.config.blockSize"),
         False,
@@ -374,9 +374,9 @@ def test_rule_problems_are_all_reported_at_once() -> None:
 
 
 def test_values_after_a_flag_are_not_flags() -> None:
-    # "-1" is the value of --chunked-prefill-size style flags; nothing here is owned.
+    # "-1" is the value of a flag (a seed here); nothing here is owned.
     spec, errors = validate_spec(
-        _with("sglang", extraArgs=["--chunked-prefill-size", "-1", "--max-running-requests", "8"])
+        _with("sglang", extraArgs=["--random-seed", "-1", "--cuda-graph-max-bs-decode", "8"])
     )
     assert errors == [] and spec is not None
 

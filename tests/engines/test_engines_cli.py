@@ -32,9 +32,11 @@ def test_vllm_command_json(capsys: pytest.CaptureFixture[str]) -> None:
             "prefix_caching=false",
             "--set",
             "memory-fraction=0.8",
+            "--set",
+            "maxRunning=64",
             "--tp",
             "2",
-            "--extra-arg=--max-num-seqs=64",
+            "--extra-arg=--max-model-len=4096",
         ],
     )
     assert code == 0
@@ -48,11 +50,15 @@ def test_vllm_command_json(capsys: pytest.CaptureFixture[str]) -> None:
         "block_size": 32,
         "prefix_caching": False,
         "schedule_policy": "fcfs",
+        "max_batched_tokens": 0,  # the engine's own default: not rendered
+        "max_running": 64,
     }
     parsed = get_adapter("vllm").parse(doc["argv"])  # type: ignore[arg-type]
     assert parsed.tensor_parallel == 2
-    assert parsed.extra_args == ("--max-num-seqs=64",)
+    assert parsed.extra_args == ("--max-model-len=4096",)
     assert parsed.config.block_size == 32
+    assert parsed.config.max_running == 64
+    assert "--max-num-batched-tokens" not in doc["argv"]  # type: ignore[operator]
 
 
 def test_trtllm_files_and_trailing_args(capsys: pytest.CaptureFixture[str]) -> None:
@@ -66,8 +72,8 @@ def test_trtllm_files_and_trailing_args(capsys: pytest.CaptureFixture[str]) -> N
             "--set",
             "schedulePolicy=max_utilization",
             "--",
-            "--max_batch_size",
-            "8",
+            "--max_seq_len",
+            "8192",
         ],
     )
     assert code == 0
@@ -75,7 +81,7 @@ def test_trtllm_files_and_trailing_args(capsys: pytest.CaptureFixture[str]) -> N
     assert isinstance(files, dict) and len(files) == 1
     (text,) = files.values()
     assert yaml.safe_load(text)["scheduler_config"] == {"capacity_scheduler_policy": "MAX_UTILIZATION"}
-    assert doc["args"][-2:] == ["--max_batch_size", "8"]  # type: ignore[index]
+    assert doc["args"][-2:] == ["--max_seq_len", "8192"]  # type: ignore[index]
 
 
 def test_dispatch_through_prefixtune(capsys: pytest.CaptureFixture[str]) -> None:

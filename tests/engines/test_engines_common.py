@@ -6,6 +6,7 @@ import pytest
 
 from prefixtune.engines import ArgsError, KnobConfig, KnobSpec, get_adapter
 from prefixtune.engines._common import (
+    batch_limit_knob,
     first_labels,
     knob_table,
     label_bool,
@@ -16,16 +17,18 @@ from prefixtune.engines._common import (
     read_labels,
     with_kv_tokens,
 )
-from prefixtune.engines.base import BLOCK_SIZE, KNOB_NAMES, SCHEDULE_POLICY
+from prefixtune.engines.base import BLOCK_SIZE, KNOB_NAMES, MAX_BATCHED_TOKENS, MAX_RUNNING, SCHEDULE_POLICY
 
 _BLOCK = KnobSpec(name=BLOCK_SIZE, default=16, choices=(16, 32))
 _POLICY = KnobSpec(name=SCHEDULE_POLICY, default="fcfs", choices=("fcfs",))
+_TOKENS = batch_limit_knob(MAX_BATCHED_TOKENS, (1024, 2048), "--tokens", "doc")
+_RUNNING = batch_limit_knob(MAX_RUNNING, (64, 128), "--running", "doc")
 
 
 def test_knob_table_keys_every_knob_by_name_in_order() -> None:
     fraction = memory_fraction_knob(0.5, "--mem", "doc")
     caching = prefix_caching_knob("--cache", "doc")
-    table = knob_table(fraction, _BLOCK, caching, _POLICY)
+    table = knob_table(fraction, _BLOCK, caching, _POLICY, _TOKENS, _RUNNING)
     assert tuple(table) == KNOB_NAMES
     assert table["memory_fraction"] is fraction and table["prefix_caching"] is caching
 
@@ -154,3 +157,10 @@ def test_with_kv_tokens_multiplies_blocks_by_block_size_only_when_both_are_known
     }
     assert with_kv_tokens({"kv_blocks": 10}) == {"kv_blocks": 10}
     assert with_kv_tokens({"block_size": 16}) == {"block_size": 16}
+
+
+def test_a_stray_value_after_an_owned_list_flag_is_refused() -> None:
+    # SGLang's rendered command ends with --bucket-time-to-first-token VALUES...: a bare "0.9" in the
+    # extra args would be read as one more bucket, so render refuses it instead.
+    with pytest.raises(ArgsError, match=r"unrecognized arguments: 0\.9"):
+        get_adapter("sglang").render("m", get_adapter("sglang").default_config(), ["0.9"])

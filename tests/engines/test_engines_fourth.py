@@ -31,6 +31,7 @@ from prefixtune.engines._argv import (
 )
 from prefixtune.engines._common import (
     AdapterBase,
+    batch_limit_knob,
     first_labels,
     flag_value,
     knob_table,
@@ -39,10 +40,13 @@ from prefixtune.engines._common import (
     prefix_caching_knob,
     read_labels,
     switch,
+    unless_default,
 )
 from prefixtune.engines.base import (
     BLOCK_SIZE,
     KNOB_NAMES,
+    MAX_BATCHED_TOKENS,
+    MAX_RUNNING,
     SCHEDULE_POLICY,
     ArgsError,
     Binding,
@@ -97,7 +101,9 @@ class StubAdapter(AdapterBase):
             Flag("page", ("--page",), role=Role.OWNED, convert=to_int()),
             Flag("cache", ("--cache",), Kind.NEGATABLE, Role.OWNED, negations=("--no-cache",)),
             Flag("order", ("--order",), role=Role.OWNED, convert=to_choice(("fifo", "longest-output"))),
-            Flag("batch", ("--batch",), convert=to_int(1)),
+            Flag("tokens", ("--tokens",), role=Role.OWNED, convert=to_int(1)),
+            Flag("batch", ("--batch",), role=Role.OWNED, convert=to_int(1)),
+            Flag("seed", ("--seed",), convert=to_int()),
         ]
     )
     _knobs = knob_table(
@@ -117,6 +123,14 @@ class StubAdapter(AdapterBase):
             name=SCHEDULE_POLICY, default="fifo", choices=("fifo", "longest-output"), flag="--order",
             binding=Binding(dest="order", render=flag_value("--order")),
         ),
+        batch_limit_knob(
+            MAX_BATCHED_TOKENS, (1024, 2048, 4096), "--tokens", "tokens per step",
+            Binding(dest="tokens", render=unless_default("--tokens")),
+        ),
+        batch_limit_knob(
+            MAX_RUNNING, (16, 32, 64), "--batch", "running requests",
+            Binding(dest="batch", render=unless_default("--batch")),
+        ),
     )  # fmt: skip
 
     def render_args(
@@ -129,7 +143,8 @@ class StubAdapter(AdapterBase):
         scan = self.scan_args(self.command_args(argv), max_positionals=1)
         if not scan.positionals:
             raise ArgsError("stub-serve: MODEL is required")
-        options = options_from(scan, {"batch": "max_running", "tp": "tensor_parallel"})
+        keys = {"batch": MAX_RUNNING, "tokens": MAX_BATCHED_TOKENS, "tp": "tensor_parallel"}
+        options = options_from(scan, keys)
         return self.parsed(scan, scan.positionals[0], self.config_from(scan), options)
 
     def effective_config(self, samples: Sequence[tuple[str, Mapping[str, str], float]]) -> dict[str, object]:
@@ -201,6 +216,8 @@ def _values(spec: KnobSpec) -> st.SearchStrategy[object]:
     if spec.continuous:
         assert spec.low is not None and spec.high is not None
         return st.floats(spec.low, spec.high, exclude_min=spec.low_exclusive, allow_nan=False)
+    if spec.open_range:
+        return st.sampled_from((0, *spec.choices))  # 0: the engine's default, not rendered
     return st.sampled_from(spec.choices)
 
 
@@ -208,7 +225,7 @@ def _values(spec: KnobSpec) -> st.SearchStrategy[object]:
 def _commands(draw: st.DrawFn) -> tuple[KnobConfig, tuple[str, ...], int, int]:
     knobs = StubAdapter().knobs()
     config = KnobConfig.from_dict({knob: draw(_values(knobs[knob])) for knob in KNOB_NAMES})
-    extra = ("--batch", str(draw(st.integers(1, 512)))) if draw(st.booleans()) else ()
+    extra = ("--seed", str(draw(st.integers(-5, 512)))) if draw(st.booleans()) else ()
     return config, extra, draw(st.integers(1, 8)), draw(st.integers(1, 65535))
 
 
@@ -229,8 +246,8 @@ def test_a_fourth_engine_round_trips_render_parse_render(
         extra,
     )
     assert parsed.options["tensor_parallel"] == tp
-    if extra:
-        assert parsed.options["max_running"] == int(extra[1])
+    if config.max_running:
+        assert parsed.options["max_running"] == config.max_running
     again = adapter.render(
         parsed.model, parsed.config, parsed.extra_args, parsed.port, parsed.tensor_parallel
     )
@@ -253,8 +270,11 @@ def test_a_fourth_engine_refuses_what_the_operator_owns_and_bad_values() -> None
     assert registry.extra_args_errors(STUB, ["--page", "32"]) == [
         f"{STUB}: extraArgs may not set --page: the operator owns it"
     ]
-    assert registry.extra_args_errors(STUB, ["--batch", "0"]) != []
-    assert registry.extra_args_errors(STUB, ["--batch", "4"]) == []
+    assert registry.extra_args_errors(STUB, ["--batch", "4"]) == [
+        f"{STUB}: extraArgs may not set --batch: the operator owns it"
+    ]
+    assert registry.extra_args_errors(STUB, ["--seed", "x"]) != []
+    assert registry.extra_args_errors(STUB, ["--seed", "4"]) == []
     with pytest.raises(ArgsError, match="block_size"):
         registry.get_adapter(STUB).parse(["stub-serve", "m", "--page", "12"])
 
@@ -277,7 +297,7 @@ M8 = "meta-llama/Llama-3.1-8B-Instruct"
 
 def _stub_run(config: KnobConfig, seed: int = 1) -> dict[str, object]:
     adapter = registry.get_adapter(STUB)
-    cmd = adapter.render(M8, config, ("--batch", "32"))
+    cmd = adapter.render(M8, config.with_(max_running=32))
     requests = generate("chatbot", rate=4.0, duration_s=60.0, seed=seed)
     summary = simulate(STUB, cmd.argv, "H100-80GB", requests, SimOptions(seed=seed, warmup_s=10.0))
     return summary.without_wall()
@@ -291,7 +311,7 @@ def test_the_twin_runs_a_fourth_engine_from_its_own_model() -> None:
     assert isinstance(setup, dict) and setup["engine"] == STUB
     assert setup["cost_source"] == "roofline"  # no fitted data for it: the model's overheads
     assert 0.0 < run["hit_rate"] < 1.0  # the chatbot's shared prefixes hit its (vLLM) block pool
-    assert run["max_running"] <= 32  # --batch: the engine-neutral max_running option
+    assert run["max_running"] <= 32  # --batch: the running cap knob, read as the max_running option
     # its memory split: a larger fraction, a larger pool; the cache off, no hits
     bigger = _stub_run(base.with_(memory_fraction=0.95))
     assert bigger["kv_pool_tokens"] > run["kv_pool_tokens"]

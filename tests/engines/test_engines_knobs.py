@@ -233,8 +233,8 @@ def test_extra_args_may_not_set_any_owned_flag_in_either_form(engine: str) -> No
 
 
 def test_extra_args_errors_for_unknown_flags_and_bad_values() -> None:
-    assert extra_args_errors("vllm", ["--max-num-seqs", "64", "--enforce-eager"]) == []
+    assert extra_args_errors("vllm", ["--max-model-len", "4096", "--enforce-eager"]) == []
     assert extra_args_errors("vllm", ["--bogus"]) == ["vllm: extraArgs: unrecognized arguments: --bogus"]
-    assert "invalid value 'x'" in extra_args_errors("sglang", ["--max-running-requests", "x"])[0]
+    assert "invalid value 'x'" in extra_args_errors("sglang", ["--context-length", "x"])[0]
     assert "unrecognized arguments: stray" in extra_args_errors("trtllm", ["stray"])[0]
-    assert extra_args_errors("trtllm", ["--max_batch_size=32"]) == []
+    assert extra_args_errors("trtllm", ["--max_seq_len=32"]) == []

@@ -26,7 +26,7 @@ def test_vllm_real_command_both_forms_and_aliases() -> None:
     )
     parsed = VLLM.parse(argv)
     assert parsed.model == "meta-llama/Llama-3.1-8B-Instruct"
-    assert parsed.config == KnobConfig(0.85, 32, False, "priority")
+    assert parsed.config == KnobConfig(0.85, 32, False, "priority", 8192, 256)
     assert parsed.port == 9000
     assert parsed.tensor_parallel == 4
     assert parsed.options == {
@@ -38,9 +38,6 @@ def test_vllm_real_command_both_forms_and_aliases() -> None:
         "max_model_len": 16384,
     }
     assert parsed.extra_args == (
-        "--max-num-seqs=256",
-        "--max-num-batched-tokens",
-        "8192",
         "--enable-chunked-prefill",
         "--kv-cache-dtype",
         "fp8",
@@ -66,7 +63,8 @@ def test_vllm_underscore_spelling_is_the_same_flag() -> None:
     parsed = VLLM.parse(["vllm", "serve", "m", "--gpu_memory_utilization", "0.5", "--block_size=64"])
     assert parsed.config.memory_fraction == 0.5
     assert parsed.config.block_size == 64
-    assert VLLM.owned_args(["--block_size=64", "--max_num_seqs", "3"]) == ["--block_size=64"]  # type: ignore[attr-defined]
+    owned = VLLM.owned_args(["--block_size=64", "--max_num_seqs", "3", "--max-model-len", "9"])  # type: ignore[attr-defined]
+    assert owned == ["--block_size=64", "--max_num_seqs"]
 
 
 def test_vllm_last_occurrence_wins() -> None:
@@ -118,7 +116,7 @@ def test_sglang_real_command_both_forms_and_aliases() -> None:
     )
     parsed = SGLANG.parse(argv)
     assert parsed.model == "Qwen/Qwen2.5-7B-Instruct"
-    assert parsed.config == KnobConfig(0.8, 16, False, "lof")
+    assert parsed.config == KnobConfig(0.8, 16, False, "lof", -1, 128)
     assert parsed.port == 30000
     assert parsed.tensor_parallel == 2
     assert parsed.options == {
@@ -130,7 +128,7 @@ def test_sglang_real_command_both_forms_and_aliases() -> None:
         "metrics": True,
         "kv_cache_dtype": "fp8",
     }
-    assert "--chunked-prefill-size" in parsed.extra_args
+    assert "--chunked-prefill-size" not in parsed.extra_args  # owned: the token budget knob
     assert "--disable-radix-cache" not in parsed.extra_args
 
 
@@ -183,7 +181,7 @@ def test_trtllm_real_command_with_options_file() -> None:
     )
     parsed = TRTLLM.parse(argv, {"/cfg/options.yaml": OPTIONS})
     assert parsed.model == "meta-llama/Llama-3.1-8B-Instruct"
-    assert parsed.config == KnobConfig(0.75, 64, False, "max_utilization")
+    assert parsed.config == KnobConfig(0.75, 64, False, "max_utilization", 4096, 64)
     assert parsed.tensor_parallel == 2
     assert parsed.options == {
         "tensor_parallel": 2,
@@ -193,7 +191,7 @@ def test_trtllm_real_command_with_options_file() -> None:
         "host_cache_bytes": 4_000_000_000,
         "metrics": True,
     }
-    assert parsed.extra_args == ("--max_batch_size", "64", "--backend", "pytorch")
+    assert parsed.extra_args == ("--backend", "pytorch")  # --max_batch_size: the running cap knob
 
 
 def test_trtllm_without_options_file_uses_defaults() -> None:

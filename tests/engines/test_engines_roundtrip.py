@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from prefixtune.engines import EngineAdapter, KnobConfig, get_adapter
 from prefixtune.engines.base import KNOB_NAMES
+from prefixtune.engines.knobs import BY_NAME
 
 ENGINES = ("vllm", "sglang", "trtllm")
 
 # Valid untuned args per engine, in both flag forms, with the neutral option each one sets.
 EXTRA: dict[str, list[tuple[tuple[str, ...], dict[str, object]]]] = {
     "vllm": [
-        (("--max-num-seqs", "128"), {"max_running": 128}),
-        (("--max-num-batched-tokens=4096",), {"max_batched_tokens": 4096}),
         (("--no-enable-chunked-prefill",), {"chunked_prefill": False}),
         (("--kv-cache-dtype", "fp8_e4m3"), {"kv_cache_dtype": "fp8"}),
         (("--max_model_len=8192",), {"max_model_len": 8192}),
@@ -25,8 +24,6 @@ EXTRA: dict[str, list[tuple[tuple[str, ...], dict[str, object]]]] = {
         (("--kv-offloading-size", "2"), {"host_cache_bytes": 2 * 2**30}),
     ],
     "sglang": [
-        (("--max-running-requests", "64"), {"max_running": 64}),
-        (("--chunked-prefill-size", "4096"), {"chunked_prefill": True, "max_batched_tokens": 4096}),
         (("--kv-cache-dtype", "fp8_e5m2"), {"kv_cache_dtype": "fp8"}),
         (("--context-length=32768",), {"max_model_len": 32768}),
         (("--radix-eviction-policy", "lfu"), {"eviction_policy": "lfu"}),
@@ -35,8 +32,6 @@ EXTRA: dict[str, list[tuple[tuple[str, ...], dict[str, object]]]] = {
         (("--enable-hicache", "--hicache-size", "4"), {"host_cache": True, "host_cache_bytes": 4 * 10**9}),
     ],
     "trtllm": [
-        (("--max_batch_size", "256"), {"max_running": 256}),
-        (("--max_num_tokens=8192",), {"max_batched_tokens": 8192}),
         (("--enable_chunked_prefill",), {"chunked_prefill": True}),
         (("--kv_cache_dtype", "fp8"), {"kv_cache_dtype": "fp8"}),
         (("--max_seq_len=4096",), {"max_model_len": 4096}),
@@ -51,6 +46,10 @@ def knob_values(adapter: EngineAdapter, knob: str) -> st.SearchStrategy[object]:
     if spec.continuous:
         assert spec.low is not None and spec.high is not None
         return st.floats(spec.low, spec.high, exclude_min=spec.low_exclusive, allow_nan=False)
+    if spec.open_range:  # a batch limit: the engine default, a searched value, or any in range
+        assert spec.low is not None and spec.high is not None
+        anywhere = st.integers(int(spec.low), int(spec.high))
+        return st.one_of(st.just(BY_NAME[knob].unset), st.sampled_from(spec.choices), anywhere)
     return st.sampled_from(spec.choices)
 
 
@@ -58,6 +57,7 @@ def knob_values(adapter: EngineAdapter, knob: str) -> st.SearchStrategy[object]:
 def commands(draw: st.DrawFn, engine: str) -> tuple[KnobConfig, tuple[str, ...], dict[str, object], int, int]:
     adapter = get_adapter(engine)
     config = KnobConfig.from_dict({knob: draw(knob_values(adapter, knob)) for knob in KNOB_NAMES})
+    assume(not adapter.validate(config))  # vLLM: token budget >= running cap
     indices = draw(st.lists(st.integers(0, len(EXTRA[engine]) - 1), max_size=4, unique=True))
     picked = [EXTRA[engine][i] for i in indices]
     extra: tuple[str, ...] = tuple(token for tokens, _ in picked for token in tokens)
@@ -82,6 +82,10 @@ def check_round_trip(
     assert parsed.extra_args == extra
     for key, value in expected.items():
         assert parsed.options[key] == value, key
+    for knob in ("max_batched_tokens", "max_running"):  # the twin reads the batch limits as options
+        value = getattr(config, knob)
+        if value > 0:
+            assert parsed.options[knob] == value, knob
     again = adapter.render(
         parsed.model, parsed.config, parsed.extra_args, parsed.port, parsed.tensor_parallel
     )

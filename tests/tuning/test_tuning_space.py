@@ -5,7 +5,7 @@ import pytest
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig
 from prefixtune.tuning.settings import SpaceOverride
-from prefixtune.tuning.space import SearchSpace, SpaceError, build_space
+from prefixtune.tuning.space import Dimension, SearchSpace, SpaceError, build_space
 
 
 def space_for(engine: str, override: SpaceOverride | None = None) -> SearchSpace:
@@ -95,9 +95,22 @@ def test_bad_override_names_field_and_allowed_values(override: SpaceOverride, ne
     assert needle in str(err.value)
 
 
-def test_unsearched_knob_override_is_an_error() -> None:
-    with pytest.raises(SpaceError, match=r"space\.schedule_policy: this knob is not tuned"):
-        space_for("vllm", SpaceOverride(schedule_policy=("fcfs", "priority")))
+def test_a_knob_kept_fixed_by_default_is_searched_when_the_override_lists_it() -> None:
+    # spec.tuning.space's promise (api.rules.search_space): a listed knob is searched over exactly
+    # its listed values, also one the adapter keeps fixed by default.
+    sp = space_for("vllm", SpaceOverride(schedule_policy=("fcfs", "priority"), max_running=(64, 256)))
+    assert sp.dimension("schedule_policy") == Dimension("schedule_policy", choices=("fcfs", "priority"))
+    assert sp.dimension("max_running") == Dimension("max_running", choices=(64, 256))
+
+
+def test_the_batch_limits_enter_the_space_only_when_widened() -> None:
+    adapter = get_adapter("sglang")
+    base = adapter.default_config()
+    assert "max_batched_tokens" not in build_space(adapter.knobs(), base, adapter.normalize).names
+    ladder = adapter.knobs()["max_batched_tokens"].choices
+    sp = build_space(adapter.knobs(), base, adapter.normalize, widen={"max_batched_tokens": ladder})
+    assert sp.dimension("max_batched_tokens") == Dimension("max_batched_tokens", choices=ladder)
+    assert "max_running" not in sp.names
 
 
 def test_fraction_grid_default_bounds() -> None:

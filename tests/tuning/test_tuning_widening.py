@@ -13,6 +13,7 @@ import pytest
 
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobSpec
+from prefixtune.engines.knobs import MAX_BATCHED_TOKENS, MAX_RUNNING
 from prefixtune.metrics.diagnosis import BatchLimits
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning import widening
@@ -24,11 +25,13 @@ from prefixtune.tuning.policy.measurement import begin_baseline
 from prefixtune.tuning.settings import Slo, TuningSettings
 from prefixtune.tuning.space import SearchSpace, build_space
 from prefixtune.tuning.state import PolicyState, RolloutReady, Tick, WindowMeasured
-from prefixtune.tuning.widening import RUNNING_CAP, TOKEN_BUDGET, Widening, widen
+from prefixtune.tuning.widening import Widening, widen
 
 KNOBS = {
-    RUNNING_CAP: KnobSpec(RUNNING_CAP, 256, choices=(64, 128, 256, 512, 1024), searched=False),
-    TOKEN_BUDGET: KnobSpec(TOKEN_BUDGET, 8192, choices=(512, 1024, 2048, 4096, 8192, 16384), searched=False),
+    MAX_RUNNING: KnobSpec(MAX_RUNNING, 256, choices=(64, 128, 256, 512, 1024), searched=False),
+    MAX_BATCHED_TOKENS: KnobSpec(
+        MAX_BATCHED_TOKENS, 8192, choices=(512, 1024, 2048, 4096, 8192, 16384), searched=False
+    ),
 }
 LIMITS = BatchLimits(max_running=256, max_batched_tokens=8192)
 SLO = Slo(ttft_p99_s=2.0, itl_p99_s=0.15)
@@ -48,7 +51,7 @@ RAG = Signals(
 
 def test_a_binding_running_cap_enters_with_the_next_two_larger_values() -> None:
     w = widen(CHAT, LIMITS, SLO, KNOBS)
-    assert w.values == {RUNNING_CAP: (256, 512, 1024)}
+    assert w.values == {MAX_RUNNING: (256, 512, 1024)}
     assert w.reasons == ("the running cap 256 binds with KV memory free and a queue",)
 
 
@@ -59,7 +62,7 @@ def test_nothing_enters_when_no_limit_binds() -> None:
 
 def test_itl_spikes_near_the_slo_bring_in_smaller_token_budgets() -> None:
     w = widen(RAG, LIMITS, SLO, KNOBS)
-    assert w.values == {TOKEN_BUDGET: (2048, 4096, 8192)}
+    assert w.values == {MAX_BATCHED_TOKENS: (2048, 4096, 8192)}
     assert "ITL p99 140 ms near its SLO 150 ms" in w.reasons[0]
 
 
@@ -70,20 +73,22 @@ def test_itl_spikes_well_within_the_slo_leave_the_budget_alone() -> None:
 def test_ttft_of_chunked_prefill_near_the_slo_brings_in_larger_token_budgets() -> None:
     chunked = replace(RAG, running_mean=256.0, ttft_p50_s=1.2, ttft_p99_s=1.8, itl_p99_s=0.04)
     w = widen(chunked, replace(LIMITS, max_batched_tokens=512), SLO, KNOBS)
-    assert w.values == {TOKEN_BUDGET: (512, 1024, 2048)}
+    assert w.values == {MAX_BATCHED_TOKENS: (512, 1024, 2048)}
     assert "TTFT p99 1.80 s near its SLO 2.00 s" in w.reasons[0]
 
 
 def test_both_budget_signs_bring_in_one_value_on_each_side() -> None:
     both = replace(RAG, running_mean=256.0, ttft_p50_s=1.2, ttft_p99_s=1.8)  # ITL spikes and chunked TTFT
     w = widen(both, replace(LIMITS, max_batched_tokens=1024), SLO, KNOBS)
-    assert w.values == {TOKEN_BUDGET: (512, 1024, 2048)} and len(w.reasons) == 1 and ";" in w.reasons[0]
+    assert w.values == {MAX_BATCHED_TOKENS: (512, 1024, 2048)} and len(w.reasons) == 1 and ";" in w.reasons[0]
 
 
 def test_a_smaller_budget_is_a_size_never_the_no_limit_sentinel() -> None:
-    knobs = {TOKEN_BUDGET: replace(KNOBS[TOKEN_BUDGET], choices=(-1, 512, 1024, 2048, 4096, 8192))}
+    knobs = {
+        MAX_BATCHED_TOKENS: replace(KNOBS[MAX_BATCHED_TOKENS], choices=(-1, 512, 1024, 2048, 4096, 8192))
+    }
     assert widen(RAG, replace(LIMITS, max_batched_tokens=1024), SLO, knobs).values == {
-        TOKEN_BUDGET: (512, 1024)
+        MAX_BATCHED_TOKENS: (512, 1024)
     }
 
 
@@ -95,8 +100,8 @@ def test_a_cap_at_the_top_of_its_allowed_values_adds_nothing() -> None:
     "knobs",
     [
         {},  # the engine has no such knob
-        {RUNNING_CAP: replace(KNOBS[RUNNING_CAP], searched=True)},  # already searched
-        {RUNNING_CAP: replace(KNOBS[RUNNING_CAP], choices=(64, 128, 512))},  # deployed 256 not valid
+        {MAX_RUNNING: replace(KNOBS[MAX_RUNNING], searched=True)},  # already searched
+        {MAX_RUNNING: replace(KNOBS[MAX_RUNNING], choices=(64, 128, 512))},  # deployed 256 not valid
     ],
 )
 def test_a_knob_that_cannot_be_widened_is_not(knobs: dict[str, KnobSpec]) -> None:

@@ -32,6 +32,7 @@ from prefixtune.api.rules import knob_field
 from prefixtune.api.schema import structural_schema
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import EngineName, KnobSpec
+from prefixtune.engines.knobs import BY_NAME
 
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
 CRD_FILE = f"crds/{CRD_NAME}.yaml"
@@ -110,6 +111,39 @@ def _range_rules(engine: str, knob: str, spec: KnobSpec) -> list[dict[str, Any]]
     ]
 
 
+def _integer_range_rules(engine: str, knob: str, spec: KnobSpec) -> list[dict[str, Any]]:
+    """An open-range integer knob (a batch limit): any integer in the engine's range, or the knob's
+    unset value; none when the API's structural bounds already say as much."""
+    registry = BY_NAME[knob]
+    assert spec.low is not None and spec.high is not None
+    assert registry.low is not None and registry.high is not None
+    low, high, unset = int(spec.low), int(spec.high), registry.unset
+    below_covered = low <= registry.low or (unset == registry.low and low == registry.low + 1)
+    if below_covered and high >= registry.high:
+        return []
+    field = knob_field(knob)
+
+    def inside(expr: str) -> str:
+        bounded = f"({expr} >= {low} && {expr} <= {high})"
+        return bounded if unset is None else f"({expr} == {_cel_literal(unset)} || {bounded})"
+
+    auto = "" if unset is None else f" (or {unset}: the engine's own default)"
+    not_engine = f"self.engine != '{engine}'"
+    return [
+        {
+            "rule": f"{not_engine} || {_guard('config', field)} || {inside(f'self.config.{field}')}",
+            "message": f"config.{field} must be an integer in {spec.range_text()}{auto} for {engine}",
+            "fieldPath": f".config.{field}",
+        },
+        {
+            "rule": f"{not_engine} || {_guard('tuning', 'space', field)} || "
+            f"self.tuning.space.{field}.all(v, {inside('v')})",
+            "message": f"tuning.space.{field} has a value outside {spec.range_text()}{auto} for {engine}",
+            "fieldPath": f".tuning.space.{field}",
+        },
+    ]
+
+
 def _flag_regex(flags: Sequence[str]) -> str:
     """RE2 alternation of the flags, '-' and '_' interchangeable after the leading dashes."""
     names = set()
@@ -141,6 +175,8 @@ def spec_rules() -> list[dict[str, Any]]:
         for knob, spec in sorted(adapter.knobs().items()):
             if spec.continuous:
                 rules += _range_rules(engine.value, knob, spec)
+            elif spec.open_range:
+                rules += _integer_range_rules(engine.value, knob, spec)
             elif set(spec.choices) != {True, False}:
                 rules += _choice_rules(engine.value, knob, spec)
         rules.append(_extra_args_rule(engine.value, adapter.tuned_flags()))

@@ -310,12 +310,19 @@ _VALUE_TYPE: dict[KnobKind, Any] = {
 }
 
 
+def _value_type(knob: Knob) -> Any:
+    """One value of ``knob``: its kind's type, an integer within the knob's own bounds."""
+    if knob.kind is KnobKind.INTEGER and knob.low is not None and knob.high is not None:
+        return Annotated[StrictInt, Field(ge=knob.low, le=knob.high)]
+    return _VALUE_TYPE[knob.kind]
+
+
 def _space_type(knob: Knob) -> Any:
     """A fraction is searched over a range; any other knob over a list of its values."""
     if knob.continuous:
         return FloatRange
     most = 2 if knob.kind is KnobKind.SWITCH else 16
-    values: Any = list.__class_getitem__(_VALUE_TYPE[knob.kind])  # a type built at runtime
+    values: Any = list.__class_getitem__(_value_type(knob))  # a type built at runtime
     return Annotated[values, Field(min_length=1, max_length=most)]
 
 
@@ -332,7 +339,7 @@ if TYPE_CHECKING:  # the static type is the base with the knob methods; fields a
     KnobValues = _KnobValues
 else:
     ConfigSpec = _knob_model(
-        _ConfigSpec, lambda knob: (_VALUE_TYPE[knob.kind] | None, _omittable(knob.config_doc))
+        _ConfigSpec, lambda knob: (_value_type(knob) | None, _omittable(knob.config_doc))
     )
     SearchSpaceSpec = _knob_model(
         _SearchSpaceSpec,
@@ -341,7 +348,11 @@ else:
             _omittable(knob.space_doc, None if knob.continuous else _SET),
         ),
     )
-    KnobValues = _knob_model(_KnobValues, lambda knob: (_VALUE_TYPE[knob.kind], ...))
+    # A knob with an ``unset`` value defaults to it: configs recorded before the knob existed read.
+    KnobValues = _knob_model(
+        _KnobValues,
+        lambda knob: (_value_type(knob), ... if knob.unset is None else Field(knob.unset)),
+    )
 
 
 class SloSpec(_Model):

@@ -7,6 +7,7 @@ Problems are ``(path, message)`` with the path relative to ``spec`` ("config.blo
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -20,8 +21,8 @@ from prefixtune.api.enums import RolloutStrategy, TuningMode
 from prefixtune.api.secret_flags import secret_flag_problems
 from prefixtune.engines import get_adapter
 from prefixtune.engines._argv import looks_like_flag
-from prefixtune.engines.base import KNOB_NAMES, EngineAdapter, KnobConfig, KnobSpec
-from prefixtune.engines.knobs import BY_NAME, KNOBS
+from prefixtune.engines.base import KNOB_NAMES, EngineAdapter, Hardware, KnobConfig, KnobSpec
+from prefixtune.engines.knobs import BY_NAME, KNOBS, KnobKind
 
 if TYPE_CHECKING:
     from prefixtune.api.models import ServingDeploymentSpec
@@ -56,6 +57,10 @@ def show(value: object) -> str:
 def allowed_text(spec: KnobSpec) -> str:
     if spec.continuous:
         return f"a number in {spec.range_text()}"
+    if spec.open_range:
+        unset = BY_NAME[spec.name].unset
+        auto = f" (or {unset}: the engine's own default)" if unset is not None else ""
+        return f"an integer in {spec.range_text()}{auto}"
     return ", ".join(show(c) if isinstance(c, bool) else str(c) for c in spec.choices)
 
 
@@ -63,7 +68,7 @@ def knob_problem(engine: str, spec: KnobSpec, value: object) -> str | None:
     """None when ``value`` is valid for the knob, else a message that names the allowed values."""
     if spec.validate(value) is None:
         return None
-    if spec.continuous:
+    if spec.continuous or spec.open_range:
         return f"{show(value)} is outside the range {engine} allows; allowed: {allowed_text(spec)}"
     return f"{show(value)} is not supported by {engine}; allowed: {allowed_text(spec)}"
 
@@ -97,25 +102,46 @@ def fill_defaults(spec: ServingDeploymentSpec) -> None:
     adapter = get_adapter(spec.engine)
     if spec.image is None:
         spec.image = adapter.default_image
-    memory = gpu_memory_bytes(spec.gpu.type)
-    base = adapter.default_config() if memory is None else adapter.default_config_for(memory, spec.gpu.count)
-    defaults = base.to_dict()
     config = spec.config
+    filled = filled_config(adapter, spec)
     for knob in KNOBS:
         if getattr(config, knob.name) is None:
-            setattr(config, knob.name, knob.coerce(defaults[knob.name]))
+            setattr(config, knob.name, filled.get(knob.name))
     rollout = spec.tuning.rollout
     if rollout.strategy is None:
         rollout.strategy = RolloutStrategy.CANARY if spec.replicas >= 2 else RolloutStrategy.ROLLING
 
 
-def gpu_memory_bytes(gpu_type: str) -> float | None:
-    """Device memory of a GPU type as CUDA reports it (the twin's GPU catalog holds the figures);
-    None for a GPU type the twin does not model."""
+def filled_config(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> KnobConfig:
+    """spec.config with each omitted knob at the engine's own default for the spec's GPU (the
+    adapter's GPU-neutral default for a GPU the twin does not model). A default that depends on a
+    pinned knob follows it (SGLang's memory fraction on the chunk); a batch limit whose GPU default
+    the extra args exclude (vLLM with chunked prefill off raises its budget to max_model_len itself)
+    is left to the engine."""
+    hardware = hardware_of(spec)
+    pinned = {name: value for name, value in spec.config.knob_values().items() if value is not None}
+    base = adapter.default_config() if hardware is None else adapter.default_config_for(hardware, pinned)
+    values = base.to_dict()
+    narrowed = adapter.allowed_choices(spec.extra_args)
+    knobs = adapter.knobs()
+    for knob in KNOBS:
+        if knob.name in pinned or knob.unset is None or knob.name not in narrowed:
+            continue
+        if not knobs[knob.name].allows(values[knob.name], narrowed[knob.name]):
+            values[knob.name] = knob.unset
+    return KnobConfig.from_dict(values)
+
+
+def hardware_of(spec: ServingDeploymentSpec) -> Hardware | None:
+    """What the engines' own defaults read of the spec's GPU (its name and memory as CUDA reports
+    it: the twin's GPU catalog holds the figures) at its TP degree; None for a GPU type the twin does
+    not model (the knobs then keep the adapter's GPU-neutral defaults)."""
     from prefixtune.twin.catalog import find_gpu
 
-    found = find_gpu(gpu_type)
-    return None if found is None else float(found.memory_bytes)
+    found = find_gpu(spec.gpu.type)
+    if found is None:
+        return None
+    return Hardware(found.name, float(found.memory_bytes), spec.gpu.count)
 
 
 def gpu_notes(spec: ServingDeploymentSpec) -> list[str]:
@@ -266,10 +292,8 @@ def _check_config(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[P
             problems.append((f"config.{knob_field(knob)}", message))
             flagged.add(knob)
     if not flagged:
-        # Rules across knobs, if the adapter has any, on the filled-in config.
-        defaults = adapter.default_config().to_dict()
-        merged = {k: (v if v is not None else defaults[k]) for k, v in given.items()}
-        for knob, message in adapter.validate(KnobConfig.from_dict(merged)):
+        # Rules across knobs, if the adapter has any, on the config filled in for the GPU.
+        for knob, message in adapter.validate(filled_config(adapter, spec)):
             problems.append((f"config.{knob_field(knob)}", message))
     return problems
 
@@ -307,7 +331,27 @@ def _check_space(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[Pr
             elif item in seen:
                 problems.append((path, f"duplicate value {show(item)}; list each value once"))
             seen.add(item)
-    return problems
+    return problems or _check_space_combinations(adapter, spec)
+
+
+def _check_space_combinations(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[Problem]:
+    """Every combination of the listed integer knobs (each other knob at spec.config's value) must
+    pass the engine's rules across knobs (vLLM: token budget >= running cap): the tuner may try any."""
+    listed = spec.tuning.space.listed()
+    integers = [k.name for k in KNOBS if k.kind is KnobKind.INTEGER and k.name in listed]
+    if not integers:
+        return []
+    try:
+        base = filled_config(adapter, spec)
+    except (ValueError, TypeError):
+        return []  # spec.config itself is refused; its own problem says why
+    candidates = [[(name, value) for value in listed[name]] for name in integers]
+    for combination in itertools.product(*candidates):
+        for knob, message in adapter.cross_check(base.with_(**dict(combination))):
+            field = knob if knob in listed else integers[0]
+            shown = ", ".join(f"{knob_field(n)} {show(v)}" for n, v in combination)
+            return [(f"tuning.space.{knob_field(field)}", f"{shown}: {message}; narrow the space")]
+    return []
 
 
 def _check_version(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[Problem]:
@@ -328,14 +372,22 @@ def _check_combination(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> l
     listed = {
         name: values for name, values in spec.tuning.space.listed().items() if not BY_NAME[name].continuous
     }
+    knobs = adapter.knobs()
     for knob, values in allowed.items():
-        text = ", ".join(str(v) for v in values)
+        spec_ = knobs[knob]
+        if spec_.open_range:
+            numbers = [int(v) for v in values if isinstance(v, int)]
+            text = f"{min(numbers)} to {int(spec_.high or 0)}" if numbers else "none"
+            unset = BY_NAME[knob].unset
+            text += f", or {unset} (the engine's own default)" if unset is not None else ""
+        else:
+            text = ", ".join(str(v) for v in values)
         why = f"{adapter.name} refuses to start with it given spec.extraArgs; allowed: {text}"
         value = given.get(knob)
-        if value is not None and value not in values:
+        if value is not None and not spec_.allows(value, values):
             problems.append((f"config.{knob_field(knob)}", f"{show(value)}: {why}"))
         for i, item in enumerate(listed.get(knob) or ()):
-            if item not in values:
+            if not spec_.allows(item, values):
                 problems.append((f"tuning.space.{knob_field(knob)}[{i}]", f"{show(item)}: {why}"))
     return problems
 

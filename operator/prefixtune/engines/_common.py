@@ -18,18 +18,21 @@ from prefixtune.engines.base import (
     Binding,
     EngineName,
     EngineOptions,
+    Hardware,
     KnobConfig,
     KnobSpec,
     MetricNames,
     ParsedCommand,
     RenderedCommand,
 )
-from prefixtune.engines.knobs import BY_NAME, KnobKind
+from prefixtune.engines.knobs import BY_NAME, ENGINE_DEFAULT, KnobKind
+from prefixtune.engines.knobs import MAX_BATCHED_TOKENS as MAX_BATCHED_TOKENS
+from prefixtune.engines.knobs import MAX_RUNNING as MAX_RUNNING
 
-# Neutral option keys in ParsedCommand.options (read by the digital twin).
+# Neutral option keys in ParsedCommand.options (read by the digital twin). The batch limits are
+# knobs: their option keys are the registry's names, set where the command sets the flag (the twin
+# takes the engine's default for the GPU where it does not).
 TENSOR_PARALLEL = "tensor_parallel"
-MAX_RUNNING = "max_running"
-MAX_BATCHED_TOKENS = "max_batched_tokens"
 CHUNKED_PREFILL = "chunked_prefill"
 KV_CACHE_DTYPE = "kv_cache_dtype"
 MAX_MODEL_LEN = "max_model_len"
@@ -72,6 +75,54 @@ def prefix_caching_knob(flag: str, doc: str, binding: Binding = UNBOUND) -> Knob
     return KnobSpec(
         name=PREFIX_CACHING, default=True, choices=(True, False), flag=flag, doc=doc, binding=binding
     )
+
+
+def batch_limit_knob(
+    name: str,
+    choices: tuple[int, ...],
+    flag: str,
+    doc: str,
+    binding: Binding = UNBOUND,
+    low: int = 1,
+) -> KnobSpec:
+    """max_batched_tokens / max_running: any integer from ``low`` to the registry's bound is valid,
+    ``choices`` (a log-spaced ladder) are searched; not searched by default (the policy adds them
+    where they matter, a spec can list them). The default is ``ENGINE_DEFAULT``: the flag is not
+    rendered and the engine resolves its own default; ``default_config_for`` names the number where
+    the adapter knows it."""
+    if name not in (MAX_BATCHED_TOKENS, MAX_RUNNING):
+        raise ValueError(f"{name} is not a batch limit")
+    return KnobSpec(
+        name=name,
+        default=ENGINE_DEFAULT,
+        choices=choices,
+        low=low,
+        high=BY_NAME[name].high,
+        open_range=True,
+        searched=False,
+        flag=flag,
+        doc=doc,
+        binding=binding,
+    )
+
+
+def powers_of_two(low: int, high: int) -> tuple[int, ...]:
+    """``low``, 2 x ``low``, ... up to ``high`` (a log-spaced ladder of allowed values)."""
+    if low < 1 or high < low:
+        raise ValueError(f"need 1 <= low <= high, got {low}, {high}")
+    values = [low]
+    while values[-1] * 2 <= high:
+        values.append(values[-1] * 2)
+    return tuple(values)
+
+
+def unless_default(flag: str) -> Callable[[Any], tuple[str, ...]]:
+    """A renderer for a batch limit: ``flag VALUE``, nothing for ``ENGINE_DEFAULT``."""
+
+    def render(value: Any) -> tuple[str, ...]:
+        return () if int(value) == ENGINE_DEFAULT else (flag, str(int(value)))
+
+    return render
 
 
 def flag_value(flag: str, show: Callable[[Any], str] = str) -> Callable[[Any], tuple[str, ...]]:
@@ -151,8 +202,21 @@ class AdapterBase(ABC):
     def refused_for_version(self, version: str, extra_args: Sequence[str]) -> list[tuple[int, str]]:
         return []
 
-    def default_config_for(self, gpu_memory_bytes: float, tensor_parallel: int) -> KnobConfig:
-        return self.default_config()
+    def default_config_for(
+        self, hardware: Hardware, pinned: Mapping[str, object] | None = None
+    ) -> KnobConfig:
+        """The knob defaults on ``hardware`` (``hardware_defaults``), ``pinned`` values kept."""
+        pinned = dict(pinned or {})
+        defaults = {**self.default_config().to_dict(), **self.hardware_defaults(hardware, pinned)}
+        return KnobConfig.from_dict({**defaults, **{k: v for k, v in pinned.items() if v is not None}})
+
+    def hardware_defaults(self, hardware: Hardware, pinned: Mapping[str, object]) -> dict[str, object]:
+        """The knobs whose engine default depends on the hardware (or on a pinned knob): their values."""
+        return {}
+
+    def cross_check(self, config: KnobConfig) -> list[tuple[str, str]]:
+        """Rules across knobs; none unless the engine has some (vLLM)."""
+        return []
 
     def default_config(self) -> KnobConfig:
         return KnobConfig.from_dict({name: spec.default for name, spec in self._knobs.items()})
@@ -188,7 +252,13 @@ class AdapterBase(ABC):
         args = (*self.metric_args(ttft_slo_s), *extra_args)
         rendered = self.render_args(model, config, args, port, require_tensor_parallel(tensor_parallel))
         # What we render must read back: unknown extra flags and bad values fail here.
-        self.parse(rendered.argv, rendered.files)
+        parsed = self.parse(rendered.argv, rendered.files)
+        if parsed.extra_args != tuple(extra_args):
+            # An extra arg the engine would read otherwise: a stray value after an owned list flag
+            # (SGLang's --bucket-time-to-first-token takes it as one more bucket).
+            read = parsed.extra_args
+            lost = extra_args[len(read) :] if tuple(extra_args[: len(read)]) == read else extra_args
+            raise ArgsError(f"unrecognized arguments: {' '.join(lost)}")
         return rendered
 
     def metric_args(self, ttft_slo_s: float | None) -> tuple[str, ...]:
@@ -208,10 +278,13 @@ class AdapterBase(ABC):
         )
 
     def knob_options(self, config: KnobConfig) -> dict[str, dict[str, object]]:
-        """Each options-file knob's engine value, by section (``section.key`` bindings), in order."""
+        """Each options-file knob's engine value, by section (``section.key`` bindings; "" is the top
+        level), in order; a knob at its ``unset`` value is left out (the engine's default applies)."""
         sections: dict[str, dict[str, object]] = {}
         for knob, value in config.items():
             binding = self._knobs[knob.name].binding
+            if knob.unset is not None and value == knob.unset:
+                continue  # the engine's own default: not rendered
             if binding.option:
                 section, _, key = binding.option.rpartition(".")
                 sections.setdefault(section, {})[key] = binding.encode(value)
@@ -274,7 +347,7 @@ class AdapterBase(ABC):
             message = self._knobs[knob.name].validate(plain(value))
             if message is not None:
                 errors.append((knob.name, f"{self.name}: {knob.name} {message}"))
-        return errors
+        return errors or self.cross_check(config)
 
     def check_config(self, config: KnobConfig) -> None:
         errors = self.validate(config)

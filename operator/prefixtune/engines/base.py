@@ -15,7 +15,10 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from prefixtune.engines.knobs import (
     BLOCK_SIZE,
+    BY_NAME,
     KNOB_NAMES,
+    MAX_BATCHED_TOKENS,
+    MAX_RUNNING,
     MEMORY_FRACTION,
     PREFIX_CACHING,
     SCHEDULE_POLICY,
@@ -25,11 +28,41 @@ from prefixtune.engines.knobs import (
 __all__ = [
     "BLOCK_SIZE",
     "KNOB_NAMES",
+    "MAX_BATCHED_TOKENS",
+    "MAX_RUNNING",
     "MEMORY_FRACTION",
     "PREFIX_CACHING",
     "SCHEDULE_POLICY",
+    "Hardware",
     "KnobConfig",
 ]
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What an engine's own defaults read of the machine: the one value object through which a
+    GPU-dependent default (vLLM's batch limits, SGLang's chunk and memory fraction) reaches a knob.
+
+    ``KnobSpec.default`` is the engine's default on the reference GPU (``REFERENCE``); an adapter's
+    ``default_config_for(hardware)`` is the engine's default on this one. The API fills spec.config
+    from it (``api.rules.fill_defaults``) and the twin's scheduler defaults derive from it, so the
+    fact lives in the adapter alone.
+    """
+
+    gpu_name: str  # the GPU as its driver names it, e.g. "H100-80GB" (vLLM keeps A100s small)
+    memory_bytes: float  # one GPU's memory as CUDA reports it
+    tensor_parallel: int = 1
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GIB
+
+
+# The GPU the GPU-neutral knob defaults are for: an H100-80GB as CUDA reports it (79.1 GiB; the same
+# figure as the twin's GPU catalog, which a test checks).
+REFERENCE = Hardware("H100-80GB", 79.1 * GIB)
 
 
 T = TypeVar("T")
@@ -75,6 +108,10 @@ class KnobSpec:
     ``searched`` is False where the knob exists but changes nothing the tuner can measure on this
     engine (for example vLLM's ``priority`` policy when requests carry no priority): such a knob is
     kept at its default and never enters the search space.
+
+    ``open_range``: an integer knob whose ``choices`` are only the values searched by default (a
+    log-spaced ladder for the batch limits); any integer in [``low``, ``high``] is valid (a pin in
+    spec.config, a listed space value, an adopted command's ``--max-num-seqs 48``).
     """
 
     name: str
@@ -84,6 +121,7 @@ class KnobSpec:
     high: float | None = None
     low_exclusive: bool = False
     searched: bool = True
+    open_range: bool = False
     flag: str = ""  # the engine flag or option key the knob renders to, for messages
     doc: str = ""
     binding: Binding = field(default_factory=Binding, compare=False)
@@ -93,7 +131,20 @@ class KnobSpec:
         return not self.choices
 
     def validate(self, value: object) -> str | None:
-        """Return None when ``value`` is allowed, else a message naming the allowed values."""
+        """Return None when ``value`` is allowed, else a message naming the allowed values.
+
+        The registry knob's ``unset`` value (0 for a batch limit: the engine's own default) is
+        always allowed."""
+        unset = BY_NAME[self.name].unset if self.name in BY_NAME else None
+        if unset is not None and value == unset and type(value) is type(unset):
+            return None
+        if self.open_range:
+            assert self.low is not None and self.high is not None
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"must be an integer in {self.range_text()}; got {value!r}"
+            if not self.low <= value <= self.high:
+                return f"must be in {self.range_text()}, got {value}"
+            return None
         if self.continuous:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 return f"must be a number in {self.range_text()}"
@@ -109,7 +160,21 @@ class KnobSpec:
 
     def range_text(self) -> str:
         left = "(" if self.low_exclusive else "["
-        return f"{left}{self.low}, {self.high}]"
+        low, high = (int(v) if self.open_range and v is not None else v for v in (self.low, self.high))
+        return f"{left}{low}, {high}]"
+
+    def allows(self, value: object, narrowed: Sequence[object]) -> bool:
+        """Whether ``value`` is among ``narrowed`` (choices an engine narrowed by extra args): for an
+        open range, whether it lies between their smallest and the range's top (an engine narrows a
+        batch limit from below: vLLM's budget >= max_model_len); the knob's unset value always."""
+        unset = BY_NAME[self.name].unset if self.name in BY_NAME else None
+        if unset is not None and value == unset:
+            return True
+        if self.open_range:
+            assert self.high is not None
+            numbers = [float(v) for v in narrowed if isinstance(v, int | float)]
+            return bool(numbers) and isinstance(value, int | float) and min(numbers) <= value <= self.high
+        return value in narrowed
 
 
 @dataclass(frozen=True)
@@ -318,6 +383,15 @@ class EngineAdapter(Protocol):
         """(index, message) for extra args that parse but that ``version`` refuses at start."""
         ...
 
-    def default_config_for(self, gpu_memory_bytes: float, tensor_parallel: int) -> KnobConfig:
-        """The engine's own defaults on this GPU (where a default depends on it)."""
+    def default_config_for(
+        self, hardware: Hardware, pinned: Mapping[str, object] | None = None
+    ) -> KnobConfig:
+        """The engine's own defaults on ``hardware`` (where a default depends on it), for the knobs
+        not in ``pinned``; a default that depends on another knob (SGLang's memory fraction on the
+        chunk) follows the pinned value."""
+        ...
+
+    def cross_check(self, config: KnobConfig) -> list[tuple[str, str]]:
+        """(knob, message) for every rule across knobs ``config`` breaks (vLLM: token budget >= running
+        cap); empty when it breaks none. ``validate`` includes it."""
         ...

@@ -11,6 +11,14 @@ What a knob is on one engine (default, allowed values, flag binding) is the adap
 
 Adding a knob: a ``Knob`` line in ``KNOBS``, its typed field in ``KnobConfig`` (checked against
 ``KNOBS`` at import), a ``KnobSpec`` with its binding in each adapter, and its consumer in the twin.
+A knob added after resources exist gives its ``KnobConfig`` field a default equal to its ``unset``
+value (the engine's own default, flag not rendered), so configs stored before it (trials in a
+status, positional constructions) still read: they ran with the engine's default.
+
+The batch limits (``max_batched_tokens``, ``max_running``) are such knobs: ``unset`` = 0 means "the
+flag is not rendered; the engine resolves its own default" (vLLM by device memory and name, SGLang's
+running cap from the KV pool). Where the adapter can name the engine's default for a GPU,
+``default_config_for`` fills the real number in (``prefixtune.engines.base.Hardware``).
 """
 
 from __future__ import annotations
@@ -45,6 +53,10 @@ class Knob:
     <= 0 (the engine's default, no limit) are ordered only against themselves. An axis is this flag.
     ``label`` names the knob in Event messages (``memory 0.9``); ``short`` in tables (``mem 0.90``),
     empty when the value speaks for itself (a policy name).
+    ``low`` / ``high``: an integer knob's structural bounds in the API (each engine narrows them).
+    ``unset``: the value that means "the engine's own default, flag not rendered" (None: the knob
+    always has a value); a config that predates the knob reads as it.
+    ``log_scale``: the knob's values are searched on a log scale (the token budget).
     """
 
     name: str
@@ -54,6 +66,9 @@ class Knob:
     config_doc: str  # spec.config.<camel> in the CRD
     space_doc: str  # spec.tuning.space.<camel> in the CRD
     oom_monotone: bool = False
+    low: int | None = None
+    high: int | None = None
+    unset: Value | None = None
     log_scale: bool = False
 
     @property
@@ -81,6 +96,8 @@ class Knob:
             shown = f"{float(value):.2f}" if short else f"{float(value):.3g}"  # type: ignore[arg-type]
         elif self.kind is KnobKind.SWITCH:
             shown = "on" if value else "off"
+        elif self.unset is not None and value == self.unset and type(value) is type(self.unset):
+            shown = "auto"  # the engine's own default
         elif self.kind is KnobKind.INTEGER:
             shown = str(int(value) if short else value)  # type: ignore[call-overload]
         else:
@@ -93,6 +110,9 @@ MEMORY_FRACTION = "memory_fraction"
 BLOCK_SIZE = "block_size"
 PREFIX_CACHING = "prefix_caching"
 SCHEDULE_POLICY = "schedule_policy"
+MAX_BATCHED_TOKENS = "max_batched_tokens"
+MAX_RUNNING = "max_running"
+ENGINE_DEFAULT = 0  # a batch limit's ``unset``: the engine resolves its own default
 
 KNOBS: tuple[Knob, ...] = (
     Knob(
@@ -112,6 +132,8 @@ KNOBS: tuple[Knob, ...] = (
         short="block",
         config_doc="KV block (page) size in tokens; valid sizes depend on the engine.",
         space_doc="Block sizes to try.",
+        low=1,
+        high=4096,
     ),
     Knob(
         PREFIX_CACHING,
@@ -128,6 +150,35 @@ KNOBS: tuple[Knob, ...] = (
         short="",
         config_doc="Scheduling policy; valid values depend on the engine.",
         space_doc="Scheduling policies to try.",
+    ),
+    Knob(
+        MAX_BATCHED_TOKENS,
+        KnobKind.INTEGER,
+        label="token budget",
+        short="tokens",
+        config_doc="Tokens one scheduler step may process (the prefill chunk plus the decode tokens): "
+        "vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size (-1: chunking off), TensorRT-LLM "
+        "max_num_tokens. 0 leaves the engine's own default; omitted, the engine's default for "
+        "spec.gpu.type. The tuner tries powers of two.",
+        space_doc="Token budgets to try (searched on a log scale).",
+        low=-1,
+        high=1 << 20,
+        unset=ENGINE_DEFAULT,
+        log_scale=True,
+        oom_monotone=True,
+    ),
+    Knob(
+        MAX_RUNNING,
+        KnobKind.INTEGER,
+        label="running cap",
+        short="running",
+        config_doc="Requests in the running batch at most: vLLM --max-num-seqs, SGLang "
+        "--max-running-requests, TensorRT-LLM max_batch_size. 0 leaves the engine's own default (SGLang "
+        "derives it from the KV pool); omitted, the engine's default for spec.gpu.type.",
+        space_doc="Running caps to try.",
+        low=0,
+        high=1 << 16,
+        unset=ENGINE_DEFAULT,
     ),
 )
 KNOB_NAMES: tuple[str, ...] = tuple(knob.name for knob in KNOBS)
@@ -159,6 +210,8 @@ class KnobConfig:
     block_size: int
     prefix_caching: bool
     schedule_policy: str
+    max_batched_tokens: int = ENGINE_DEFAULT
+    max_running: int = ENGINE_DEFAULT
 
     def with_(self, **changes: object) -> KnobConfig:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -180,7 +233,10 @@ class KnobConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> KnobConfig:
-        return cls(**{k.name: k.coerce(data[k.name]) for k in KNOBS})  # type: ignore[arg-type]
+        """The config of ``data`` (snake_case names); a knob with an ``unset`` value may be missing
+        (a config stored before the knob existed ran with the engine's default)."""
+        values = {k.name: data[k.name] if k.unset is None or k.name in data else k.unset for k in KNOBS}
+        return cls(**{name: BY_NAME[name].coerce(value) for name, value in values.items()})  # type: ignore[arg-type]
 
 
 if tuple(f.name for f in fields(KnobConfig)) != KNOB_NAMES:  # pragma: no cover - a registry edit
@@ -206,10 +262,15 @@ def api_text(config: Mapping[str, object] | None) -> str:
     """``mem 0.90 · block 16 · cache on · fcfs`` for a camelCase knob config (``-`` when absent)."""
     if not config:
         return "-"
-    parts = [k.text(config[k.camel], short=True) for k in KNOBS if config.get(k.camel) is not None]
+    parts = [k.text(config[k.camel], short=True) for k in KNOBS if _shown(k, config.get(k.camel))]
     return " · ".join(parts) or "-"
 
 
 def config_text(config: KnobConfig) -> str:
     """``memory 0.9, block 16, caching on, policy fcfs`` (Event messages)."""
-    return ", ".join(k.text(value) for k, value in config.items())
+    return ", ".join(k.text(value) for k, value in config.items() if _shown(k, value))
+
+
+def _shown(knob: Knob, value: object) -> bool:
+    """Whether a value is worth showing: set, and not a knob left to the engine's default."""
+    return value is not None and not (knob.unset is not None and value == knob.unset)

@@ -30,25 +30,31 @@ from prefixtune.engines._common import (
     HOST,
     HOST_CACHE_BYTES,
     KV_CACHE_DTYPE,
-    MAX_BATCHED_TOKENS,
     MAX_MODEL_LEN,
-    MAX_RUNNING,
     TENSOR_PARALLEL,
     AdapterBase,
+    batch_limit_knob,
     flag_value,
     knob_table,
     label_number,
     memory_fraction_knob,
     options_from,
+    powers_of_two,
     prefix_caching_knob,
     switch,
+    unless_default,
 )
 from prefixtune.engines.base import (
     BLOCK_SIZE,
+    MAX_BATCHED_TOKENS,
+    MAX_RUNNING,
+    MEMORY_FRACTION,
+    REFERENCE,
     SCHEDULE_POLICY,
     ArgsError,
     Binding,
     EngineName,
+    Hardware,
     KnobConfig,
     KnobSpec,
     MetricNames,
@@ -100,43 +106,64 @@ def _prefill_graph_sizes(max_bs: int) -> int:
     return sum(1 for size in sizes if size <= max_bs)
 
 
+# GPU tiers of handle_gpu_memory_settings (sglang/srt/arg_groups/memory_hook.py): (below this many
+# GiB, chunked prefill size, decode CUDA-graph max_bs for tp < 4, for tp >= 4); 16384 and 512 above.
+_GPU_TIERS = (
+    (20, 2048, 8, 8),
+    (35, 4096, 48, 160),
+    (60, 4096, 32, 160),
+    (90, 8192, 256, 512),
+    (160, 8192, 256, 512),
+)
+
+
+def _tier(gpu_memory_bytes: float, tensor_parallel: int) -> tuple[int, int]:
+    """(default chunked prefill size, decode CUDA-graph max_bs) for a GPU of this size."""
+    gpu = gpu_memory_bytes / MIB
+    for below, chunk, small_tp, large_tp in _GPU_TIERS:
+        if gpu < below * 1024:
+            return chunk, (small_tp if tensor_parallel < 4 else large_tp)
+    return 16384, 512
+
+
+def default_chunked_prefill_size(gpu_memory_bytes: float) -> int:
+    """SGLang 0.5.23's default ``--chunked-prefill-size`` for a GPU of this size: 2048 below 20 GiB,
+    4096 below 60, 8192 below 160, 16384 above (handle_gpu_memory_settings)."""
+    return _tier(gpu_memory_bytes, 1)[0]
+
+
 def default_mem_fraction_static(
     gpu_memory_bytes: float, tensor_parallel: int = 1, chunked_prefill_size: int | None = None
 ) -> float:
     """SGLang 0.5.23's own default ``mem_fraction_static`` (handle_gpu_memory_settings,
     sglang/srt/arg_groups/memory_hook.py), for a text model with CUDA graphs on, no DP attention, PP 1.
 
-    The GPU's size picks the chunked prefill size and the decode CUDA-graph batch; then reserved MiB =
-    512 + 1.5 x max(chunked prefill, 2048) + TP x PP / 8 x 1024 + decode graphs (2 x max_bs) + prefill
-    graphs (8 per captured size), at least 10 GiB on GPUs over 60 GiB; fraction = round((gpu - reserved)
-    / gpu, 3). About 0.83 on an H100-80GB and 0.90 on an H200 at TP 1.
+    The GPU's size picks the chunked prefill size (unless given) and the decode CUDA-graph batch;
+    then reserved MiB = 512 + 1.5 x activation tokens + TP x PP / 8 x 1024 + decode graphs (2 x max_bs)
+    + prefill graphs (8 per captured size), at least 10 GiB on GPUs over 60 GiB; fraction =
+    round((gpu - reserved) / gpu, 3). Activation tokens: max(chunk, 2048), or max(max_prefill_tokens
+    = 16384, 2048) with chunking off (-1). About 0.83 on an H100-80GB and 0.90 on an H200 at TP 1.
     """
     gpu = gpu_memory_bytes / MIB
     tp = int(tensor_parallel)
-    tiers = (  # (below this many GiB, chunked prefill, decode max_bs for tp < 4, for tp >= 4)
-        (20, 2048, 8, 8),
-        (35, 4096, 48, 160),
-        (60, 4096, 32, 160),
-        (90, 8192, 256, 512),
-        (160, 8192, 256, 512),
-    )
-    chunk, max_bs = 16384, 512
-    for below, tier_chunk, small_tp, large_tp in tiers:
-        if gpu < below * 1024:
-            chunk, max_bs = tier_chunk, (small_tp if tp < 4 else large_tp)
-            break
-    if chunked_prefill_size is not None and chunked_prefill_size > 0:
+    chunk, max_bs = _tier(gpu_memory_bytes, tp)
+    if chunked_prefill_size is not None and chunked_prefill_size != 0:
         chunk = chunked_prefill_size
-    reserved = 512 + max(chunk, 2048) * 1.5 + tp / 8 * 1024
-    reserved += max_bs * 2 + _prefill_graph_sizes(chunk) * 8
+    activation = max(chunk, 2048) if chunk > 0 else max(MAX_PREFILL_TOKENS, 2048)
+    reserved = 512 + activation * 1.5 + tp / 8 * 1024
+    reserved += max_bs * 2 + (_prefill_graph_sizes(chunk) if chunk > 0 else 0) * 8
     if gpu > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     return round((gpu - reserved) / gpu, 3)
 
 
-# The knob's GPU-neutral default: the rule on an H100-80GB as CUDA reports it (79.1 GiB; the same
-# figure as the twin's GPU catalog, which a test checks). Deployments get the rule for their own GPU.
-REFERENCE_GPU_BYTES = 79.1 * GIB
+# The knob's GPU-neutral default: the rule on the reference GPU (base.REFERENCE, an H100-80GB).
+# Deployments get the rule for their own GPU.
+REFERENCE_GPU_BYTES = REFERENCE.memory_bytes
+# --max-prefill-tokens' default (fields/schedule.py): the new tokens of one prefill batch at most, next
+# to the chunk (PrefillAdder's rem_input_tokens beside rem_chunk_tokens); the real bound is the larger
+# of it and the model's context length. It stays an untuned option.
+MAX_PREFILL_TOKENS = 16384
 
 KNOBS = knob_table(
     memory_fraction_knob(
@@ -181,6 +208,32 @@ KNOBS = knob_table(
             "'priority' is not offered: argparse accepts it but the scheduler raises at init"
         ),
         binding=Binding(dest="schedule_policy", render=flag_value("--schedule-policy")),
+    ),
+    batch_limit_knob(
+        MAX_BATCHED_TOKENS,
+        choices=(-1, *powers_of_two(512, 16384)),
+        flag="--chunked-prefill-size",
+        doc=(
+            "the largest prefill chunk (tokens) of one prefill batch; -1 disables chunking. SGLang runs "
+            "prefill and decode in separate batches, so the chunk bounds a prefill batch, and "
+            "--max-prefill-tokens (16384, untuned) caps its new tokens too (the larger of it and the "
+            "context length). Default by GPU memory: 2048 (< 20 GiB), 4096 (< 60), 8192 (< 160), "
+            "16384. SGLang's default mem_fraction_static reserves 1.5 MiB per chunk token outside the "
+            "pool, so a larger chunk needs a lower fraction"
+        ),
+        binding=Binding(dest="chunked_prefill_size", render=unless_default("--chunked-prefill-size")),
+        low=-1,
+    ),
+    batch_limit_knob(
+        MAX_RUNNING,
+        choices=powers_of_two(32, 4096),
+        flag="--max-running-requests",
+        doc=(
+            "requests in the running batch per DP worker; by default SGLang derives it from the KV "
+            "pool: min(clamp(int(pool tokens / context length x 512), 2048, 4096), pool tokens // 2) "
+            "(resolve_max_num_reqs), so the knob's default is 0 (not rendered)"
+        ),
+        binding=Binding(dest="max_running_requests", render=unless_default("--max-running-requests")),
     ),
 )
 
@@ -233,6 +286,8 @@ FLAGS = FlagTable(
         Flag("disable_radix_cache", ("--disable-radix-cache",), Kind.SWITCH, Role.OWNED),
         Flag("schedule_policy", ("--schedule-policy",), role=Role.OWNED, convert=to_choice(_ENGINE_POLICIES)),
         Flag("enable_metrics", ("--enable-metrics",), Kind.SWITCH, Role.OWNED),
+        Flag("max_running_requests", ("--max-running-requests",), role=Role.OWNED, convert=to_int(1)),
+        Flag("chunked_prefill_size", ("--chunked-prefill-size",), role=Role.OWNED, convert=_chunk_size),
         # forbidden: would override a tuned knob
         Flag(
             "max_total_tokens",
@@ -241,8 +296,6 @@ FLAGS = FlagTable(
             why="caps the KV pool that the tuned memory_fraction decides",
         ),
         # options: recognised, untuned, passed through verbatim
-        Flag("max_running_requests", ("--max-running-requests",), convert=to_int(1)),
-        Flag("chunked_prefill_size", ("--chunked-prefill-size",), convert=_chunk_size),
         Flag("max_prefill_tokens", ("--max-prefill-tokens",), convert=to_int(1)),
         Flag("kv_cache_dtype", ("--kv-cache-dtype",), convert=to_choice(tuple(_KV_DTYPES), _KV_DTYPES)),
         Flag("context_length", ("--context-length",), convert=to_int(1)),
@@ -371,10 +424,17 @@ class SglangAdapter(AdapterBase):
     table = FLAGS
     _knobs = KNOBS
 
-    def default_config_for(self, gpu_memory_bytes: float, tensor_parallel: int) -> KnobConfig:
-        return self.default_config().with_(
-            memory_fraction=default_mem_fraction_static(gpu_memory_bytes, tensor_parallel)
-        )
+    def hardware_defaults(self, hardware: Hardware, pinned: Mapping[str, object]) -> dict[str, object]:
+        """The chunk by GPU memory; the memory fraction by SGLang's own rule for that chunk (or the
+        pinned one); the running cap stays 0 (SGLang derives it from the pool at start)."""
+        chunk = pinned.get(MAX_BATCHED_TOKENS)
+        chunk = chunk if isinstance(chunk, int) and chunk != 0 else None
+        return {
+            MEMORY_FRACTION: default_mem_fraction_static(
+                hardware.memory_bytes, hardware.tensor_parallel, chunk
+            ),
+            MAX_BATCHED_TOKENS: default_chunked_prefill_size(hardware.memory_bytes),
+        }
 
     def allowed_choices(self, extra_args: Sequence[str]) -> Mapping[str, tuple[object, ...]]:
         """With --enable-priority-scheduling SGLang starts only with fcfs or lof."""

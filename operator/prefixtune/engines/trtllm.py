@@ -35,12 +35,11 @@ from prefixtune.engines._common import (
     HOST,
     HOST_CACHE_BYTES,
     KV_CACHE_DTYPE,
-    MAX_BATCHED_TOKENS,
     MAX_MODEL_LEN,
-    MAX_RUNNING,
     PARTIAL_REUSE,
     TENSOR_PARALLEL,
     AdapterBase,
+    batch_limit_knob,
     first_labels,
     flag_name,
     knob_table,
@@ -48,16 +47,20 @@ from prefixtune.engines._common import (
     label_int,
     memory_fraction_knob,
     options_from,
+    powers_of_two,
     prefix_caching_knob,
     read_labels,
     with_kv_tokens,
 )
 from prefixtune.engines.base import (
     BLOCK_SIZE,
+    MAX_BATCHED_TOKENS,
+    MAX_RUNNING,
     SCHEDULE_POLICY,
     ArgsError,
     Binding,
     EngineName,
+    Hardware,
     KnobConfig,
     KnobSpec,
     MetricNames,
@@ -111,7 +114,30 @@ KNOBS = knob_table(
             decode=lambda v: str(v).lower(),
         ),
     ),
+    # The batch limits go to the options YAML's top level, like the other knobs (a CLI value parses too).
+    batch_limit_knob(
+        MAX_BATCHED_TOKENS,
+        choices=powers_of_two(512, 32768),
+        flag="max_num_tokens",
+        doc=(
+            "tokens one in-flight-batching iteration may schedule (context + generation); without "
+            "chunked prefill (off by default in trtllm-serve) a prompt must fit in one iteration. "
+            "trtllm-serve default 8192"
+        ),
+        binding=Binding(dest="max_num_tokens", option="max_num_tokens", encode=int),
+    ),
+    batch_limit_knob(
+        MAX_RUNNING,
+        choices=powers_of_two(32, 2048),
+        flag="max_batch_size",
+        doc="requests in the in-flight batch at most; trtllm-serve default 2048",
+        binding=Binding(dest="max_batch_size", option="max_batch_size", encode=int),
+    ),
 )
+# trtllm-serve's own defaults (click options of tensorrt_llm/commands/serve.py; engines.md 1.3), the
+# same on every GPU.
+SERVE_MAX_NUM_TOKENS = 8192
+SERVE_MAX_BATCH_SIZE = 2048
 
 _ENGINE_POLICIES = ("GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH")
 REASONING_PARSERS = ("deepseek-r1", "qwen3", "nano-v3")
@@ -141,9 +167,9 @@ FLAGS = FlagTable(
         Flag(
             "extra_llm_api_options", ("--extra_llm_api_options", "--config"), role=Role.OWNED, convert=to_text
         ),
+        Flag("max_batch_size", ("--max_batch_size",), role=Role.OWNED, convert=to_int(1)),
+        Flag("max_num_tokens", ("--max_num_tokens",), role=Role.OWNED, convert=to_int(1)),
         # options: recognised, untuned, passed through verbatim
-        Flag("max_batch_size", ("--max_batch_size",), convert=to_int(1)),
-        Flag("max_num_tokens", ("--max_num_tokens",), convert=to_int(1)),
         Flag("enable_chunked_prefill", ("--enable_chunked_prefill",), Kind.SWITCH),
         # nvfp4 exists in the engine but has no neutral value for the twin yet.
         Flag("kv_cache_dtype", ("--kv_cache_dtype",), convert=to_choice(("auto", "fp8"))),  # 1.3 only
@@ -266,6 +292,7 @@ def options_yaml(config: KnobConfig) -> str:
     """The LLM API options file for ``config`` (deterministic text)."""
     knobs = ADAPTER.knob_options(config)  # the knobs' sections, from their bindings
     document = {
+        **knobs.get("", {}),
         "kv_cache_config": {**knobs["kv_cache_config"], "enable_partial_reuse": True},
         "scheduler_config": knobs["scheduler_config"],
         "return_perf_metrics": True,
@@ -334,6 +361,9 @@ class TrtllmAdapter(AdapterBase):
     _knobs = KNOBS
     dashed_flags = False  # click options: --tp_size is spelled with underscores
 
+    def hardware_defaults(self, hardware: Hardware, pinned: Mapping[str, object]) -> dict[str, object]:
+        return {MAX_BATCHED_TOKENS: SERVE_MAX_NUM_TOKENS, MAX_RUNNING: SERVE_MAX_BATCH_SIZE}
+
     def version_of(self, image: str) -> str:
         """``release:1.2.x`` (and older) is the 1.2 series, ``1.3.x``/``1.3.0rcN`` and newer 1.3; an image
         whose tag is not a version (a custom build) is taken as the default image's series."""
@@ -389,7 +419,7 @@ class TrtllmAdapter(AdapterBase):
                 raise ArgsError(f"{flag_name(scan, 'extra_llm_api_options')}: file {path} was not provided")
             top, kv, scheduler = _read_options(path, files[path])
             self._refuse_twins(scan, path, top, kv)
-        config = self._config(scan, path, kv, scheduler)
+        config = self._config(scan, path, top, kv, scheduler)
         options = options_from(scan, _OPTION_KEYS)
         for section, known in ((top, _YAML_TOP), (kv, _YAML_KV)):
             for key, value in section.items():
@@ -402,7 +432,12 @@ class TrtllmAdapter(AdapterBase):
         return self.parsed(scan, scan.positionals[0], config, options)
 
     def _config(
-        self, scan: Scan, path: str, kv: Mapping[str, object], scheduler: Mapping[str, object]
+        self,
+        scan: Scan,
+        path: str,
+        top: Mapping[str, object],
+        kv: Mapping[str, object],
+        scheduler: Mapping[str, object],
     ) -> KnobConfig:
         if "capacity_scheduler_policy" in scheduler:
             where = f"{path}: scheduler_config.capacity_scheduler_policy"
@@ -411,7 +446,7 @@ class TrtllmAdapter(AdapterBase):
                 raise ArgsError(
                     f"{where}: invalid value {policy!r}; choose from {', '.join(_ENGINE_POLICIES)}"
                 )
-        return self.config_from(scan, {"kv_cache_config": kv, "scheduler_config": scheduler}, path)
+        return self.config_from(scan, {"": top, "kv_cache_config": kv, "scheduler_config": scheduler}, path)
 
     @staticmethod
     def _refuse_twins(scan: Scan, path: str, top: Mapping[str, object], kv: Mapping[str, object]) -> None:

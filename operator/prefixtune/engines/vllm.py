@@ -27,28 +27,33 @@ from prefixtune.engines._common import (
     HOST_CACHE_BACKEND,
     HOST_CACHE_BYTES,
     KV_CACHE_DTYPE,
-    MAX_BATCHED_TOKENS,
     MAX_MODEL_LEN,
-    MAX_RUNNING,
     TENSOR_PARALLEL,
     AdapterBase,
+    batch_limit_knob,
     first_labels,
     flag_value,
     knob_table,
     label_int,
     memory_fraction_knob,
     options_from,
+    powers_of_two,
     prefix_caching_knob,
     read_labels,
     switch,
+    unless_default,
     with_kv_tokens,
 )
 from prefixtune.engines.base import (
     BLOCK_SIZE,
+    GIB,
+    MAX_BATCHED_TOKENS,
+    MAX_RUNNING,
     SCHEDULE_POLICY,
     ArgsError,
     Binding,
     EngineName,
+    Hardware,
     KnobConfig,
     KnobSpec,
     MetricNames,
@@ -99,7 +104,38 @@ KNOBS = knob_table(
         doc="priority only reorders requests that carry a priority; without them it equals fcfs",
         binding=Binding(dest="scheduling_policy", render=flag_value("--scheduling-policy")),
     ),
+    batch_limit_knob(
+        MAX_BATCHED_TOKENS,
+        choices=powers_of_two(512, 65536),
+        flag="--max-num-batched-tokens",
+        doc=(
+            "tokens per scheduler step (SchedulerConfig, ge=1); with chunked prefill (on by default) a "
+            "long prompt is split into chunks of what is left of it after the running decodes. Must be "
+            ">= max_num_seqs, and >= max_model_len with chunked prefill off. Default by device: 16384 "
+            "(>= 160 GiB), 8192 (>= 70 GiB, not A100), else 2048 (API server; get_batch_defaults)"
+        ),
+        binding=Binding(dest="max_num_batched_tokens", render=unless_default("--max-num-batched-tokens")),
+    ),
+    batch_limit_knob(
+        MAX_RUNNING,
+        choices=powers_of_two(32, 2048),
+        flag="--max-num-seqs",
+        doc="running requests per DP rank (ge=1); default 1024 on >= 70 GiB (not A100), else 256",
+        binding=Binding(dest="max_num_seqs", render=unless_default("--max-num-seqs")),
+    ),
 )
+
+
+def batch_defaults(hardware: Hardware) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM 0.33 picks for the OpenAI API server on this GPU
+    (EngineArgs.get_batch_defaults, vllm/engine/arg_utils.py): by device memory, with A100s and GB10
+    kept on the small tier ("Setting large max_num_batched_tokens for A100 reduces throughput")."""
+    name = hardware.gpu_name.lower()
+    if hardware.memory_bytes >= 160 * GIB:
+        return 16384, 1024
+    if hardware.memory_bytes >= 70 * GIB and "a100" not in name and "gb10" not in name:
+        return 8192, 1024
+    return 2048, 256
 
 
 def _vllm_name(name: str) -> str:
@@ -176,6 +212,8 @@ FLAGS = FlagTable(
             convert=to_float(),
         ),
         Flag("block_size", ("--block-size",), role=Role.OWNED, convert=to_int()),
+        Flag("max_num_seqs", ("--max-num-seqs",), role=Role.OWNED, convert=to_int(1)),
+        Flag("max_num_batched_tokens", ("--max-num-batched-tokens",), role=Role.OWNED, convert=to_int(1)),
         _bool_pair("enable_prefix_caching", "enable-prefix-caching", Role.OWNED),
         Flag(
             "scheduling_policy",
@@ -210,8 +248,6 @@ FLAGS = FlagTable(
             why="removes the Prometheus metrics the tuner reads",
         ),
         # options: recognised, untuned, passed through verbatim
-        Flag("max_num_seqs", ("--max-num-seqs",), convert=to_int(1)),
-        Flag("max_num_batched_tokens", ("--max-num-batched-tokens",), convert=to_int(1)),
         _bool_pair("enable_chunked_prefill", "enable-chunked-prefill"),
         Flag("long_prefill_token_threshold", ("--long-prefill-token-threshold",), convert=to_int(0)),
         Flag("kv_cache_dtype", ("--kv-cache-dtype",), convert=to_choice(tuple(_KV_DTYPES), _KV_DTYPES)),
@@ -307,6 +343,40 @@ class VllmAdapter(AdapterBase):
     table = FLAGS
     _knobs = KNOBS
     prog_words = 2  # "vllm serve: error: ..."
+
+    def hardware_defaults(self, hardware: Hardware, pinned: Mapping[str, object]) -> dict[str, object]:
+        tokens, seqs = batch_defaults(hardware)
+        return {MAX_BATCHED_TOKENS: tokens, MAX_RUNNING: seqs}
+
+    def cross_check(self, config: KnobConfig) -> list[tuple[str, str]]:
+        """SchedulerConfig.verify_max_model_len: max_num_batched_tokens >= max_num_seqs (where both
+        are set; an engine default is checked once filled in for the GPU)."""
+        tokens, seqs = int(config.max_batched_tokens), int(config.max_running)
+        if tokens and seqs and tokens < seqs:
+            return [
+                (
+                    MAX_BATCHED_TOKENS,
+                    f"vllm: max_batched_tokens ({tokens}) must be >= max_running ({seqs}): vLLM refuses "
+                    "max_num_batched_tokens below max_num_seqs at start",
+                )
+            ]
+        return []
+
+    def allowed_choices(self, extra_args: Sequence[str]) -> Mapping[str, tuple[object, ...]]:
+        """With chunked prefill off vLLM refuses a token budget below max_model_len: only budgets >=
+        --max-model-len are allowed, none without it (the engine's default then applies: it raises
+        the budget to max(max_model_len, default) itself)."""
+        try:
+            scan = self.table.scan(list(extra_args))
+        except ArgsError:
+            return {}
+        if scan.value("enable_chunked_prefill") is not False:
+            return {}
+        length = scan.value("max_model_len")
+        budgets = self._knobs[MAX_BATCHED_TOKENS].choices
+        if not isinstance(length, int):
+            return {MAX_BATCHED_TOKENS: ()}
+        return {MAX_BATCHED_TOKENS: tuple(sorted({length, *(int(b) for b in budgets if int(b) > length)}))}
 
     def tuned_flags(self) -> frozenset[str]:
         # vLLM also accepts the underscore spelling of every long flag.

@@ -12,13 +12,11 @@ several values each, a map of the grid (each cell's status and goodput: the OOM 
 Values are checked against the engine adapter's knob specs before anything runs. The table judges
 each row against the SLO, marks the best (``best_index``) and the overloaded (``overloaded``).
 
-Besides the knobs, the batch limits sweep by their engine-neutral option names (``OPTION_SPECS``:
-``max_batched_tokens``, the step token budget; ``max_running``, the running-request cap; and
-``chunked_prefill``) on every engine: where the engine has no knob of that name they are set on the
-parsed command, as the engine's own flag would set them (``--max-num-batched-tokens``,
-``--chunked-prefill-size``, ``max_num_tokens``; ``--max-num-seqs``, ``--max-running-requests``,
-``max_batch_size``; ``--enable-chunked-prefill``, ``--enable_chunked_prefill``); where it has one,
-the knob wins and renders its flag.
+Besides the knobs (the batch limits among them: ``max_batched_tokens``, the step token budget, and
+``max_running``, the running-request cap), ``chunked_prefill`` sweeps on every engine as an option
+set on the parsed command (``OPTION_SPECS``), as the engine's own flag would set it
+(``--enable-chunked-prefill``, ``--chunked-prefill-size -1``, ``enable_chunked_prefill``): it decides
+what the token budget does to a long prompt.
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from prefixtune.engines._common import CHUNKED_PREFILL
 from prefixtune.engines.base import (
     KNOB_NAMES,
     ArgsError,
@@ -42,6 +41,7 @@ from prefixtune.engines.base import (
     KnobConfig,
     KnobSpec,
 )
+from prefixtune.engines.knobs import MAX_BATCHED_TOKENS, MAX_RUNNING
 from prefixtune.twin.cliargs import add_target_args, add_workload_source
 from prefixtune.twin.request import Request
 
@@ -67,28 +67,9 @@ BEST_MARK = "<- best"
 OVERLOADED_MARK = "OVERLOADED"
 
 
-# The batch limits by their engine-neutral option names (``EngineOptions``): sweepable on every engine,
-# as options where the engine has no knob of that name (a knob of the same name takes precedence);
-# and chunked prefill, which decides what the token budget does to a long prompt.
-MAX_BATCHED_TOKENS = "max_batched_tokens"
-MAX_RUNNING = "max_running"
-CHUNKED_PREFILL = "chunked_prefill"
-_OPTION_HIGH = 2**20  # a bound for messages only: the engines take any positive integer
+# Engine options sweepable beside the knobs, by their engine-neutral names (``EngineOptions``):
+# chunked prefill, which decides what the token budget does to a long prompt.
 OPTION_SPECS: Mapping[str, KnobSpec] = {
-    MAX_BATCHED_TOKENS: KnobSpec(
-        name=MAX_BATCHED_TOKENS,
-        default=8192,
-        low=1,
-        high=_OPTION_HIGH,
-        doc="tokens per engine step (the prefill chunk and the decode tokens together)",
-    ),
-    MAX_RUNNING: KnobSpec(
-        name=MAX_RUNNING,
-        default=256,
-        low=1,
-        high=_OPTION_HIGH,
-        doc="requests in the running batch",
-    ),
     CHUNKED_PREFILL: KnobSpec(
         name=CHUNKED_PREFILL,
         default=True,
@@ -446,8 +427,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         required=True,
         metavar="KNOB=V1,V2,...",
-        help=f"knob values to try (knobs: {', '.join(KNOB_NAMES)}; and the batch limits "
-        f"{', '.join(OPTION_SPECS)} on every engine); repeat for a grid",
+        help=f"knob values to try (knobs: {', '.join(KNOB_NAMES)}; and {', '.join(OPTION_SPECS)} "
+        "on every engine); repeat for a grid",
     )
     p.add_argument("--out", required=True, help="output folder (results.json and PNGs)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: CPUs)")

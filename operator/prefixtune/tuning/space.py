@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from prefixtune.engines.base import (
@@ -187,20 +187,22 @@ def build_space(
     widen: Mapping[str, Sequence[Value]] | None = None,
 ) -> SearchSpace:
     """The search space for one engine: adapter knob specs narrowed by the resource's override.
-    ``widen``: knobs the adapter does not search by default, with the values the policy decided to
-    search after the baseline (``tuning/widening.py``); a knob the override names is not widened."""
+
+    A knob enters when the adapter searches it by default, when the override lists it (then over
+    exactly the listed values, as ``spec.tuning.space`` says), or when ``widen`` names it: the
+    values the policy decided to search after the baseline for a knob the adapter keeps fixed by
+    default (the batch limits where they bind: ``tuning/widening.py``); a knob the override names is
+    not widened."""
     override = override or SpaceOverride()
     dims: list[Dimension] = []
     for name in KNOB_NAMES:
         spec = knobs.get(name)
         wanted = override.get(name)
-        if wanted is None and spec is not None and not spec.searched and widen and name in widen:
-            spec, wanted = replace(spec, searched=True), tuple(widen[name])
-        if spec is None or not spec.searched:
-            if wanted is not None and spec is not None:
-                raise SpaceError(
-                    f"space.{name}: this knob is not tuned on this engine (it stays at {spec.default!r})"
-                )
+        if spec is None:
+            continue
+        if wanted is None and not spec.searched and widen and name in widen:
+            wanted = tuple(widen[name])
+        if not spec.searched and wanted is None:
             continue
         if spec.continuous:
             bounds = None if wanted is None else (float(wanted[0]), float(wanted[1]))

@@ -36,14 +36,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from prefixtune.engines.base import KnobConfig, KnobSpec
+from prefixtune.engines.knobs import MAX_BATCHED_TOKENS, MAX_RUNNING
 from prefixtune.metrics.diagnosis import BatchLimits, diagnose
 from prefixtune.metrics.histogram import Slo
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.settings import SpaceOverride
 
 # The registry's names of the batch-limit knobs (engines/knobs.py, issue 23).
-RUNNING_CAP = "max_running"
-TOKEN_BUDGET = "max_batched_tokens"
 STEPS = 2  # allowed values tried beyond the deployed one, per direction
 TIGHT = 0.8  # a latency p99 at or above this share of its SLO: the SLO is at stake
 
@@ -70,7 +69,7 @@ def limits_of(config: KnobConfig) -> BatchLimits:
         return int(value) if isinstance(value, int | float) and value > 0 else None
 
     return BatchLimits(
-        max_running=known(data.get(RUNNING_CAP)), max_batched_tokens=known(data.get(TOKEN_BUDGET))
+        max_running=known(data.get(MAX_RUNNING)), max_batched_tokens=known(data.get(MAX_BATCHED_TOKENS))
     )
 
 
@@ -96,13 +95,13 @@ def widen(
         return tuple(sorted(int(c) for c in spec.choices if int(c) > 0))  # not SGLang's -1: no chunking
 
     cap = limits.max_running
-    cap_choices = allowed(RUNNING_CAP, cap)
+    cap_choices = allowed(MAX_RUNNING, cap)
     if cap_choices is not None and cap is not None and "running-cap-binds" in codes:
-        values[RUNNING_CAP] = _near(cap_choices, cap, below=0, above=STEPS)
-        reasons[RUNNING_CAP] = f"the running cap {cap} binds with KV memory free and a queue"
+        values[MAX_RUNNING] = _near(cap_choices, cap, below=0, above=STEPS)
+        reasons[MAX_RUNNING] = f"the running cap {cap} binds with KV memory free and a queue"
 
     budget = limits.max_batched_tokens
-    budget_choices = allowed(TOKEN_BUDGET, budget)
+    budget_choices = allowed(MAX_BATCHED_TOKENS, budget)
     if budget_choices is not None and budget is not None:
         itl, ttft = signals.itl_p99_s, signals.ttft_p99_s
         smaller = "token-budget-itl-spikes" in codes and itl is not None and itl >= TIGHT * slo.itl_p99_s
@@ -120,8 +119,8 @@ def widen(
             )
         if why:
             below, above = (1, 1) if smaller and larger else (STEPS, 0) if smaller else (0, STEPS)
-            values[TOKEN_BUDGET] = _near(budget_choices, budget, below=below, above=above)
-            reasons[TOKEN_BUDGET] = "; ".join(why)
+            values[MAX_BATCHED_TOKENS] = _near(budget_choices, budget, below=below, above=above)
+            reasons[MAX_BATCHED_TOKENS] = "; ".join(why)
     kept = {k: v for k, v in values.items() if len(v) > 1}  # nothing beyond the deployed value: no knob
     return Widening(kept, tuple(reasons[k] for k in kept))
 

@@ -39,7 +39,7 @@ from prefixtune.twin.exporter import (
     ttft_buckets,
 )
 from prefixtune.twin.memory import NON_TORCH_BYTES, MemoryStart, StartupOOM
-from prefixtune.twin.models.base import SchedulerDefaults, TwinModel, register
+from prefixtune.twin.models.base import SchedulerDefaults, TwinModel, adapter_defaults, register
 
 UNCHUNKED_PREFILL_TOKENS = 16384  # --max-prefill-tokens default: caps a prefill batch without chunking
 
@@ -222,10 +222,8 @@ class SglangModel(TwinModel):
     metrics = SglangMetrics
 
     def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
-        # engines.md 1.2: chunked-prefill-size by GPU memory; max-running-requests from the pool later
-        gib = gpu.memory_bytes / 1024**3
-        budget = 16384 if gib >= 160 else 8192 if gib >= 35 else 4096
-        return SchedulerDefaults(0, budget, True)
+        # chunked-prefill-size by GPU memory (engines/sglang.py); max-running-requests 0: from the pool
+        return adapter_defaults(self.name, gpu, chunked_prefill=True)
 
     def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool, max_model_len: int) -> int:
         # without chunking, a prefill batch is capped by --max-prefill-tokens

@@ -38,7 +38,7 @@ from prefixtune.twin.exporter import (
     tpot,
 )
 from prefixtune.twin.memory import NON_TORCH_BYTES, MemoryStart, StartupOOM
-from prefixtune.twin.models.base import SchedulerDefaults, TwinModel, register
+from prefixtune.twin.models.base import SchedulerDefaults, TwinModel, adapter_defaults, register
 from prefixtune.twin.observer import Gauges
 
 LABELS = {"model_name": MODEL_NAME, "engine_type": "trtllm"}
@@ -189,7 +189,7 @@ class TrtllmModel(TwinModel):
     metrics = TrtllmMetrics
 
     def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
-        return SchedulerDefaults(2048, 8192, False)  # engines.md 1.3: trtllm-serve
+        return adapter_defaults(self.name, gpu, chunked_prefill=False)  # trtllm-serve: chunking off
 
     def iteration_stats(self, gauges: Gauges) -> list[dict[str, Any]]:
         g = gauges

@@ -40,7 +40,7 @@ from prefixtune.twin.exporter import (
     tpot,
 )
 from prefixtune.twin.memory import NON_TORCH_BYTES, MemoryStart, StartupOOM
-from prefixtune.twin.models.base import SchedulerDefaults, TwinModel, register
+from prefixtune.twin.models.base import SchedulerDefaults, TwinModel, adapter_defaults, register
 
 LABELS = {"model_name": MODEL_NAME, "engine": "0"}
 LAT = VLLM_LATENCY
@@ -213,10 +213,8 @@ class VllmModel(TwinModel):
     metrics = VllmMetrics
 
     def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
-        # engines.md 1.1b (API-server defaults): larger limits on >= 70 GiB GPUs other than A100
-        big = gpu.memory_bytes >= 70 * 1024**3 and not gpu.name.startswith("A100")
-        running, budget, chunked = (1024, 8192, True) if big else (256, 2048, True)
-        return SchedulerDefaults(running, budget, chunked)
+        # the API server's limits by device memory and name (engines/vllm.py batch_defaults); chunked on
+        return adapter_defaults(self.name, gpu, chunked_prefill=True)
 
     def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool, max_model_len: int) -> int:
         # vllm/engine/arg_utils.py (the default batch limits): without chunked prefill the default
