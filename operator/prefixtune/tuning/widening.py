@@ -42,7 +42,6 @@ from prefixtune.metrics.histogram import Slo
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.settings import SpaceOverride
 
-# The registry's names of the batch-limit knobs (engines/knobs.py, issue 23).
 STEPS = 2  # allowed values tried beyond the deployed one, per direction
 TIGHT = 0.8  # a latency p99 at or above this share of its SLO: the SLO is at stake
 
