@@ -140,3 +140,30 @@ def test_true_score_averages_eval_seeds_and_caches_each_seed(tmp_path: Path) -> 
 def test_eval_seeds_must_be_positive() -> None:
     with pytest.raises(bench().ScenarioError, match="eval_seeds: 0; must be >= 1"):
         _scenario_with(0)
+
+
+def test_the_deployed_config_has_the_engines_batch_limits_for_the_scenarios_gpu() -> None:
+    data: dict[str, object] = {"name": "x", "engine": "vllm", "model": "llama-3.1-8b", "gpu": "A100-80GB"}
+    data.update({"workload": "qa", "rate": 1.0, "config": {"max_running": 64}})
+    scenario = bench().parse_scenario(data, "x.yaml")
+    assert scenario.start_config().max_batched_tokens == 2048  # vLLM's default below 70 GiB
+    assert scenario.start_config().max_running == 64  # the scenario's own value kept
+    assert scenario.default_config().max_running == 256
+
+
+def test_the_oracle_covers_every_batch_limit_the_widening_could_reach() -> None:
+    data: dict[str, object] = {"name": "x", "engine": "vllm", "model": "llama-3.1-8b", "gpu": "A100-80GB"}
+    data.update({"workload": "qa", "rate": 1.0, "config": {"max_running": 64}})
+    data.update({"space": {"memory_fraction": [0.9, 0.9]}, "oracle_widen": ["max_running"]})
+    scenario = bench().parse_scenario(data, "x.yaml")
+    assert scenario.search_space().dimension("max_running") is None  # not searched unless widened
+    caps = {cfg.max_running for cfg in scenario.oracle_space().grid(scenario.oracle_fractions)}
+    assert caps == {64, 128, 256}
+
+
+def test_an_oracle_widen_knob_the_policy_cannot_widen_is_refused() -> None:
+    data: dict[str, object] = {"name": "x", "engine": "vllm", "model": "llama-3.1-8b", "gpu": "H100-80GB"}
+    data.update({"workload": "qa", "rate": 1.0, "oracle_widen": ["max_running"]})
+    data["space"] = {"max_running": [256, 512]}  # the spec names it: the widening leaves it alone
+    with pytest.raises(bench().ScenarioError, match="oracle_widen: 'max_running' is not a batch limit"):
+        bench().parse_scenario(data, "x.yaml")

@@ -22,7 +22,7 @@ from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.policy import initial_state, space_of, step
 from prefixtune.tuning.policy._core import Core
 from prefixtune.tuning.policy.measurement import begin_baseline
-from prefixtune.tuning.settings import Slo, TuningSettings
+from prefixtune.tuning.settings import Slo, SpaceOverride, TuningSettings
 from prefixtune.tuning.space import SearchSpace, build_space
 from prefixtune.tuning.state import PolicyState, RolloutReady, Tick, WindowMeasured
 from prefixtune.tuning.widening import Widening, widen
@@ -106,6 +106,30 @@ def test_a_cap_at_the_top_of_its_allowed_values_adds_nothing() -> None:
 )
 def test_a_knob_that_cannot_be_widened_is_not(knobs: dict[str, KnobSpec]) -> None:
     assert widen(CHAT, LIMITS, SLO, knobs).empty
+
+
+def test_the_reach_is_every_value_widen_could_add_from_the_deployed_limits() -> None:
+    cfg = get_adapter("vllm").default_config().with_(max_running=256, max_batched_tokens=4096)
+    assert widening.reach(KNOBS, cfg) == {
+        MAX_RUNNING: (256, 512, 1024),  # a cap is only ever raised
+        MAX_BATCHED_TOKENS: (1024, 2048, 4096, 8192, 16384),
+    }
+
+
+def test_every_widening_stays_within_the_reach() -> None:
+    cfg = get_adapter("vllm").default_config().with_(max_running=256, max_batched_tokens=8192)
+    reach = widening.reach(KNOBS, cfg)
+    both = replace(RAG, ttft_p99_s=1.9, ttft_p50_s=0.9, itl_p50_s=0.001)
+    for signals in (CHAT, RAG, both):
+        for name, values in widen(signals, widening.limits_of(cfg), SLO, KNOBS).values.items():
+            assert set(values) <= set(reach[name])
+
+
+def test_the_reach_leaves_out_a_knob_the_spec_names_or_the_engine_default() -> None:
+    cfg = get_adapter("vllm").default_config().with_(max_running=256)  # the token budget: engine default
+    override = SpaceOverride.from_mapping({"max_running": [256]})
+    assert widening.reach(KNOBS, cfg) == {MAX_RUNNING: (256, 512, 1024)}
+    assert widening.reach(KNOBS, cfg, override) == {}
 
 
 def test_the_limits_of_a_config_without_batch_limit_knobs_are_unknown() -> None:

@@ -86,22 +86,14 @@ def widen(
     values: dict[str, tuple[int, ...]] = {}
     reasons: dict[str, str] = {}
 
-    def allowed(name: str, current: int | None) -> tuple[int, ...] | None:
-        spec = knobs.get(name)
-        if spec is None or spec.searched or current is None or (override and override.get(name) is not None):
-            return None  # absent, already searched, or the spec decides
-        if spec.validate(current) is not None:
-            return None  # the deployed value is not one the space could hold
-        return tuple(sorted(int(c) for c in spec.choices if int(c) > 0))  # not SGLang's -1: no chunking
-
     cap = limits.max_running
-    cap_choices = allowed(MAX_RUNNING, cap)
+    cap_choices = _allowed(knobs, MAX_RUNNING, cap, override)
     if cap_choices is not None and cap is not None and "running-cap-binds" in codes:
         values[MAX_RUNNING] = _near(cap_choices, cap, below=0, above=STEPS)
         reasons[MAX_RUNNING] = f"the running cap {cap} binds with KV memory free and a queue"
 
     budget = limits.max_batched_tokens
-    budget_choices = allowed(MAX_BATCHED_TOKENS, budget)
+    budget_choices = _allowed(knobs, MAX_BATCHED_TOKENS, budget, override)
     if budget_choices is not None and budget is not None:
         itl, ttft = signals.itl_p99_s, signals.ttft_p99_s
         smaller = "token-budget-itl-spikes" in codes and itl is not None and itl >= TIGHT * slo.itl_p99_s
@@ -123,6 +115,38 @@ def widen(
             reasons[MAX_BATCHED_TOKENS] = "; ".join(why)
     kept = {k: v for k, v in values.items() if len(v) > 1}  # nothing beyond the deployed value: no knob
     return Widening(kept, tuple(reasons[k] for k in kept))
+
+
+def reach(
+    knobs: Mapping[str, KnobSpec], config: KnobConfig, override: SpaceOverride | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Every value ``widen`` could add per batch-limit knob for a baseline at ``config``: the
+    deployed value and ``STEPS`` allowed values on each side (an oracle over the policy's reach must
+    cover these). Knobs ``widen`` never adds here (searched already, named by the override, engine
+    default or invalid deployed value) are left out."""
+    limits = limits_of(config)
+    out: dict[str, tuple[int, ...]] = {}
+    for name, current in ((MAX_RUNNING, limits.max_running), (MAX_BATCHED_TOKENS, limits.max_batched_tokens)):
+        choices = _allowed(knobs, name, current, override)
+        if choices is None or current is None:
+            continue
+        below = 0 if name == MAX_RUNNING else STEPS  # the running cap is only ever widened upwards
+        values = _near(choices, current, below=below, above=STEPS)
+        if len(values) > 1:
+            out[name] = values
+    return out
+
+
+def _allowed(
+    knobs: Mapping[str, KnobSpec], name: str, current: int | None, override: SpaceOverride | None
+) -> tuple[int, ...] | None:
+    """The values ``name`` may be widened over, or None when it is never widened."""
+    spec = knobs.get(name)
+    if spec is None or spec.searched or current is None or (override and override.get(name) is not None):
+        return None  # absent, already searched, or the spec decides
+    if spec.validate(current) is not None:
+        return None  # the deployed value is not one the space could hold
+    return tuple(sorted(int(c) for c in spec.choices if int(c) > 0))  # not SGLang's -1: no chunking
 
 
 def _near(choices: Sequence[int], current: int, *, below: int, above: int) -> tuple[int, ...]:
