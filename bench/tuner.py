@@ -108,12 +108,17 @@ class Scenario:
         adapter = get_adapter(self.engine)
         return build_space(adapter.knobs(), self.start_config(), adapter.normalize, self.space)
 
+    def widening_reach(self) -> dict[str, tuple[int, ...]]:
+        """Every batch-limit value the policy's widening could add from the deployed config."""
+        adapter = get_adapter(self.engine)
+        return reach(adapter.knobs(), self.start_config(), self.space, mixed_batches=adapter.mixed_batches)
+
     def oracle_space(self) -> SearchSpace:
         """The space the oracle grid covers: the search space, and for each ``oracle_widen`` knob every
         value the policy's widening could add from the deployed config (``widening.reach``), so the
         oracle is the best of everything a method could end on."""
         adapter = get_adapter(self.engine)
-        reachable = reach(adapter.knobs(), self.start_config(), self.space)
+        reachable = self.widening_reach()
         extra = {name: reachable[name] for name in self.oracle_widen if name in reachable}
         return build_space(adapter.knobs(), self.start_config(), adapter.normalize, self.space, extra)
 
@@ -191,7 +196,7 @@ def parse_scenario(data: Any, source: str) -> Scenario:
         if scenario.objective not in ("goodput", "throughput", "ttft"):
             raise ScenarioError(f"objective: {scenario.objective!r}; allowed: goodput, throughput, ttft")
         scenario.search_space()  # validates the space override against the engine
-        reachable = reach(get_adapter(scenario.engine).knobs(), scenario.start_config(), scenario.space)
+        reachable = scenario.widening_reach()
         for name in scenario.oracle_widen:
             if name not in reachable:
                 raise ScenarioError(

@@ -83,6 +83,21 @@ def test_both_budget_signs_bring_in_one_value_on_each_side() -> None:
     assert w.values == {MAX_BATCHED_TOKENS: (512, 1024, 2048)} and len(w.reasons) == 1 and ";" in w.reasons[0]
 
 
+def test_where_prefill_runs_apart_from_decode_itl_spikes_bring_in_no_smaller_budget() -> None:
+    assert widen(RAG, LIMITS, SLO, KNOBS, mixed_batches=False).empty
+
+
+def test_where_prefill_runs_apart_from_decode_both_signs_bring_in_larger_budgets_only() -> None:
+    both = replace(RAG, running_mean=256.0, ttft_p50_s=1.2, ttft_p99_s=1.8)
+    w = widen(both, replace(LIMITS, max_batched_tokens=1024), SLO, KNOBS, mixed_batches=False)
+    assert w.values == {MAX_BATCHED_TOKENS: (1024, 2048, 4096)}
+
+
+def test_sglang_runs_prefill_apart_from_decode_and_vllm_does_not() -> None:
+    assert not get_adapter("sglang").mixed_batches
+    assert get_adapter("vllm").mixed_batches and get_adapter("trtllm").mixed_batches
+
+
 def test_a_smaller_budget_is_a_size_never_the_no_limit_sentinel() -> None:
     knobs = {
         MAX_BATCHED_TOKENS: replace(KNOBS[MAX_BATCHED_TOKENS], choices=(-1, 512, 1024, 2048, 4096, 8192))
@@ -123,6 +138,12 @@ def test_every_widening_stays_within_the_reach() -> None:
     for signals in (CHAT, RAG, both):
         for name, values in widen(signals, widening.limits_of(cfg), SLO, KNOBS).values.items():
             assert set(values) <= set(reach[name])
+
+
+def test_where_prefill_runs_apart_from_decode_the_reach_has_no_smaller_budget() -> None:
+    cfg = get_adapter("vllm").default_config().with_(max_running=256, max_batched_tokens=4096)
+    reach = widening.reach(KNOBS, cfg, mixed_batches=False)
+    assert reach[MAX_BATCHED_TOKENS] == (4096, 8192, 16384)
 
 
 def test_the_reach_leaves_out_a_knob_the_spec_names_or_the_engine_default() -> None:
@@ -183,7 +204,7 @@ def _baseline(monkeypatch: pytest.MonkeyPatch) -> tuple[PolicyState, list[Any], 
     monkeypatch.setattr(
         widening,
         "widen",
-        lambda *_: Widening({"schedule_policy": ("fcfs", "priority")}, ("the test says so",)),
+        lambda *_, **__: Widening({"schedule_policy": ("fcfs", "priority")}, ("the test says so",)),
     )
     spaces: list[SearchSpace] = []
 

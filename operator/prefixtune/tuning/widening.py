@@ -21,6 +21,9 @@ the same findings ``status.diagnosis`` shows) against the SLO:
   that many steps) with TTFT p99 at or above ``TIGHT`` x the TTFT SLO: the budget and the ``STEPS``
   allowed values above it.
 - both: the budget and one allowed value on each side.
+- where prefill batches run apart from decode (the adapter's ``mixed_batches`` False: SGLang), a
+  smaller budget cannot cut the decodes' ITL spikes (a prompt's chunks run back to back whatever
+  their size), so the ITL rule does not apply there.
 
 The values come from the adapter's ladder (``KnobSpec.choices``) around the deployed value, which
 stays one of them (the baseline must be a point of the space). At most ``STEPS`` + 1 values per
@@ -79,9 +82,13 @@ def widen(
     slo: Slo,
     knobs: Mapping[str, KnobSpec],
     override: SpaceOverride | None = None,
+    *,
+    mixed_batches: bool = True,
 ) -> Widening:
     """The batch-limit knobs the baseline window (``signals``, measured under ``limits``: see
-    ``limits_of``) says to search, given the engine's knob specs and the resource's space override."""
+    ``limits_of``) says to search, given the engine's knob specs and the resource's space override.
+    ``mixed_batches`` (the adapter's): prefill chunks share steps with the decodes; where they do not
+    (SGLang), a smaller budget cannot cut the decodes' ITL spikes, and only larger ones are tried."""
     codes = set(diagnose(signals, limits=limits).codes)
     values: dict[str, tuple[int, ...]] = {}
     reasons: dict[str, str] = {}
@@ -96,7 +103,8 @@ def widen(
     budget_choices = _allowed(knobs, MAX_BATCHED_TOKENS, budget, override)
     if budget_choices is not None and budget is not None:
         itl, ttft = signals.itl_p99_s, signals.ttft_p99_s
-        smaller = "token-budget-itl-spikes" in codes and itl is not None and itl >= TIGHT * slo.itl_p99_s
+        spikes = mixed_batches and "token-budget-itl-spikes" in codes
+        smaller = spikes and itl is not None and itl >= TIGHT * slo.itl_p99_s
         larger = "token-budget-chunks-ttft" in codes and ttft is not None and ttft >= TIGHT * slo.ttft_p99_s
         why: list[str] = []
         if smaller and itl is not None:
@@ -118,7 +126,11 @@ def widen(
 
 
 def reach(
-    knobs: Mapping[str, KnobSpec], config: KnobConfig, override: SpaceOverride | None = None
+    knobs: Mapping[str, KnobSpec],
+    config: KnobConfig,
+    override: SpaceOverride | None = None,
+    *,
+    mixed_batches: bool = True,
 ) -> dict[str, tuple[int, ...]]:
     """Every value ``widen`` could add per batch-limit knob for a baseline at ``config``: the
     deployed value and ``STEPS`` allowed values on each side (an oracle over the policy's reach must
@@ -130,7 +142,8 @@ def reach(
         choices = _allowed(knobs, name, current, override)
         if choices is None or current is None:
             continue
-        below = 0 if name == MAX_RUNNING else STEPS  # the running cap is only ever widened upwards
+        # the running cap is only ever raised; the budget only lowered where chunks share decode steps
+        below = STEPS if name == MAX_BATCHED_TOKENS and mixed_batches else 0
         values = _near(choices, current, below=below, above=STEPS)
         if len(values) > 1:
             out[name] = values
