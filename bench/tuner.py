@@ -111,7 +111,11 @@ class Scenario:
     def widening_reach(self) -> dict[str, tuple[int, ...]]:
         """Every batch-limit value the policy's widening could add from the deployed config."""
         adapter = get_adapter(self.engine)
-        return reach(adapter.knobs(), self.start_config(), self.space, mixed_batches=adapter.mixed_batches)
+        deployed = self.start_config()
+        return reach(
+            adapter.knobs(), deployed, self.space, mixed_batches=adapter.mixed_batches,
+            refused=lambda name, value: bool(adapter.cross_check(deployed.with_(**{name: value}))),
+        )  # fmt: skip
 
     def oracle_space(self) -> SearchSpace:
         """The space the oracle grid covers: the search space, and for each ``oracle_widen`` knob every
@@ -266,6 +270,10 @@ class TwinEnv:
         from prefixtune.twin.workloads import generate, parse_workload
 
         sc = self.scenario
+        if self.adapter.validate(config):
+            # the engine refuses it at start (vLLM: a token budget below the running cap): the pod
+            # never becomes ready, which a trial sees as a failed start
+            return TrialRun("oom_startup")
         workload = sc.workload if isinstance(sc.workload, str) else parse_workload(sc.workload)
         horizon = warmup_s + measure_s
         requests = generate(workload, rate=sc.rate, duration_s=horizon, seed=seed % (2**31))

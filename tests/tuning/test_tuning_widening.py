@@ -153,6 +153,14 @@ def test_the_reach_leaves_out_a_knob_the_spec_names_or_the_engine_default() -> N
     assert widening.reach(KNOBS, cfg, override) == {}
 
 
+def test_a_value_the_engine_refuses_with_the_deployed_config_is_left_out() -> None:
+    refused = lambda name, value: name == MAX_BATCHED_TOKENS and value < 4096  # noqa: E731
+    w = widen(RAG, LIMITS, SLO, KNOBS, refused=refused)
+    assert w.values == {MAX_BATCHED_TOKENS: (4096, 8192)}
+    cfg = get_adapter("vllm").default_config().with_(max_running=256, max_batched_tokens=8192)
+    assert widening.reach(KNOBS, cfg, refused=refused)[MAX_BATCHED_TOKENS] == (4096, 8192, 16384)
+
+
 def test_the_limits_of_a_config_without_batch_limit_knobs_are_unknown() -> None:
     assert widening.limits_of(get_adapter("vllm").default_config()) == BatchLimits()
 

@@ -35,7 +35,7 @@ valid.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prefixtune.engines.base import KnobConfig, KnobSpec
@@ -84,11 +84,14 @@ def widen(
     override: SpaceOverride | None = None,
     *,
     mixed_batches: bool = True,
+    refused: Callable[[str, int], bool] | None = None,
 ) -> Widening:
     """The batch-limit knobs the baseline window (``signals``, measured under ``limits``: see
     ``limits_of``) says to search, given the engine's knob specs and the resource's space override.
     ``mixed_batches`` (the adapter's): prefill chunks share steps with the decodes; where they do not
-    (SGLang), a smaller budget cannot cut the decodes' ITL spikes, and only larger ones are tried."""
+    (SGLang), a smaller budget cannot cut the decodes' ITL spikes, and only larger ones are tried.
+    ``refused(name, value)``: the engine refuses the deployed config with that value (vLLM: a token
+    budget below the running cap); such values are left out."""
     codes = set(diagnose(signals, limits=limits).codes)
     values: dict[str, tuple[int, ...]] = {}
     reasons: dict[str, str] = {}
@@ -121,6 +124,7 @@ def widen(
             below, above = (1, 1) if smaller and larger else (STEPS, 0) if smaller else (0, STEPS)
             values[MAX_BATCHED_TOKENS] = _near(budget_choices, budget, below=below, above=above)
             reasons[MAX_BATCHED_TOKENS] = "; ".join(why)
+    values = _accepted(values, refused)
     kept = {k: v for k, v in values.items() if len(v) > 1}  # nothing beyond the deployed value: no knob
     return Widening(kept, tuple(reasons[k] for k in kept))
 
@@ -131,6 +135,7 @@ def reach(
     override: SpaceOverride | None = None,
     *,
     mixed_batches: bool = True,
+    refused: Callable[[str, int], bool] | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Every value ``widen`` could add per batch-limit knob for a baseline at ``config``: the
     deployed value and ``STEPS`` allowed values on each side (an oracle over the policy's reach must
@@ -147,7 +152,16 @@ def reach(
         values = _near(choices, current, below=below, above=STEPS)
         if len(values) > 1:
             out[name] = values
-    return out
+    return {k: v for k, v in _accepted(out, refused).items() if len(v) > 1}
+
+
+def _accepted(
+    values: Mapping[str, tuple[int, ...]], refused: Callable[[str, int], bool] | None
+) -> dict[str, tuple[int, ...]]:
+    """``values`` without those the engine refuses with the rest of the deployed config."""
+    if refused is None:
+        return dict(values)
+    return {name: tuple(v for v in vs if not refused(name, v)) for name, vs in values.items()}
 
 
 def _allowed(
