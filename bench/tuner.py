@@ -34,12 +34,14 @@ from typing import Any
 import yaml
 
 from prefixtune.engines import get_adapter
-from prefixtune.engines.base import KnobConfig
+from prefixtune.engines.base import Hardware, KnobConfig
 from prefixtune.metrics.twin_signals import signals_from_summary
 from prefixtune.tuning.drive import DriveResult, TrialRun, drive
 from prefixtune.tuning.objective import SCORING, Score, higher_is_better_ratio, score
 from prefixtune.tuning.settings import Slo, SpaceOverride, TuningSettings
 from prefixtune.tuning.space import SearchSpace, build_space
+from prefixtune.tuning.widening import reach
+from prefixtune.twin.catalog import find_gpu, no_twin_model
 
 HERE = Path(__file__).resolve().parent
 SCENARIO_DIR = HERE / "scenarios"
@@ -48,6 +50,7 @@ ORACLE_SEED = 424242
 SCENARIO_KEYS = {
     "name", "description", "engine", "model", "gpu", "workload", "rate", "bound", "objective", "slo",
     "config", "space", "warmup_s", "measure_s", "eval_s", "eval_seeds", "min_requests", "oracle_fractions",
+    "oracle_widen",
 }  # fmt: skip
 
 
@@ -75,11 +78,27 @@ class Scenario:
     min_requests: int = 100
     oracle_fractions: int = 7
     eval_seeds: int = 1  # arrival seeds averaged into a true score (near a capacity cliff one is not enough)
+    # batch-limit knobs whose every value the policy's widening could reach the oracle grid covers
+    oracle_widen: tuple[str, ...] = ()
+
+    def hardware(self) -> Hardware:
+        gpu = find_gpu(self.gpu)
+        if gpu is None:
+            raise ScenarioError(f"gpu: {no_twin_model(self.gpu)}")
+        return Hardware(gpu.name, float(gpu.memory_bytes))
+
+    def default_config(self) -> KnobConfig:
+        """The engine's own default on the scenario's GPU (its batch limits filled in: the policy's
+        widening reads them), as the API fills an omitted spec.config."""
+        adapter = get_adapter(self.engine)
+        return adapter.normalize(adapter.default_config_for(self.hardware()))
 
     def start_config(self) -> KnobConfig:
+        """The deployed config: ``config`` over the engine's default on the scenario's GPU; a knob
+        whose default follows another one (SGLang's memory fraction on the chunk) follows the
+        scenario's value."""
         adapter = get_adapter(self.engine)
-        base = adapter.default_config()
-        cfg = base.with_(**self.config) if self.config else base
+        cfg = adapter.default_config_for(self.hardware(), self.config)
         problems = adapter.validate(cfg)
         if problems:
             raise ScenarioError(f"{self.name}: config: " + "; ".join(f"{k}: {m}" for k, m in problems))
@@ -88,6 +107,24 @@ class Scenario:
     def search_space(self) -> SearchSpace:
         adapter = get_adapter(self.engine)
         return build_space(adapter.knobs(), self.start_config(), adapter.normalize, self.space)
+
+    def widening_reach(self) -> dict[str, tuple[int, ...]]:
+        """Every batch-limit value the policy's widening could add from the deployed config."""
+        adapter = get_adapter(self.engine)
+        deployed = self.start_config()
+        return reach(
+            adapter.knobs(), deployed, self.space, mixed_batches=adapter.mixed_batches,
+            refused=lambda name, value: bool(adapter.cross_check(deployed.with_(**{name: value}))),
+        )  # fmt: skip
+
+    def oracle_space(self) -> SearchSpace:
+        """The space the oracle grid covers: the search space, and for each ``oracle_widen`` knob every
+        value the policy's widening could add from the deployed config (``widening.reach``), so the
+        oracle is the best of everything a method could end on."""
+        adapter = get_adapter(self.engine)
+        reachable = self.widening_reach()
+        extra = {name: reachable[name] for name in self.oracle_widen if name in reachable}
+        return build_space(adapter.knobs(), self.start_config(), adapter.normalize, self.space, extra)
 
     @property
     def workload_type(self) -> str:
@@ -156,12 +193,20 @@ def parse_scenario(data: Any, source: str) -> Scenario:
             min_requests=int(data.get("min_requests", 100)),
             oracle_fractions=int(data.get("oracle_fractions", 7)),
             eval_seeds=int(data.get("eval_seeds", 1)),
+            oracle_widen=tuple(str(k) for k in data.get("oracle_widen") or ()),
         )
         if scenario.eval_seeds < 1:
             raise ScenarioError(f"eval_seeds: {scenario.eval_seeds}; must be >= 1")
         if scenario.objective not in ("goodput", "throughput", "ttft"):
             raise ScenarioError(f"objective: {scenario.objective!r}; allowed: goodput, throughput, ttft")
         scenario.search_space()  # validates the space override against the engine
+        reachable = scenario.widening_reach()
+        for name in scenario.oracle_widen:
+            if name not in reachable:
+                raise ScenarioError(
+                    f"oracle_widen: {name!r} is not a batch limit the policy can widen from this config"
+                    f" (widenable: {', '.join(reachable) or 'none'})"
+                )
         _check_workload(scenario.workload)
     except ScenarioError as exc:
         raise ScenarioError(f"{source}: {exc}") from None
@@ -225,6 +270,10 @@ class TwinEnv:
         from prefixtune.twin.workloads import generate, parse_workload
 
         sc = self.scenario
+        if self.adapter.validate(config):
+            # the engine refuses it at start (vLLM: a token budget below the running cap): the pod
+            # never becomes ready, which a trial sees as a failed start
+            return TrialRun("oom_startup")
         workload = sc.workload if isinstance(sc.workload, str) else parse_workload(sc.workload)
         horizon = warmup_s + measure_s
         requests = generate(workload, rate=sc.rate, duration_s=horizon, seed=seed % (2**31))
@@ -282,7 +331,10 @@ class TrueScores:
 
     def oracle(self, space: SearchSpace) -> tuple[KnobConfig, float]:
         best: tuple[KnobConfig, float] | None = None
+        adapter = get_adapter(self.scenario.engine)
         for cfg in space.grid(self.scenario.oracle_fractions):
+            if adapter.validate(cfg):
+                continue  # a combination the engine refuses (vLLM: token budget below the running cap)
             v = self.get(cfg)
             if v is None:
                 continue
@@ -338,13 +390,12 @@ def run_method(
     scenario: Scenario, method: str, seed: int, budget: int, truth: TrueScores, oracle: float
 ) -> dict[str, Any]:
     env = TwinEnv(scenario)
-    space = scenario.search_space()
+    space = scenario.oracle_space()  # the incumbents' true scores are read from the oracle's grid
     t0 = time.perf_counter()
     if method == "default":
         settings = replace(settings_for(scenario, method, budget, seed), max_trials=1)
-        adapter = get_adapter(scenario.engine)
         result = drive(
-            scenario.engine, settings, adapter.normalize(adapter.default_config()), env, seed=seed,
+            scenario.engine, settings, scenario.default_config(), env, seed=seed,
             suggester=lambda *_: _stop(),
         )  # fmt: skip
     else:
@@ -430,7 +481,7 @@ def run_scenario(
 ) -> dict[str, Any]:
     env = TwinEnv(scenario)
     truth = TrueScores(scenario, env, cache_dir)
-    space = scenario.search_space()
+    space = scenario.oracle_space()
     t0 = time.perf_counter()
     oracle_cfg, oracle = truth.oracle(space)
     oracle_wall = time.perf_counter() - t0

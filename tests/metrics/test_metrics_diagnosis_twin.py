@@ -1,9 +1,9 @@
 """The diagnosis on twin runs built to show each bottleneck and each field-notes pattern.
 
 Every case runs the real twin (``simulate``) on a workload designed for it, turns the Summary into
-Signals (``signals_from_summary``) and asserts what ``diagnose`` names. A Summary has no waiting-queue
-gauge, so each case also replays the same requests (same seed: the same trajectory) on a TwinEngine and
-samples ``gauges().waiting`` every 0.1 s of the window, as a Prometheus scrape of the engine would.
+Signals (``signals_from_summary``) and asserts what ``diagnose`` names. Each case also replays the
+same requests (same seed: the same trajectory) on a TwinEngine and samples ``gauges().waiting`` every
+0.1 s of the window, as a Prometheus scrape of the engine would, and uses that queue.
 Each test also checks that the case is what it claims to be (hit rate, batch, KV, queue), so a twin
 change that breaks the premise fails loudly instead of passing for the wrong reason.
 """
@@ -131,8 +131,13 @@ def test_queueing_arrivals_above_capacity() -> None:
     assert sig.waiting_mean > 2 * sig.running_mean and s.kv_usage_mean < 0.5  # a queue, not a full pool
     d = diagnose(sig)
     assert d.bound == QUEUEING, d.reason
-    # Without the waiting gauge (a bare Summary) the queue time inside TTFT reads as prefill.
-    assert diagnose(signals_from_summary(s)).bound != QUEUEING
+
+
+def test_a_summary_exports_the_waiting_queue_a_scrape_of_the_gauge_would_average() -> None:
+    s, sig = measure(QUEUED, 16.0, ["--max-num-seqs", "16"])
+    assert sig.waiting_mean is not None and sig.waiting_mean > 10  # the premise: a long queue
+    assert abs(s.waiting_mean - sig.waiting_mean) <= 0.1 * sig.waiting_mean
+    assert diagnose(signals_from_summary(s)).bound == QUEUEING
 
 
 # ------------------------------------------------------------------------------------------------

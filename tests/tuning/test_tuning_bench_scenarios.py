@@ -140,3 +140,46 @@ def test_true_score_averages_eval_seeds_and_caches_each_seed(tmp_path: Path) -> 
 def test_eval_seeds_must_be_positive() -> None:
     with pytest.raises(bench().ScenarioError, match="eval_seeds: 0; must be >= 1"):
         _scenario_with(0)
+
+
+def test_the_deployed_config_has_the_engines_batch_limits_for_the_scenarios_gpu() -> None:
+    data: dict[str, object] = {"name": "x", "engine": "vllm", "model": "llama-3.1-8b", "gpu": "A100-80GB"}
+    data.update({"workload": "qa", "rate": 1.0, "config": {"max_running": 64}})
+    scenario = bench().parse_scenario(data, "x.yaml")
+    assert scenario.start_config().max_batched_tokens == 2048  # vLLM's default below 70 GiB
+    assert scenario.start_config().max_running == 64  # the scenario's own value kept
+    assert scenario.default_config().max_running == 256
+
+
+def test_the_oracle_covers_every_batch_limit_the_widening_could_reach() -> None:
+    data: dict[str, object] = {"name": "x", "engine": "vllm", "model": "llama-3.1-8b", "gpu": "A100-80GB"}
+    data.update({"workload": "qa", "rate": 1.0, "config": {"max_running": 64}})
+    data.update({"space": {"memory_fraction": [0.9, 0.9]}, "oracle_widen": ["max_running"]})
+    scenario = bench().parse_scenario(data, "x.yaml")
+    assert scenario.search_space().dimension("max_running") is None  # not searched unless widened
+    caps = {cfg.max_running for cfg in scenario.oracle_space().grid(scenario.oracle_fractions)}
+    assert caps == {64, 128, 256}
+
+
+def test_an_oracle_widen_knob_the_policy_cannot_widen_is_refused() -> None:
+    data: dict[str, object] = {"name": "x", "engine": "vllm", "model": "llama-3.1-8b", "gpu": "H100-80GB"}
+    data.update({"workload": "qa", "rate": 1.0, "oracle_widen": ["max_running"]})
+    data["space"] = {"max_running": [256, 512]}  # the spec names it: the widening leaves it alone
+    with pytest.raises(bench().ScenarioError, match="oracle_widen: 'max_running' is not a batch limit"):
+        bench().parse_scenario(data, "x.yaml")
+
+
+def test_a_config_the_engine_refuses_is_a_failed_start_not_a_crash() -> None:
+    data: dict[str, object] = {"name": "x", "engine": "vllm", "model": "llama-3.1-8b", "gpu": "H100-80GB"}
+    data.update({"workload": "qa", "rate": 1.0})
+    scenario = bench().parse_scenario(data, "x.yaml")
+    refused = scenario.start_config().with_(max_running=1024, max_batched_tokens=512)  # budget < cap
+    assert bench().TwinEnv(scenario).run(refused, 1.0, 1.0, seed=1).status == "oom_startup"
+
+
+def test_the_oracle_leaves_out_limits_the_engine_refuses_with_the_deployed_config() -> None:
+    data: dict[str, object] = {"name": "x", "engine": "vllm", "model": "llama-3.1-8b", "gpu": "H100-80GB"}
+    data.update({"workload": "qa", "rate": 1.0, "config": {"max_batched_tokens": 2048}})
+    data["oracle_widen"] = ["max_batched_tokens"]  # 512 and 1024 below the default cap of 1024: 512 out
+    scenario = bench().parse_scenario(data, "x.yaml")
+    assert scenario.widening_reach()["max_batched_tokens"] == (1024, 2048, 4096, 8192)

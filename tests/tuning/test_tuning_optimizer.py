@@ -70,6 +70,34 @@ def test_initial_design_probes_the_top_of_the_memory_range_first() -> None:
     assert nxt.config not in (h.config for h in hist)
 
 
+def _widened(engine: str, base: KnobConfig, widen: dict[str, tuple[int, ...]]) -> SearchSpace:
+    a = get_adapter(engine)
+    return build_space(a.knobs(), base, a.normalize, widen=widen)
+
+
+def test_the_top_probe_takes_a_widened_limit_to_the_far_end_of_its_values() -> None:
+    deployed = get_adapter("vllm").default_config().with_(max_running=64, max_batched_tokens=2048)
+    sp = _widened("vllm", deployed, {"max_running": (64, 128, 256)})
+    assert sp.widened == ("max_running",)
+    top = suggest(sp, [TrialResult(sp.base, value_of(sp.base))], seed=5, n_initial=5)
+    assert top.config is not None and top.config.max_running == 256, top.reason
+    assert "max_running 256" in top.reason
+
+
+def test_the_top_probe_takes_a_smaller_budget_when_the_widening_went_down() -> None:
+    deployed = get_adapter("vllm").default_config().with_(max_running=1024, max_batched_tokens=8192)
+    sp = _widened("vllm", deployed, {"max_batched_tokens": (2048, 4096, 8192)})
+    top = suggest(sp, [TrialResult(sp.base, value_of(sp.base))], seed=5, n_initial=5)
+    assert top.config is not None and top.config.max_batched_tokens == 2048, top.reason
+
+
+def test_the_top_probe_keeps_a_limit_widened_on_both_sides() -> None:
+    deployed = get_adapter("vllm").default_config().with_(max_running=256, max_batched_tokens=2048)
+    sp = _widened("vllm", deployed, {"max_batched_tokens": (1024, 2048, 4096)})
+    top = suggest(sp, [TrialResult(sp.base, value_of(sp.base))], seed=5, n_initial=5)
+    assert top.config is not None and top.config.max_batched_tokens == 2048, top.reason
+
+
 def test_repeated_point_is_replaced_by_an_unseen_candidate() -> None:
     sp = space_for("vllm")
     hist = [TrialResult(c, value_of(c)) for c in sp.grid(2)]

@@ -22,7 +22,7 @@ from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.policy import initial_state, space_of, step
 from prefixtune.tuning.policy._core import Core
 from prefixtune.tuning.policy.measurement import begin_baseline
-from prefixtune.tuning.settings import Slo, TuningSettings
+from prefixtune.tuning.settings import Slo, SpaceOverride, TuningSettings
 from prefixtune.tuning.space import SearchSpace, build_space
 from prefixtune.tuning.state import PolicyState, RolloutReady, Tick, WindowMeasured
 from prefixtune.tuning.widening import Widening, widen
@@ -83,6 +83,21 @@ def test_both_budget_signs_bring_in_one_value_on_each_side() -> None:
     assert w.values == {MAX_BATCHED_TOKENS: (512, 1024, 2048)} and len(w.reasons) == 1 and ";" in w.reasons[0]
 
 
+def test_where_prefill_runs_apart_from_decode_itl_spikes_bring_in_no_smaller_budget() -> None:
+    assert widen(RAG, LIMITS, SLO, KNOBS, mixed_batches=False).empty
+
+
+def test_where_prefill_runs_apart_from_decode_both_signs_bring_in_larger_budgets_only() -> None:
+    both = replace(RAG, running_mean=256.0, ttft_p50_s=1.2, ttft_p99_s=1.8)
+    w = widen(both, replace(LIMITS, max_batched_tokens=1024), SLO, KNOBS, mixed_batches=False)
+    assert w.values == {MAX_BATCHED_TOKENS: (1024, 2048, 4096)}
+
+
+def test_sglang_runs_prefill_apart_from_decode_and_vllm_does_not() -> None:
+    assert not get_adapter("sglang").mixed_batches
+    assert get_adapter("vllm").mixed_batches and get_adapter("trtllm").mixed_batches
+
+
 def test_a_smaller_budget_is_a_size_never_the_no_limit_sentinel() -> None:
     knobs = {
         MAX_BATCHED_TOKENS: replace(KNOBS[MAX_BATCHED_TOKENS], choices=(-1, 512, 1024, 2048, 4096, 8192))
@@ -106,6 +121,44 @@ def test_a_cap_at_the_top_of_its_allowed_values_adds_nothing() -> None:
 )
 def test_a_knob_that_cannot_be_widened_is_not(knobs: dict[str, KnobSpec]) -> None:
     assert widen(CHAT, LIMITS, SLO, knobs).empty
+
+
+def test_the_reach_is_every_value_widen_could_add_from_the_deployed_limits() -> None:
+    cfg = get_adapter("vllm").default_config().with_(max_running=256, max_batched_tokens=4096)
+    assert widening.reach(KNOBS, cfg) == {
+        MAX_RUNNING: (256, 512, 1024),  # a cap is only ever raised
+        MAX_BATCHED_TOKENS: (1024, 2048, 4096, 8192, 16384),
+    }
+
+
+def test_every_widening_stays_within_the_reach() -> None:
+    cfg = get_adapter("vllm").default_config().with_(max_running=256, max_batched_tokens=8192)
+    reach = widening.reach(KNOBS, cfg)
+    both = replace(RAG, ttft_p99_s=1.9, ttft_p50_s=0.9, itl_p50_s=0.001)
+    for signals in (CHAT, RAG, both):
+        for name, values in widen(signals, widening.limits_of(cfg), SLO, KNOBS).values.items():
+            assert set(values) <= set(reach[name])
+
+
+def test_where_prefill_runs_apart_from_decode_the_reach_has_no_smaller_budget() -> None:
+    cfg = get_adapter("vllm").default_config().with_(max_running=256, max_batched_tokens=4096)
+    reach = widening.reach(KNOBS, cfg, mixed_batches=False)
+    assert reach[MAX_BATCHED_TOKENS] == (4096, 8192, 16384)
+
+
+def test_the_reach_leaves_out_a_knob_the_spec_names_or_the_engine_default() -> None:
+    cfg = get_adapter("vllm").default_config().with_(max_running=256)  # the token budget: engine default
+    override = SpaceOverride.from_mapping({"max_running": [256]})
+    assert widening.reach(KNOBS, cfg) == {MAX_RUNNING: (256, 512, 1024)}
+    assert widening.reach(KNOBS, cfg, override) == {}
+
+
+def test_a_value_the_engine_refuses_with_the_deployed_config_is_left_out() -> None:
+    refused = lambda name, value: name == MAX_BATCHED_TOKENS and value < 4096  # noqa: E731
+    w = widen(RAG, LIMITS, SLO, KNOBS, refused=refused)
+    assert w.values == {MAX_BATCHED_TOKENS: (4096, 8192)}
+    cfg = get_adapter("vllm").default_config().with_(max_running=256, max_batched_tokens=8192)
+    assert widening.reach(KNOBS, cfg, refused=refused)[MAX_BATCHED_TOKENS] == (4096, 8192, 16384)
 
 
 def test_the_limits_of_a_config_without_batch_limit_knobs_are_unknown() -> None:
@@ -159,7 +212,7 @@ def _baseline(monkeypatch: pytest.MonkeyPatch) -> tuple[PolicyState, list[Any], 
     monkeypatch.setattr(
         widening,
         "widen",
-        lambda *_: Widening({"schedule_policy": ("fcfs", "priority")}, ("the test says so",)),
+        lambda *_, **__: Widening({"schedule_policy": ("fcfs", "priority")}, ("the test says so",)),
     )
     spaces: list[SearchSpace] = []
 

@@ -168,6 +168,10 @@ class AdapterBase(ABC):
     ready_path: str = "/health"
     prog_words: int = 1  # how many leading argv words name the program in the engine's messages
     dashed_flags: bool = True  # the engine reads ``_`` in a flag name as ``-`` (argparse engines)
+    # A prefill chunk shares a step with the running decodes (vLLM's chunked prefill, TensorRT-LLM's
+    # in-flight batching), so the token budget bounds the decodes' step time; False where prefill
+    # batches run apart from decode (SGLang without --enable-mixed-chunk).
+    mixed_batches: bool = True
 
     def knobs(self) -> Mapping[str, KnobSpec]:
         return self._knobs

@@ -317,6 +317,7 @@ class EngineAdapter(Protocol):
     health_path: str  # liveness: the engine still works (may run a generation)
     ready_path: str  # readiness: cheap, answers "may I send requests" without running the model
     metrics: MetricNames  # every series of the newest supported version (metrics_for narrows it)
+    mixed_batches: bool  # a prefill chunk shares a step with the running decodes
 
     def knobs(self) -> Mapping[str, KnobSpec]:
         """Every engine-neutral knob with its valid values and default on this engine."""

@@ -415,6 +415,10 @@ class SglangAdapter(AdapterBase):
     version = "0.5.23"
     metrics_port = DEFAULT_PORT
     metrics_path = "/metrics"
+    # A new prefill batch (the next chunk of a chunked request included) runs before the decode batch,
+    # not inside it (scheduler.py get_next_batch_to_run; docs/batch-limits.md): a smaller chunk spreads
+    # a prompt over more steps but lets no decode step in between. --enable-mixed-chunk would mix them.
+    mixed_batches = False
     # /health runs a one-token generation (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION defaults to true)
     # and waits up to SGLANG_HEALTH_CHECK_TIMEOUT = 20 s; /ready only reads the tokenizer manager's
     # state (200 when started and not paused), sglang/srt/entrypoints/http_server.py.

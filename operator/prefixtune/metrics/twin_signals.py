@@ -3,9 +3,9 @@
 The metrics side only says what it reads (``RunFigures``); the twin provides it (its ``Summary``
 is one, and ``Summary.signals()`` calls this), so metrics does not import the twin.
 
-A summary has no waiting-queue gauge, so ``waiting_mean`` is None unless the caller measured it
-(e.g. by sampling ``TwinEngine.gauges()``); without it the diagnosis cannot name a queueing bound.
-Pure; plain Python floats only.
+``waiting_mean`` is the summary's time-averaged waiting queue over the window (what the engines'
+waiting gauge, e.g. vllm:num_requests_waiting, averages to), unless the caller passes one it measured
+(e.g. by sampling ``TwinEngine.gauges()``). Pure; plain Python floats only.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ class RunFigures(Protocol):
     @property
     def kv_usage_mean(self) -> float: ...
     @property
+    def waiting_mean(self) -> float: ...
+    @property
     def preemptions(self) -> int: ...
     @property
     def gpu_busy_fraction(self) -> float: ...
@@ -57,7 +59,8 @@ class RunFigures(Protocol):
 def signals_from_summary(
     summary: RunFigures, window_s: float | None = None, *, waiting_mean: float | None = None
 ) -> Signals:
-    """``window_s`` defaults to the summary's simulated window; latencies are None when nothing finished."""
+    """``window_s`` defaults to the summary's simulated window, ``waiting_mean`` to the summary's;
+    latencies are None when nothing finished."""
     window = float(summary.sim_seconds if window_s is None else window_s)
     if window <= 0:
         raise ValueError(f"window_s must be > 0; got {window}")
@@ -70,7 +73,7 @@ def signals_from_summary(
         prefill_reduction=float(summary.prefill_tokens_saved_fraction),
         running_mean=float(summary.mean_running),
         running_max=float(summary.max_running),
-        waiting_mean=None if waiting_mean is None else float(waiting_mean),
+        waiting_mean=float(summary.waiting_mean if waiting_mean is None else waiting_mean),
         kv_usage_mean=float(summary.kv_usage_mean),
         preemptions_per_s=float(summary.preemptions) / window,
         gpu_util=float(summary.gpu_busy_fraction),

@@ -8,7 +8,9 @@ tells it every finished trial in one batch, asks, and then applies what skopt do
   on at the highest memory fraction of the range (one level lower if that fails), then the
   Latin hypercube. More KV memory is the first-order knob for prefix caching, and the optimum sits at
   or just below the highest fraction that survives the load, a corner that space-filling samples
-  rarely (``_top_probe``).
+  rarely (``_top_probe``). A batch limit the baseline showed binding (``space.widened``: the
+  widening added its values on the side the diagnosis points to) is probed at the far end of its
+  values in that same trial: the diagnosis' remedy at full strength, a corner of its own.
 - Infeasible trials (crash, OOM, not ready in time) are told as a penalty value worse than the
   worst feasible one, AND feed a feasibility model. OOM risk is monotone along every knob flagged
   ``oom_monotone`` (the memory fraction; a step token budget): an OOM at (f, b) makes every
@@ -377,11 +379,13 @@ def _suggest_bo(
     if not opt.models:  # still in the space-filling initial design
         probe = _top_probe(space, history, feas)
         if probe is not None:
+            limits = "".join(f", {name} {probe.to_dict()[name]}" for name in space.widened)
             return Suggestion(
                 probe,
                 f"initial design ({len(told) + 1}/{n_initial}): the deployed knobs, caching on, at memory"
                 f" fraction {memory_of(probe):g}, near the top of the range (KV memory is the"
-                " first-order knob; a failed start there is cheap to learn from)",
+                " first-order knob; a failed start there is cheap to learn from)"
+                + (f"; the binding batch limits at the far end of their values{limits}" if limits else ""),
             )
         if any(c == asked for c, _ in open_):
             p = next(p for c, p in open_ if c == asked)
@@ -430,7 +434,7 @@ def _top_probe(space: SearchSpace, history: Sequence[TrialResult], feas: Feasibi
     caching = space.dimension("prefix_caching")
     if caching is not None and True in caching.choices:
         base = base.with_(prefix_caching=True)  # the product's premise: the cache on, as big as it gets
-    base = space.normalize(base)
+    base = space.normalize(_far_limits(space, base))
     step = (fdim.high - fdim.low) / 8
     for i in range(TOP_PROBE_STEPS):
         cfg = space.normalize(base.with_(**{MEMORY_KNOB.name: fdim.high - i * step}))
@@ -440,6 +444,24 @@ def _top_probe(space: SearchSpace, history: Sequence[TrialResult], feas: Feasibi
         if not ran and not feas.known_infeasible(cfg):
             return cfg
     return None
+
+
+def _far_limits(space: SearchSpace, base: KnobConfig) -> KnobConfig:
+    """``base`` with each widened knob at the end of its values away from the baseline's value (the
+    widening adds values on the side the diagnosis points to); unchanged where the baseline's value
+    is inside them (both sides: no direction) or not one of them."""
+    values = base.to_dict()
+    moved: dict[str, Any] = {}
+    for name in space.widened:
+        d = space.dimension(name)
+        if d is None or values.get(name) not in d.choices:
+            continue
+        ordered = sorted(d.choices)
+        if values[name] == ordered[0]:
+            moved[name] = ordered[-1]
+        elif values[name] == ordered[-1]:
+            moved[name] = ordered[0]
+    return base.with_(**moved) if moved else base
 
 
 def _distance(space: SearchSpace, a: KnobConfig, b: KnobConfig) -> float:

@@ -89,6 +89,8 @@ class SearchSpace:
     base: KnobConfig  # the values of knobs that are not searched
     dims: tuple[Dimension, ...]
     normalize: Callable[[KnobConfig], KnobConfig]
+    # the knobs that entered by ``widen`` (a batch limit the baseline showed binding), not by default
+    widened: tuple[str, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -195,6 +197,7 @@ def build_space(
     not widened."""
     override = override or SpaceOverride()
     dims: list[Dimension] = []
+    widened: list[str] = []
     for name in KNOB_NAMES:
         spec = knobs.get(name)
         wanted = override.get(name)
@@ -202,6 +205,7 @@ def build_space(
             continue
         if wanted is None and not spec.searched and widen and name in widen:
             wanted = tuple(widen[name])
+            widened.append(name)
         if not spec.searched and wanted is None:
             continue
         if spec.continuous:
@@ -225,7 +229,13 @@ def build_space(
             dims.append(Dimension(name=name, choices=allowed))
         elif allowed[0] != getattr(base, name):
             base = base.with_(**{name: allowed[0]})
-    return SearchSpace(base=normalize(base), dims=tuple(dims), normalize=normalize)
+    dims_names = {d.name for d in dims}
+    return SearchSpace(
+        base=normalize(base),
+        dims=tuple(dims),
+        normalize=normalize,
+        widened=tuple(n for n in widened if n in dims_names),
+    )
 
 
 def _fraction_dim(spec: KnobSpec, bounds: tuple[float, float] | None) -> Dimension | None:

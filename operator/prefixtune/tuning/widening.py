@@ -21,6 +21,9 @@ the same findings ``status.diagnosis`` shows) against the SLO:
   that many steps) with TTFT p99 at or above ``TIGHT`` x the TTFT SLO: the budget and the ``STEPS``
   allowed values above it.
 - both: the budget and one allowed value on each side.
+- where prefill batches run apart from decode (the adapter's ``mixed_batches`` False: SGLang), a
+  smaller budget cannot cut the decodes' ITL spikes (a prompt's chunks run back to back whatever
+  their size), so the ITL rule does not apply there.
 
 The values come from the adapter's ladder (``KnobSpec.choices``) around the deployed value, which
 stays one of them (the baseline must be a point of the space). At most ``STEPS`` + 1 values per
@@ -32,7 +35,7 @@ valid.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prefixtune.engines.base import KnobConfig, KnobSpec
@@ -78,32 +81,32 @@ def widen(
     slo: Slo,
     knobs: Mapping[str, KnobSpec],
     override: SpaceOverride | None = None,
+    *,
+    mixed_batches: bool = True,
+    refused: Callable[[str, int], bool] | None = None,
 ) -> Widening:
     """The batch-limit knobs the baseline window (``signals``, measured under ``limits``: see
-    ``limits_of``) says to search, given the engine's knob specs and the resource's space override."""
+    ``limits_of``) says to search, given the engine's knob specs and the resource's space override.
+    ``mixed_batches`` (the adapter's): prefill chunks share steps with the decodes; where they do not
+    (SGLang), a smaller budget cannot cut the decodes' ITL spikes, and only larger ones are tried.
+    ``refused(name, value)``: the engine refuses the deployed config with that value (vLLM: a token
+    budget below the running cap); such values are left out."""
     codes = set(diagnose(signals, limits=limits).codes)
     values: dict[str, tuple[int, ...]] = {}
     reasons: dict[str, str] = {}
 
-    def allowed(name: str, current: int | None) -> tuple[int, ...] | None:
-        spec = knobs.get(name)
-        if spec is None or spec.searched or current is None or (override and override.get(name) is not None):
-            return None  # absent, already searched, or the spec decides
-        if spec.validate(current) is not None:
-            return None  # the deployed value is not one the space could hold
-        return tuple(sorted(int(c) for c in spec.choices if int(c) > 0))  # not SGLang's -1: no chunking
-
     cap = limits.max_running
-    cap_choices = allowed(MAX_RUNNING, cap)
+    cap_choices = _allowed(knobs, MAX_RUNNING, cap, override)
     if cap_choices is not None and cap is not None and "running-cap-binds" in codes:
         values[MAX_RUNNING] = _near(cap_choices, cap, below=0, above=STEPS)
         reasons[MAX_RUNNING] = f"the running cap {cap} binds with KV memory free and a queue"
 
     budget = limits.max_batched_tokens
-    budget_choices = allowed(MAX_BATCHED_TOKENS, budget)
+    budget_choices = _allowed(knobs, MAX_BATCHED_TOKENS, budget, override)
     if budget_choices is not None and budget is not None:
         itl, ttft = signals.itl_p99_s, signals.ttft_p99_s
-        smaller = "token-budget-itl-spikes" in codes and itl is not None and itl >= TIGHT * slo.itl_p99_s
+        spikes = mixed_batches and "token-budget-itl-spikes" in codes
+        smaller = spikes and itl is not None and itl >= TIGHT * slo.itl_p99_s
         larger = "token-budget-chunks-ttft" in codes and ttft is not None and ttft >= TIGHT * slo.ttft_p99_s
         why: list[str] = []
         if smaller and itl is not None:
@@ -120,8 +123,56 @@ def widen(
             below, above = (1, 1) if smaller and larger else (STEPS, 0) if smaller else (0, STEPS)
             values[MAX_BATCHED_TOKENS] = _near(budget_choices, budget, below=below, above=above)
             reasons[MAX_BATCHED_TOKENS] = "; ".join(why)
+    values = _accepted(values, refused)
     kept = {k: v for k, v in values.items() if len(v) > 1}  # nothing beyond the deployed value: no knob
     return Widening(kept, tuple(reasons[k] for k in kept))
+
+
+def reach(
+    knobs: Mapping[str, KnobSpec],
+    config: KnobConfig,
+    override: SpaceOverride | None = None,
+    *,
+    mixed_batches: bool = True,
+    refused: Callable[[str, int], bool] | None = None,
+) -> dict[str, tuple[int, ...]]:
+    """Every value ``widen`` could add per batch-limit knob for a baseline at ``config``: the
+    deployed value and ``STEPS`` allowed values on each side (an oracle over the policy's reach must
+    cover these). Knobs ``widen`` never adds here (searched already, named by the override, engine
+    default or invalid deployed value) are left out."""
+    limits = limits_of(config)
+    out: dict[str, tuple[int, ...]] = {}
+    for name, current in ((MAX_RUNNING, limits.max_running), (MAX_BATCHED_TOKENS, limits.max_batched_tokens)):
+        choices = _allowed(knobs, name, current, override)
+        if choices is None or current is None:
+            continue
+        # the running cap is only ever raised; the budget only lowered where chunks share decode steps
+        below = STEPS if name == MAX_BATCHED_TOKENS and mixed_batches else 0
+        values = _near(choices, current, below=below, above=STEPS)
+        if len(values) > 1:
+            out[name] = values
+    return {k: v for k, v in _accepted(out, refused).items() if len(v) > 1}
+
+
+def _accepted(
+    values: Mapping[str, tuple[int, ...]], refused: Callable[[str, int], bool] | None
+) -> dict[str, tuple[int, ...]]:
+    """``values`` without those the engine refuses with the rest of the deployed config."""
+    if refused is None:
+        return dict(values)
+    return {name: tuple(v for v in vs if not refused(name, v)) for name, vs in values.items()}
+
+
+def _allowed(
+    knobs: Mapping[str, KnobSpec], name: str, current: int | None, override: SpaceOverride | None
+) -> tuple[int, ...] | None:
+    """The values ``name`` may be widened over, or None when it is never widened."""
+    spec = knobs.get(name)
+    if spec is None or spec.searched or current is None or (override and override.get(name) is not None):
+        return None  # absent, already searched, or the spec decides
+    if spec.validate(current) is not None:
+        return None  # the deployed value is not one the space could hold
+    return tuple(sorted(int(c) for c in spec.choices if int(c) > 0))  # not SGLang's -1: no chunking
 
 
 def _near(choices: Sequence[int], current: int, *, below: int, above: int) -> tuple[int, ...]:

@@ -163,6 +163,7 @@ class EngineCounters:
     busy_s: float = 0.0  # GPU time in steps
     running_integral: float = 0.0  # integral of the running count over busy time (idle = 0 running)
     kv_usage_integral: float = 0.0  # integral of kv usage over time (idle included, at its last value)
+    waiting_integral: float = 0.0  # integral of the waiting count over busy time (vllm:num_requests_waiting)
     max_running: int = 0
     preemptions: int = 0
     prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission)
@@ -652,6 +653,7 @@ class TwinEngine:
         c.busy_s += dt
         c.running_integral += n_run * dt
         c.kv_usage_integral += usage * dt
+        c.waiting_integral += len(self._waiting) * dt
         if n_run > c.max_running:
             c.max_running = n_run
         now = self.now = now + dt
@@ -972,6 +974,7 @@ class TwinEngine:
         c.busy_s += dt
         c.running_integral += n_run * dt
         c.kv_usage_integral += usage * dt
+        c.waiting_integral += len(self._waiting) * dt
         if n_run > c.max_running:
             c.max_running = n_run
         now = self.now = self.now + dt

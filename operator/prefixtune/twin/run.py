@@ -178,6 +178,7 @@ def simulate(
         busy_s=float(d["busy_s"]),
         running_integral=float(d["running_integral"]),
         kv_usage_integral=float(d["kv_usage_integral"]),
+        waiting_integral=float(d["waiting_integral"]),
         preemptions=int(d["preemptions"]),
     )
     return summarize(collector, window, totals, o.slo, info, time.perf_counter() - t0)
@@ -194,6 +195,7 @@ def _snapshot(eng: TwinEngine) -> dict[str, float]:
         "busy_s": c.busy_s,
         "running_integral": c.running_integral,
         "kv_usage_integral": c.kv_usage_integral,
+        "waiting_integral": c.waiting_integral,
         "preemptions": float(c.preemptions),
         "rejected": float(c.rejected),
     }

@@ -145,6 +145,7 @@ class Summary:
     preemptions: int
     gpu_busy_fraction: float
     error: str = ""
+    waiting_mean: float = 0.0  # time-averaged waiting queue over the window (the engines' gauge)
     setup: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -227,6 +228,7 @@ class EngineTotals:
     running_integral: float
     kv_usage_integral: float
     preemptions: int
+    waiting_integral: float = 0.0
 
 
 def summarize(
@@ -272,6 +274,7 @@ def summarize(
         mean_running=float(t.running_integral / span),
         max_running=int(w.max_running),
         kv_usage_mean=float(t.kv_usage_integral / span),
+        waiting_mean=float(t.waiting_integral / span),
         kv_pool_tokens=int(w.kv_pool_tokens),
         preemptions=int(t.preemptions),
         gpu_busy_fraction=float(min(1.0, t.busy_s / span)),

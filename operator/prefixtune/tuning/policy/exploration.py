@@ -58,9 +58,12 @@ def widen_space(self: Core, signals: Signals, config: KnobConfig) -> None:
     from prefixtune.engines import get_adapter
 
     settings = self.s.settings
+    adapter = get_adapter(self.s.engine)
     found = widening.widen(
-        signals, widening.limits_of(config), settings.slo, get_adapter(self.s.engine).knobs(), settings.space
-    )
+        signals, widening.limits_of(config), settings.slo, adapter.knobs(), settings.space,
+        mixed_batches=adapter.mixed_batches,
+        refused=lambda name, value: bool(adapter.cross_check(config.with_(**{name: value}))),
+    )  # fmt: skip
     self.s.widened = {name: list(values) for name, values in found.values.items()}
     if not found.empty:
         searched = ", ".join(f"{name} {'/'.join(map(str, v))}" for name, v in found.values.items())

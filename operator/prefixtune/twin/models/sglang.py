@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from prefixtune.engines.base import EngineName
+from prefixtune.engines.sglang import SglangAdapter
 from prefixtune.twin.cache import EVICTION_POLICIES, SglangCache
 from prefixtune.twin.cache.base import KVCache
 from prefixtune.twin.catalog import GIB, GpuHardware
@@ -214,7 +215,7 @@ class SglangModel(TwinModel):
     name = EngineName.SGLANG
     step_overhead_s = 1.4e-3
     seq_overhead_s = 5e-6
-    mixed_batches = False  # prefill batches do not decode (--enable-mixed-chunk is not modelled)
+    mixed_batches = SglangAdapter.mixed_batches  # (--enable-mixed-chunk is not modelled)
     retracts_decode = True  # retract_decode: least output first, then the longest prompt
     new_token_ratio = 0.3  # its new_token_ratio reservation, fixed here
     cache_options = ("eviction_policy",)
