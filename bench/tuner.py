@@ -113,7 +113,7 @@ class Scenario:
         adapter = get_adapter(self.engine)
         deployed = self.start_config()
         return reach(
-            adapter.knobs(), deployed, self.space, mixed_batches=adapter.mixed_batches,
+            adapter.knobs(), deployed, self.space, smaller_budget=adapter.budget_cuts_itl,
             refused=lambda name, value: bool(adapter.cross_check(deployed.with_(**{name: value}))),
         )  # fmt: skip
 

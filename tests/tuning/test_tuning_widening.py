@@ -83,19 +83,28 @@ def test_both_budget_signs_bring_in_one_value_on_each_side() -> None:
     assert w.values == {MAX_BATCHED_TOKENS: (512, 1024, 2048)} and len(w.reasons) == 1 and ";" in w.reasons[0]
 
 
-def test_where_prefill_runs_apart_from_decode_itl_spikes_bring_in_no_smaller_budget() -> None:
-    assert widen(RAG, LIMITS, SLO, KNOBS, mixed_batches=False).empty
+def test_where_a_smaller_budget_cannot_cut_itl_spikes_they_bring_in_no_smaller_budget() -> None:
+    assert widen(RAG, LIMITS, SLO, KNOBS, smaller_budget=False).empty
 
 
-def test_where_prefill_runs_apart_from_decode_both_signs_bring_in_larger_budgets_only() -> None:
+def test_where_a_smaller_budget_cannot_cut_itl_spikes_both_signs_bring_in_larger_budgets_only() -> None:
     both = replace(RAG, running_mean=256.0, ttft_p50_s=1.2, ttft_p99_s=1.8)
-    w = widen(both, replace(LIMITS, max_batched_tokens=1024), SLO, KNOBS, mixed_batches=False)
+    w = widen(both, replace(LIMITS, max_batched_tokens=1024), SLO, KNOBS, smaller_budget=False)
     assert w.values == {MAX_BATCHED_TOKENS: (1024, 2048, 4096)}
 
 
 def test_sglang_runs_prefill_apart_from_decode_and_vllm_does_not() -> None:
     assert not get_adapter("sglang").mixed_batches
     assert get_adapter("vllm").mixed_batches and get_adapter("trtllm").mixed_batches
+
+
+def test_only_vllm_cuts_itl_spikes_with_a_smaller_budget() -> None:
+    # SGLang: prefill apart from decode; TensorRT-LLM: no chunked prefill by default, so a smaller
+    # max_num_tokens refuses every prompt over it (llmapi/llm.py _check_arguments) instead of chunking
+    assert not get_adapter("trtllm").chunked_prefill_default
+    assert get_adapter("vllm").chunked_prefill_default and get_adapter("sglang").chunked_prefill_default
+    cuts = {name: get_adapter(name).budget_cuts_itl for name in ("vllm", "sglang", "trtllm")}
+    assert cuts == {"vllm": True, "sglang": False, "trtllm": False}
 
 
 def test_a_smaller_budget_is_a_size_never_the_no_limit_sentinel() -> None:
@@ -140,9 +149,9 @@ def test_every_widening_stays_within_the_reach() -> None:
             assert set(values) <= set(reach[name])
 
 
-def test_where_prefill_runs_apart_from_decode_the_reach_has_no_smaller_budget() -> None:
+def test_where_a_smaller_budget_cannot_cut_itl_spikes_the_reach_has_no_smaller_budget() -> None:
     cfg = get_adapter("vllm").default_config().with_(max_running=256, max_batched_tokens=4096)
-    reach = widening.reach(KNOBS, cfg, mixed_batches=False)
+    reach = widening.reach(KNOBS, cfg, smaller_budget=False)
     assert reach[MAX_BATCHED_TOKENS] == (4096, 8192, 16384)
 
 
@@ -250,3 +259,25 @@ def test_a_new_baseline_starts_from_the_default_space(monkeypatch: pytest.Monkey
     core = Core(state.model_copy(deep=True), 400.0, lambda *_: Suggestion(None, "", converged=True))
     begin_baseline(core, warm=False)
     assert core.s.widened == {} and "schedule_policy" not in space_of(core.s).names
+
+
+@pytest.mark.parametrize(("engine", "smaller"), [("vllm", True), ("trtllm", False)])
+def test_the_policy_offers_a_smaller_token_budget_only_where_it_cuts_itl_spikes(
+    engine: str, smaller: bool
+) -> None:
+    # RAG's ITL spikes near the SLO at a deployed budget of 8192: vLLM chunks prompts into the decode
+    # steps, so smaller budgets are worth a trial; trtllm-serve would refuse every prompt over a
+    # smaller max_num_tokens (chunked prefill off), so the policy does not try one on live traffic.
+    deployed = get_adapter(engine).default_config().with_(max_running=256, max_batched_tokens=8192)
+    state = initial_state(engine, SETTINGS, deployed)
+    for obs, now in ((RolloutReady(config=deployed), 0.0), (Tick(), 60.0)):
+        state, _ = step(state, obs, now, lambda *_: Suggestion(None, "stop", converged=True))
+    window = replace(RAG, goodput_tokens_per_s=400.0, slo_attainment=0.99)
+    state, _ = step(
+        state,
+        WindowMeasured(signals=window, offered_rps=2.0),
+        360.0,
+        lambda *_: Suggestion(None, "stop", converged=True),
+    )
+    budgets = state.widened.get(MAX_BATCHED_TOKENS, [])
+    assert (min(budgets, default=8192) < 8192) is smaller

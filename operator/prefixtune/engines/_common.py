@@ -172,6 +172,17 @@ class AdapterBase(ABC):
     # in-flight batching), so the token budget bounds the decodes' step time; False where prefill
     # batches run apart from decode (SGLang without --enable-mixed-chunk).
     mixed_batches: bool = True
+    # Chunked prefill on by default: a prompt longer than the token budget is split across steps.
+    # False where the engine then refuses it instead: trtllm-serve leaves enable_chunked_prefill off,
+    # and its LLM API refuses a prompt over max_num_tokens (tensorrt_llm/llmapi/llm.py
+    # _check_arguments), so there the token budget is also the longest prompt served.
+    chunked_prefill_default: bool = True
+
+    @property
+    def budget_cuts_itl(self) -> bool:
+        """A smaller token budget lowers the decodes' ITL spikes: prefill chunks share steps with the
+        decodes (``mixed_batches``) and a prompt over the budget is chunked, not refused."""
+        return self.mixed_batches and self.chunked_prefill_default
 
     def knobs(self) -> Mapping[str, KnobSpec]:
         return self._knobs

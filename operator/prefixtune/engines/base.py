@@ -318,6 +318,11 @@ class EngineAdapter(Protocol):
     ready_path: str  # readiness: cheap, answers "may I send requests" without running the model
     metrics: MetricNames  # every series of the newest supported version (metrics_for narrows it)
     mixed_batches: bool  # a prefill chunk shares a step with the running decodes
+    chunked_prefill_default: bool  # a prompt over the token budget is split (else: refused)
+
+    @property
+    def budget_cuts_itl(self) -> bool:
+        """A smaller token budget lowers the decodes' ITL spikes (mixed batches, chunked prefill)."""
 
     def knobs(self) -> Mapping[str, KnobSpec]:
         """Every engine-neutral knob with its valid values and default on this engine."""

@@ -357,6 +357,7 @@ class TrtllmAdapter(AdapterBase):
     metrics_path = "/prometheus/metrics"
     health_path = "/health"
     metrics = METRICS
+    chunked_prefill_default = False  # trtllm-serve: enable_chunked_prefill off (engines.md 1.3)
     table = FLAGS
     _knobs = KNOBS
     dashed_flags = False  # click options: --tp_size is spelled with underscores

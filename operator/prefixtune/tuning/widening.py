@@ -21,9 +21,11 @@ the same findings ``status.diagnosis`` shows) against the SLO:
   that many steps) with TTFT p99 at or above ``TIGHT`` x the TTFT SLO: the budget and the ``STEPS``
   allowed values above it.
 - both: the budget and one allowed value on each side.
-- where prefill batches run apart from decode (the adapter's ``mixed_batches`` False: SGLang), a
-  smaller budget cannot cut the decodes' ITL spikes (a prompt's chunks run back to back whatever
-  their size), so the ITL rule does not apply there.
+- the ITL rule applies only where a smaller budget can cut the decodes' ITL spikes (the adapter's
+  ``budget_cuts_itl``): not where prefill batches run apart from decode (SGLang: a prompt's chunks
+  run back to back whatever their size), nor where the engine does not chunk a prompt by default
+  (TensorRT-LLM: trtllm-serve refuses a prompt over ``max_num_tokens``, so a smaller budget would
+  refuse the long prompts a RAG workload is made of, on live traffic).
 
 The values come from the adapter's ladder (``KnobSpec.choices``) around the deployed value, which
 stays one of them (the baseline must be a point of the space). At most ``STEPS`` + 1 values per
@@ -82,13 +84,13 @@ def widen(
     knobs: Mapping[str, KnobSpec],
     override: SpaceOverride | None = None,
     *,
-    mixed_batches: bool = True,
+    smaller_budget: bool = True,
     refused: Callable[[str, int], bool] | None = None,
 ) -> Widening:
     """The batch-limit knobs the baseline window (``signals``, measured under ``limits``: see
     ``limits_of``) says to search, given the engine's knob specs and the resource's space override.
-    ``mixed_batches`` (the adapter's): prefill chunks share steps with the decodes; where they do not
-    (SGLang), a smaller budget cannot cut the decodes' ITL spikes, and only larger ones are tried.
+    ``smaller_budget`` (the adapter's ``budget_cuts_itl``): a smaller budget can cut the decodes' ITL
+    spikes; where it cannot (SGLang, TensorRT-LLM without chunked prefill) only larger ones are tried.
     ``refused(name, value)``: the engine refuses the deployed config with that value (vLLM: a token
     budget below the running cap); such values are left out."""
     codes = set(diagnose(signals, limits=limits).codes)
@@ -105,7 +107,7 @@ def widen(
     budget_choices = _allowed(knobs, MAX_BATCHED_TOKENS, budget, override)
     if budget_choices is not None and budget is not None:
         itl, ttft = signals.itl_p99_s, signals.ttft_p99_s
-        spikes = mixed_batches and "token-budget-itl-spikes" in codes
+        spikes = smaller_budget and "token-budget-itl-spikes" in codes
         smaller = spikes and itl is not None and itl >= TIGHT * slo.itl_p99_s
         larger = "token-budget-chunks-ttft" in codes and ttft is not None and ttft >= TIGHT * slo.ttft_p99_s
         why: list[str] = []
@@ -133,7 +135,7 @@ def reach(
     config: KnobConfig,
     override: SpaceOverride | None = None,
     *,
-    mixed_batches: bool = True,
+    smaller_budget: bool = True,
     refused: Callable[[str, int], bool] | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Every value ``widen`` could add per batch-limit knob for a baseline at ``config``: the
@@ -146,8 +148,8 @@ def reach(
         choices = _allowed(knobs, name, current, override)
         if choices is None or current is None:
             continue
-        # the running cap is only ever raised; the budget only lowered where chunks share decode steps
-        below = STEPS if name == MAX_BATCHED_TOKENS and mixed_batches else 0
+        # the running cap is only ever raised; the budget only lowered where that cuts ITL spikes
+        below = STEPS if name == MAX_BATCHED_TOKENS and smaller_budget else 0
         values = _near(choices, current, below=below, above=STEPS)
         if len(values) > 1:
             out[name] = values

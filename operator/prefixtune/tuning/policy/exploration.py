@@ -61,7 +61,7 @@ def widen_space(self: Core, signals: Signals, config: KnobConfig) -> None:
     adapter = get_adapter(self.s.engine)
     found = widening.widen(
         signals, widening.limits_of(config), settings.slo, adapter.knobs(), settings.space,
-        mixed_batches=adapter.mixed_batches,
+        smaller_budget=adapter.budget_cuts_itl,
         refused=lambda name, value: bool(adapter.cross_check(config.with_(**{name: value}))),
     )  # fmt: skip
     self.s.widened = {name: list(values) for name, values in found.values.items()}

@@ -56,14 +56,17 @@ class SchedulerDefaults:
     chunked_prefill: bool
 
 
-def adapter_defaults(engine: str, gpu: GpuHardware, chunked_prefill: bool) -> SchedulerDefaults:
-    """The batch limits the engine's adapter names for this GPU (``default_config_for``: the fact
-    lives in ``prefixtune.engines``), with the engine's chunked-prefill default."""
+def adapter_defaults(engine: str, gpu: GpuHardware) -> SchedulerDefaults:
+    """The batch limits the engine's adapter names for this GPU (``default_config_for``) and its
+    chunked-prefill default (``chunked_prefill_default``): the facts live in ``prefixtune.engines``."""
     from prefixtune.engines import get_adapter
     from prefixtune.engines.base import Hardware
 
-    config = get_adapter(engine).default_config_for(Hardware(gpu.name, gpu.memory_bytes))
-    return SchedulerDefaults(int(config.max_running), int(config.max_batched_tokens), chunked_prefill)
+    adapter = get_adapter(engine)
+    config = adapter.default_config_for(Hardware(gpu.name, gpu.memory_bytes))
+    return SchedulerDefaults(
+        int(config.max_running), int(config.max_batched_tokens), adapter.chunked_prefill_default
+    )
 
 
 class TwinModel:

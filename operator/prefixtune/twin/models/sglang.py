@@ -224,7 +224,7 @@ class SglangModel(TwinModel):
 
     def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
         # chunked-prefill-size by GPU memory (engines/sglang.py); max-running-requests 0: from the pool
-        return adapter_defaults(self.name, gpu, chunked_prefill=True)
+        return adapter_defaults(self.name, gpu)
 
     def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool, max_model_len: int) -> int:
         # without chunking, a prefill batch is capped by --max-prefill-tokens

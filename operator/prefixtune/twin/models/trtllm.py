@@ -189,7 +189,7 @@ class TrtllmModel(TwinModel):
     metrics = TrtllmMetrics
 
     def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
-        return adapter_defaults(self.name, gpu, chunked_prefill=False)  # trtllm-serve: chunking off
+        return adapter_defaults(self.name, gpu)  # trtllm-serve: chunking off
 
     def iteration_stats(self, gauges: Gauges) -> list[dict[str, Any]]:
         g = gauges

@@ -214,7 +214,7 @@ class VllmModel(TwinModel):
 
     def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
         # the API server's limits by device memory and name (engines/vllm.py batch_defaults); chunked on
-        return adapter_defaults(self.name, gpu, chunked_prefill=True)
+        return adapter_defaults(self.name, gpu)
 
     def unchunked_budget(self, budget: int, chunked: bool, budget_given: bool, max_model_len: int) -> int:
         # vllm/engine/arg_utils.py (the default batch limits): without chunked prefill the default
