@@ -114,7 +114,7 @@ class Scenario:
         deployed = self.start_config()
         return reach(
             adapter.knobs(), deployed, self.space, smaller_budget=adapter.budget_cuts_itl,
-            refused=lambda name, value: bool(adapter.cross_check(deployed.with_(**{name: value}))),
+            refused=lambda changes: bool(adapter.cross_check(deployed.with_(**changes))),
         )  # fmt: skip
 
     def oracle_space(self) -> SearchSpace:
@@ -270,10 +270,11 @@ class TwinEnv:
         from prefixtune.twin.workloads import generate, parse_workload
 
         sc = self.scenario
-        if self.adapter.validate(config):
-            # the engine refuses it at start (vLLM: a token budget below the running cap): the pod
-            # never becomes ready, which a trial sees as a failed start
-            return TrialRun("oom_startup")
+        problems = self.adapter.validate(config)
+        if problems:
+            # the policy's space holds only configs the engine takes (the widening checks every
+            # combination); a refused one is a bug to see, not an OOM for the feasibility model to learn
+            raise RuntimeError(f"{sc.name}: the policy proposed a config {sc.engine} refuses: {problems}")
         workload = sc.workload if isinstance(sc.workload, str) else parse_workload(sc.workload)
         horizon = warmup_s + measure_s
         requests = generate(workload, rate=sc.rate, duration_s=horizon, seed=seed % (2**31))

@@ -169,12 +169,13 @@ def test_an_oracle_widen_knob_the_policy_cannot_widen_is_refused() -> None:
         bench().parse_scenario(data, "x.yaml")
 
 
-def test_a_config_the_engine_refuses_is_a_failed_start_not_a_crash() -> None:
+def test_a_config_the_engine_refuses_stops_the_bench_instead_of_teaching_an_oom() -> None:
     data: dict[str, object] = {"name": "x", "engine": "vllm", "model": "llama-3.1-8b", "gpu": "H100-80GB"}
     data.update({"workload": "qa", "rate": 1.0})
     scenario = bench().parse_scenario(data, "x.yaml")
     refused = scenario.start_config().with_(max_running=1024, max_batched_tokens=512)  # budget < cap
-    assert bench().TwinEnv(scenario).run(refused, 1.0, 1.0, seed=1).status == "oom_startup"
+    with pytest.raises(RuntimeError, match="the policy proposed a config vllm refuses"):
+        bench().TwinEnv(scenario).run(refused, 1.0, 1.0, seed=1)
 
 
 def test_the_oracle_leaves_out_limits_the_engine_refuses_with_the_deployed_config() -> None:

@@ -163,7 +163,7 @@ def test_the_reach_leaves_out_a_knob_the_spec_names_or_the_engine_default() -> N
 
 
 def test_a_value_the_engine_refuses_with_the_deployed_config_is_left_out() -> None:
-    refused = lambda name, value: name == MAX_BATCHED_TOKENS and value < 4096  # noqa: E731
+    refused = lambda changes: changes.get(MAX_BATCHED_TOKENS, 8192) < 4096  # noqa: E731
     w = widen(RAG, LIMITS, SLO, KNOBS, refused=refused)
     assert w.values == {MAX_BATCHED_TOKENS: (4096, 8192)}
     cfg = get_adapter("vllm").default_config().with_(max_running=256, max_batched_tokens=8192)
@@ -281,3 +281,22 @@ def test_the_policy_offers_a_smaller_token_budget_only_where_it_cuts_itl_spikes(
     )
     budgets = state.widened.get(MAX_BATCHED_TOKENS, [])
     assert (min(budgets, default=8192) < 8192) is smaller
+
+
+def test_every_config_of_the_widened_space_is_one_vllm_accepts() -> None:
+    # An A100 deploys vLLM's 2048 / 256: with the cap binding and ITL spiking, a budget of 512 and a
+    # cap of 1024 each pass with the other deployed value but not together (budget >= cap), and the
+    # first probe would pair the far ends.
+    adapter = get_adapter("vllm")
+    deployed = adapter.default_config().with_(max_batched_tokens=2048, max_running=256)
+    both = replace(RAG, running_mean=255.0, running_max=256.0, waiting_mean=12.0, kv_usage_mean=0.3)
+    limits = BatchLimits(max_running=256, max_batched_tokens=2048)
+    w = widen(
+        both, limits, SLO, adapter.knobs(),
+        refused=lambda changes: bool(adapter.cross_check(deployed.with_(**changes))),
+    )  # fmt: skip
+    assert set(w.values) == {MAX_BATCHED_TOKENS, MAX_RUNNING}
+    for budget in w.values[MAX_BATCHED_TOKENS]:
+        for cap in w.values[MAX_RUNNING]:
+            assert adapter.cross_check(deployed.with_(max_batched_tokens=budget, max_running=cap)) == []
+    assert 2048 in w.values[MAX_BATCHED_TOKENS] and 256 in w.values[MAX_RUNNING]  # the deployed values stay

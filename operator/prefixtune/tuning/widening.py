@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import product
 
 from prefixtune.engines.base import KnobConfig, KnobSpec
 from prefixtune.engines.knobs import MAX_BATCHED_TOKENS, MAX_RUNNING
@@ -47,6 +48,8 @@ from prefixtune.metrics.histogram import Slo
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.settings import SpaceOverride
 
+# Whether the engine refuses the deployed config with these batch-limit values (knob name -> value).
+Refused = Callable[[Mapping[str, int]], bool]
 STEPS = 2  # allowed values tried beyond the deployed one, per direction
 TIGHT = 0.8  # a latency p99 at or above this share of its SLO: the SLO is at stake
 
@@ -85,14 +88,15 @@ def widen(
     override: SpaceOverride | None = None,
     *,
     smaller_budget: bool = True,
-    refused: Callable[[str, int], bool] | None = None,
+    refused: Refused | None = None,
 ) -> Widening:
     """The batch-limit knobs the baseline window (``signals``, measured under ``limits``: see
     ``limits_of``) says to search, given the engine's knob specs and the resource's space override.
     ``smaller_budget`` (the adapter's ``budget_cuts_itl``): a smaller budget can cut the decodes' ITL
     spikes; where it cannot (SGLang, TensorRT-LLM without chunked prefill) only larger ones are tried.
-    ``refused(name, value)``: the engine refuses the deployed config with that value (vLLM: a token
-    budget below the running cap); such values are left out."""
+    ``refused(changes)``: the engine refuses the deployed config with ``changes`` (knob name to value;
+    vLLM: a token budget below the running cap); a value refused in any combination the widened space
+    holds is left out."""
     codes = set(diagnose(signals, limits=limits).codes)
     values: dict[str, tuple[int, ...]] = {}
     reasons: dict[str, str] = {}
@@ -125,7 +129,8 @@ def widen(
             below, above = (1, 1) if smaller and larger else (STEPS, 0) if smaller else (0, STEPS)
             values[MAX_BATCHED_TOKENS] = _near(budget_choices, budget, below=below, above=above)
             reasons[MAX_BATCHED_TOKENS] = "; ".join(why)
-    values = _accepted(values, refused)
+    deployed = {MAX_RUNNING: cap, MAX_BATCHED_TOKENS: budget}
+    values = _accepted(values, refused, {k: v for k, v in deployed.items() if v is not None})
     kept = {k: v for k, v in values.items() if len(v) > 1}  # nothing beyond the deployed value: no knob
     return Widening(kept, tuple(reasons[k] for k in kept))
 
@@ -136,7 +141,7 @@ def reach(
     override: SpaceOverride | None = None,
     *,
     smaller_budget: bool = True,
-    refused: Callable[[str, int], bool] | None = None,
+    refused: Refused | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Every value ``widen`` could add per batch-limit knob for a baseline at ``config``: the
     deployed value and ``STEPS`` allowed values on each side (an oracle over the policy's reach must
@@ -153,16 +158,42 @@ def reach(
         values = _near(choices, current, below=below, above=STEPS)
         if len(values) > 1:
             out[name] = values
-    return {k: v for k, v in _accepted(out, refused).items() if len(v) > 1}
+    # each value against the deployed config only: the union of what any one widening can add (the
+    # widening itself then drops values that clash with another widened knob's, per combination)
+    return {k: v for k, v in _each_accepted(out, refused).items() if len(v) > 1}
 
 
 def _accepted(
-    values: Mapping[str, tuple[int, ...]], refused: Callable[[str, int], bool] | None
+    values: Mapping[str, tuple[int, ...]], refused: Refused | None, deployed: Mapping[str, int]
+) -> dict[str, tuple[int, ...]]:
+    """``values`` without those the engine refuses in some config of the widened space.
+
+    First each value against the rest of the deployed config. Then the space is every combination of
+    the widened values, and two values that each pass with the deployed ones may not pass together
+    (vLLM on an A100: a budget of 512 and a cap of 1024 against the deployed 2048 / 256). While a
+    combination is refused, the value in it farthest from its deployed value (in steps along its
+    list; the later knob on a tie) is dropped: the deployed values always stay, so this ends."""
+    if refused is None:
+        return dict(values)
+    kept = _each_accepted(values, refused)
+    while True:
+        names = list(kept)
+        combos = (dict(zip(names, combo, strict=True)) for combo in product(*(kept[n] for n in names)))
+        bad = next((combo for combo in combos if refused(combo)), None)
+        if bad is None:
+            return kept
+        steps = {n: abs(kept[n].index(bad[n]) - kept[n].index(deployed[n])) for n in names}
+        far = max(names, key=lambda n: (steps[n], names.index(n)))
+        kept[far] = tuple(v for v in kept[far] if v != bad[far])
+
+
+def _each_accepted(
+    values: Mapping[str, tuple[int, ...]], refused: Refused | None
 ) -> dict[str, tuple[int, ...]]:
     """``values`` without those the engine refuses with the rest of the deployed config."""
     if refused is None:
         return dict(values)
-    return {name: tuple(v for v in vs if not refused(name, v)) for name, vs in values.items()}
+    return {name: tuple(v for v in vs if not refused({name: v})) for name, vs in values.items()}
 
 
 def _allowed(

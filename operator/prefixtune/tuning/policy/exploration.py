@@ -62,7 +62,7 @@ def widen_space(self: Core, signals: Signals, config: KnobConfig) -> None:
     found = widening.widen(
         signals, widening.limits_of(config), settings.slo, adapter.knobs(), settings.space,
         smaller_budget=adapter.budget_cuts_itl,
-        refused=lambda name, value: bool(adapter.cross_check(config.with_(**{name: value}))),
+        refused=lambda changes: bool(adapter.cross_check(config.with_(**changes))),
     )  # fmt: skip
     self.s.widened = {name: list(values) for name, values in found.values.items()}
     if not found.empty:
