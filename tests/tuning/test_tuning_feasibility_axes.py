@@ -16,6 +16,7 @@ from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig
 from prefixtune.engines.knobs import MEMORY_KNOB, OOM_AXES, knob
 from prefixtune.tuning.optimizer import Feasibility, TrialResult
+from prefixtune.tuning.settings import SpaceOverride
 from prefixtune.tuning.space import SearchSpace, build_space
 
 BUDGET = replace(knob("block_size"), oom_monotone=True, log_scale=True)  # the stand-in second axis
@@ -116,3 +117,21 @@ def test_an_engine_default_budget_is_ordered_only_against_itself() -> None:
     assert not feas.known_infeasible(at(0.9, 16))
     other = Feasibility(vllm_space(), [TrialResult(at(0.85, 16), None, "oom_runtime")], AXES)
     assert not other.known_infeasible(at(0.9, default))
+
+
+def test_sglang_chunk_sentinels_are_features_of_their_own_not_sizes() -> None:
+    # spec.tuning.space.maxBatchedTokens may list SGLang's -1 (no chunking) and 0 (its default):
+    # neither is a size on the log scale, and a list of only those has no scale at all
+    a = get_adapter("sglang")
+    base = a.default_config()
+    budget = knob("max_batched_tokens")
+    for listed, sizes in (((-1, 0), ()), ((-1, 1024, 4096), (1024, 4096))):
+        override = SpaceOverride.from_mapping({"max_batched_tokens": list(listed)})
+        sp = build_space(a.knobs(), base, a.normalize, override)
+        feas = Feasibility(sp, [], (MEMORY_KNOB, budget))
+        rows = {v: feas._features(base.with_(max_batched_tokens=v)) for v in listed}
+        assert len({tuple(r) for r in rows.values()}) == len(listed)  # every listed value told apart
+        assert all(len(r) == len(rows[listed[0]]) for r in rows.values())
+        if sizes:  # the sizes on the log scale: one feature moves by its full span
+            moved = [b - a for a, b in zip(rows[sizes[0]], rows[sizes[-1]], strict=True)]
+            assert max(moved) == pytest.approx(4.0) and sorted(moved)[-2] == 0.0

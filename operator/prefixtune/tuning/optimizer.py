@@ -211,10 +211,15 @@ class Feasibility:
                 assert d.low is not None and d.high is not None
                 out.append((float(data[d.name]) - d.low) / max(d.high - d.low, 1e-9) * 4.0)
             elif axis is not None and axis.log_scale:
+                # a size on its logarithm; the sentinels (<= 0: the engine's default, SGLang's -1 for
+                # no chunking) are not sizes on that scale, so each gets a one-hot feature of its own
                 sizes = [float(c) for c in d.choices if float(c) > 0]
-                lo, hi = math.log(min(sizes)), math.log(max(sizes))
-                value = max(float(data[d.name]), min(sizes))
-                out.append((math.log(value) - lo) / max(hi - lo, 1e-9) * 4.0)
+                value = float(data[d.name])
+                if sizes:
+                    lo, hi = math.log(min(sizes)), math.log(max(sizes))
+                    scaled = (math.log(value) - lo) / max(hi - lo, 1e-9) * 4.0 if value > 0 else 0.0
+                    out.append(scaled)
+                out.extend(1.0 if data[d.name] == c else 0.0 for c in d.choices if float(c) <= 0)
             else:
                 out.extend(1.0 if data[d.name] == c else 0.0 for c in d.choices)
         return out
