@@ -46,10 +46,16 @@ def test_on_a_gpu_the_twin_does_not_model_the_batch_limits_stay_with_the_engine(
 
 
 def test_a_token_budget_below_the_running_cap_is_refused_on_vllm() -> None:
-    _, errors = _validate("vllm", config={"maxBatchedTokens": 512})  # the H100 cap is 1024
+    _, errors = _validate("vllm", config={"maxBatchedTokens": 512, "maxRunning": 1024})
     assert _paths(errors) == ["spec.config.maxBatchedTokens"]
     assert "max_batched_tokens (512) must be >= max_running (1024)" in errors[0].message
     spec, errors = _validate("vllm", config={"maxBatchedTokens": 512, "maxRunning": 256})
+    assert errors == [] and spec is not None
+
+
+def test_a_small_vllm_budget_alone_takes_a_running_cap_vllm_would_start_with() -> None:
+    # the H100 default cap is 1024; vLLM lowers an unset max_num_seqs to the budget (arg_utils.py)
+    spec, errors = _validate("vllm", config={"maxBatchedTokens": 512})
     assert errors == [] and spec is not None
 
 

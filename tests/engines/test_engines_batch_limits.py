@@ -173,6 +173,16 @@ def test_pinned_values_win_over_the_hardware_defaults() -> None:
     assert (config.max_batched_tokens, config.max_running, config.block_size) == (8192, 64, 32)
 
 
+def test_a_small_pinned_vllm_budget_lowers_the_default_running_cap_as_vllm_does() -> None:
+    # vllm/engine/arg_utils.py 0.33.0: an unset max_num_seqs becomes min(its default, the budget)
+    adapter = get_adapter("vllm")
+    config = adapter.default_config_for(H100, {MAX_BATCHED_TOKENS: 512})
+    assert (config.max_batched_tokens, config.max_running) == (512, 512)
+    assert adapter.cross_check(config) == [] and adapter.validate(config) == []
+    pinned_both = adapter.default_config_for(H100, {MAX_BATCHED_TOKENS: 512, MAX_RUNNING: 1024})
+    assert adapter.cross_check(pinned_both)  # a cap the user pinned above the budget is still refused
+
+
 def test_the_reference_hardware_is_the_twins_h100() -> None:
     (h100,) = (gpu for gpu in GPUS if gpu.name == REFERENCE.gpu_name)
     assert h100.memory_bytes == REFERENCE.memory_bytes

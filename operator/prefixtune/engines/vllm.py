@@ -345,7 +345,14 @@ class VllmAdapter(AdapterBase):
     prog_words = 2  # "vllm serve: error: ..."
 
     def hardware_defaults(self, hardware: Hardware, pinned: Mapping[str, object]) -> dict[str, object]:
+        """The API server's limits for the device (``batch_defaults``); an unset max_num_seqs is at
+        most a pinned max_num_batched_tokens (vllm/engine/arg_utils.py 0.33.0,
+        ``_set_default_max_num_seqs_and_batched_tokens_args``: ``min(max_num_seqs,
+        max_num_batched_tokens)``), so a small pinned budget alone is a config vLLM starts with."""
         tokens, seqs = batch_defaults(hardware)
+        budget = pinned.get(MAX_BATCHED_TOKENS)
+        if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
+            seqs = min(seqs, budget)
         return {MAX_BATCHED_TOKENS: tokens, MAX_RUNNING: seqs}
 
     def cross_check(self, config: KnobConfig) -> list[tuple[str, str]]:
