@@ -300,3 +300,35 @@ def test_every_config_of_the_widened_space_is_one_vllm_accepts() -> None:
         for cap in w.values[MAX_RUNNING]:
             assert adapter.cross_check(deployed.with_(max_batched_tokens=budget, max_running=cap)) == []
     assert 2048 in w.values[MAX_BATCHED_TOKENS] and 256 in w.values[MAX_RUNNING]  # the deployed values stay
+
+
+def test_a_limit_an_earlier_epoch_moved_stays_where_it_is_in_the_next_epochs_space() -> None:
+    # epoch 1 raised the cap from the spec's 256 to 1024; epoch 2's baseline (cap 1024) binds no more
+    a = get_adapter("vllm")
+    spec = a.default_config().with_(max_running=256, max_batched_tokens=8192)
+    deployed = spec.with_(max_running=1024)
+    kept = widening.keep_deployed({}, deployed, spec, a.knobs())
+    assert kept == {MAX_RUNNING: (1024,)}
+    space = build_space(a.knobs(), spec, a.normalize, widen=kept)
+    assert space.base.max_running == 1024 and MAX_RUNNING not in space.names  # kept, not searched
+    assert widening.keep_deployed({}, spec, spec, a.knobs()) == {}  # nothing moved: nothing kept
+    widened = {MAX_RUNNING: (1024, 2048)}  # a widening that holds it already decides it
+    assert widening.keep_deployed(widened, deployed, spec, a.knobs()) == widened
+
+
+def test_the_policy_keeps_an_earlier_epochs_limit_in_the_space(monkeypatch: pytest.MonkeyPatch) -> None:
+    spaces: list[SearchSpace] = []
+
+    def suggester(space: SearchSpace, history: list[TrialResult], seed: int, s: TuningSettings) -> Suggestion:
+        spaces.append(space)
+        return Suggestion(None, "stop", converged=True)
+
+    spec = get_adapter("vllm").default_config().with_(max_running=256, max_batched_tokens=8192)
+    deployed = spec.with_(max_running=1024)
+    state = initial_state("vllm", SETTINGS, spec).model_copy(update={"current": deployed})
+    for obs, now in ((RolloutReady(config=deployed), 0.0), (Tick(), 60.0)):
+        state, _ = step(state, obs, now, suggester)
+    calm = replace(CHAT, waiting_mean=0.0, goodput_tokens_per_s=2000.0, slo_attainment=0.99)
+    state, _ = step(state, WindowMeasured(signals=calm, offered_rps=10.0), 360.0, suggester)
+    assert state.widened == {MAX_RUNNING: [1024]}
+    assert spaces and all(s.base.max_running == 1024 and s.contains(deployed) for s in spaces)

@@ -135,6 +135,26 @@ def widen(
     return Widening(kept, tuple(reasons[k] for k in kept))
 
 
+def keep_deployed(
+    widened: Mapping[str, tuple[int, ...]],
+    deployed: KnobConfig,
+    base: KnobConfig,
+    knobs: Mapping[str, KnobSpec],
+) -> dict[str, tuple[int, ...]]:
+    """``widened``, plus each batch limit the deployed config holds away from the space's base
+    (``spec.config``) as its single value: a limit an earlier epoch's trials moved (a cap raised from
+    256 to 1024) stays where it is in this epoch's trials instead of reverting to the value that was
+    shown to bind, and the baseline stays a point of the space."""
+    kept = dict(widened)
+    for name in (MAX_RUNNING, MAX_BATCHED_TOKENS):
+        value, spec = deployed.get(name), knobs.get(name)
+        if name in kept or value == base.get(name) or spec is None or spec.searched:
+            continue
+        if spec.validate(value) is None:  # a value the space may hold (the ladder's, as trials are)
+            kept[name] = (int(value),)
+    return kept
+
+
 def reach(
     knobs: Mapping[str, KnobSpec],
     config: KnobConfig,

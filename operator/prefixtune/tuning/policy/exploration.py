@@ -64,7 +64,8 @@ def widen_space(self: Core, signals: Signals, config: KnobConfig) -> None:
         smaller_budget=adapter.budget_cuts_itl,
         refused=lambda changes: bool(adapter.cross_check(config.with_(**changes))),
     )  # fmt: skip
-    self.s.widened = {name: list(values) for name, values in found.values.items()}
+    kept = widening.keep_deployed(found.values, config, self.s.spec_config, adapter.knobs())
+    self.s.widened = {name: list(values) for name, values in kept.items()}
     if not found.empty:
         searched = ", ".join(f"{name} {'/'.join(map(str, v))}" for name, v in found.values.items())
         self.event("Normal", "SpaceWidened", clip(f"searching {searched}: {'; '.join(found.reasons)}"))
