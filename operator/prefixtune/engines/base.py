@@ -105,9 +105,11 @@ class Binding:
 class KnobSpec:
     """What one knob may be on one engine.
 
-    ``searched`` is False where the knob exists but changes nothing the tuner can measure on this
-    engine (for example vLLM's ``priority`` policy when requests carry no priority): such a knob is
-    kept at its default and never enters the search space.
+    ``searched`` is False where the knob is not searched by default: it changes nothing the tuner
+    can measure on this engine (vLLM's ``priority`` policy when requests carry no priority), or it
+    matters only on some workloads (the batch limits). Such a knob stays at the base config's value
+    unless ``spec.tuning.space`` lists it or the policy widens the space with it
+    (``tuning/widening.py``).
 
     ``open_range``: an integer knob whose ``choices`` are only the values searched by default (a
     log-spaced ladder for the batch limits); any integer in [``low``, ``high``] is valid (a pin in

@@ -1,10 +1,12 @@
 """The search space: which knobs are tuned, over which values, and how they map to skopt and back.
 
-Built from the engine adapter's knob specs and the resource's optional space override. Only knobs
-with ``searched=True`` and more than one allowed value enter the space; the others stay at the base
-config's value. Equivalent configurations (a cache-aware policy with caching off) are collapsed
-through the adapter's ``normalize()``: every point maps to a normalized KnobConfig, and the grid
-holds each normalized config once.
+Built from the engine adapter's knob specs and the resource's optional space override. A knob with
+more than one allowed value enters the space when the adapter searches it by default
+(``searched=True``), when the override lists it, or when the policy widened the epoch's space with
+it (``widen``: the batch limits where they bind); the others stay at the base config's value.
+Equivalent configurations (a cache-aware policy with caching off) are collapsed through the
+adapter's ``normalize()``: every point maps to a normalized KnobConfig, and the grid holds each
+normalized config once.
 
 Categorical values are passed to skopt as strings (skopt's transformers and numpy do not round-trip
 bools and ints reliably); every value coming back is converted to a plain Python value.

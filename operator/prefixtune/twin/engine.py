@@ -107,9 +107,10 @@ def engine_limits(parsed: ParsedCommand, gpu: GpuHardware, model: ModelSpec) -> 
     budget = defaults.max_batched_tokens if opts.max_batched_tokens is None else opts.max_batched_tokens
     max_len = opts.max_model_len
     context = model.max_model_len if max_len is None else max_len
-    if budget < 0:  # SGLang --chunked-prefill-size -1: chunking off
-        chunked, budget = False, 16384  # --max-prefill-tokens default
-    budget = twin.unchunked_budget(budget, bool(chunked), opts.max_batched_tokens is not None, context)
+    given = opts.max_batched_tokens is not None
+    if budget < 0:  # SGLang --chunked-prefill-size -1: chunking off, --max-prefill-tokens caps a batch
+        chunked, given = False, False
+    budget = twin.unchunked_budget(budget, bool(chunked), given, context)
     policy = twin.normalize_policy(str(parsed.config.schedule_policy))
     allowed = _policies(twin.name)
     if policy not in allowed:
@@ -291,7 +292,9 @@ class TwinEngine:
         self.policy = self.limits.policy
         if not self.prefix_caching and self.policy in {"lpm", "dfs-weight", "hrrn"}:
             self.policy = "fcfs"
-        self._mixed = self.twin.mixed_batches
+        # prefill and decode in one batch: the adapter's fact (SGLang: apart; --enable-mixed-chunk is
+        # not modelled)
+        self._mixed = get_adapter(self.twin.name).mixed_batches
         self._no_evict = self.policy == self.twin.no_evict_policy
         self._new_token_ratio = self.twin.new_token_ratio
         self._rng = random.Random(self.seed)

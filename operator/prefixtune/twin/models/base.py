@@ -77,7 +77,6 @@ class TwinModel:
     step_overhead_s: ClassVar[float]
     seq_overhead_s: ClassVar[float]
     # Scheduler traits.
-    mixed_batches: ClassVar[bool] = True  # prefill and decode in one batch
     retracts_decode: ClassVar[bool] = False  # victim: the decoding request with least output (SGLang)
     new_token_ratio: ClassVar[float] = 0.0  # share of running requests' remaining output kept free
     no_evict_policy: ClassVar[str] = ""  # the policy that admits a request only when all of it fits

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from prefixtune.engines.base import EngineName
-from prefixtune.engines.sglang import SglangAdapter
+from prefixtune.engines.sglang import MAX_PREFILL_TOKENS
 from prefixtune.twin.cache import EVICTION_POLICIES, SglangCache
 from prefixtune.twin.cache.base import KVCache
 from prefixtune.twin.catalog import GIB, GpuHardware
@@ -42,7 +42,7 @@ from prefixtune.twin.exporter import (
 from prefixtune.twin.memory import NON_TORCH_BYTES, MemoryStart, StartupOOM
 from prefixtune.twin.models.base import SchedulerDefaults, TwinModel, adapter_defaults, register
 
-UNCHUNKED_PREFILL_TOKENS = 16384  # --max-prefill-tokens default: caps a prefill batch without chunking
+UNCHUNKED_PREFILL_TOKENS = MAX_PREFILL_TOKENS  # the --max-prefill-tokens default caps an unchunked batch
 
 
 SCHED = {
@@ -215,7 +215,6 @@ class SglangModel(TwinModel):
     name = EngineName.SGLANG
     step_overhead_s = 1.4e-3
     seq_overhead_s = 5e-6
-    mixed_batches = SglangAdapter.mixed_batches  # (--enable-mixed-chunk is not modelled)
     retracts_decode = True  # retract_decode: least output first, then the longest prompt
     new_token_ratio = 0.3  # its new_token_ratio reservation, fixed here
     cache_options = ("eviction_policy",)
