@@ -63,24 +63,40 @@ def _guard(*path: str) -> str:
     return " || ".join(parts)
 
 
+def _pair(engine: str, field: str, config: tuple[str, str], space: tuple[str, str]) -> list[dict[str, Any]]:
+    """The rules for one knob on one engine: ``spec.config.<field>`` and ``spec.tuning.space.<field>``,
+    each a (CEL condition on the present field, message) that holds for other engines and when absent."""
+    not_engine = f"self.engine != '{engine}'"
+    return [
+        {
+            "rule": f"{not_engine} || {_guard('config', field)} || {config[0]}",
+            "message": config[1],
+            "fieldPath": f".config.{field}",
+        },
+        {
+            "rule": f"{not_engine} || {_guard('tuning', 'space', field)} || {space[0]}",
+            "message": space[1],
+            "fieldPath": f".tuning.space.{field}",
+        },
+    ]
+
+
 def _choice_rules(engine: str, knob: str, spec: KnobSpec) -> list[dict[str, Any]]:
     field = knob_field(knob)
     values = ", ".join(_cel_literal(v) for v in spec.choices)
     shown = ", ".join(str(v).lower() if isinstance(v, bool) else str(v) for v in spec.choices)
-    not_engine = f"self.engine != '{engine}'"
-    return [
-        {
-            "rule": f"{not_engine} || {_guard('config', field)} || self.config.{field} in [{values}]",
-            "message": f"config.{field} is not supported by {engine}; allowed: {shown}",
-            "fieldPath": f".config.{field}",
-        },
-        {
-            "rule": f"{not_engine} || {_guard('tuning', 'space', field)} || "
+    return _pair(
+        engine,
+        field,
+        (
+            f"self.config.{field} in [{values}]",
+            f"config.{field} is not supported by {engine}; allowed: {shown}",
+        ),
+        (
             f"self.tuning.space.{field}.all(v, v in [{values}])",
-            "message": f"tuning.space.{field} has a value {engine} does not support; allowed: {shown}",
-            "fieldPath": f".tuning.space.{field}",
-        },
-    ]
+            f"tuning.space.{field} has a value {engine} does not support; allowed: {shown}",
+        ),
+    )
 
 
 def _range_rules(engine: str, knob: str, spec: KnobSpec) -> list[dict[str, Any]]:
@@ -94,21 +110,16 @@ def _range_rules(engine: str, knob: str, spec: KnobSpec) -> list[dict[str, Any]]
     def inside(expr: str) -> str:
         return f"({expr} {low_op} {low} && {expr} <= {high})"
 
-    not_engine = f"self.engine != '{engine}'"
     space = f"self.tuning.space.{field}"
-    return [
-        {
-            "rule": f"{not_engine} || {_guard('config', field)} || {inside(f'self.config.{field}')}",
-            "message": f"config.{field} must be in {spec.range_text()} for {engine}",
-            "fieldPath": f".config.{field}",
-        },
-        {
-            "rule": f"{not_engine} || {_guard('tuning', 'space', field)} || "
+    return _pair(
+        engine,
+        field,
+        (inside(f"self.config.{field}"), f"config.{field} must be in {spec.range_text()} for {engine}"),
+        (
             f"({inside(f'{space}.min')} && {inside(f'{space}.max')})",
-            "message": f"tuning.space.{field} must lie in {spec.range_text()} for {engine}",
-            "fieldPath": f".tuning.space.{field}",
-        },
-    ]
+            f"tuning.space.{field} must lie in {spec.range_text()} for {engine}",
+        ),
+    )
 
 
 def _integer_range_rules(engine: str, knob: str, spec: KnobSpec) -> list[dict[str, Any]]:
@@ -128,20 +139,18 @@ def _integer_range_rules(engine: str, knob: str, spec: KnobSpec) -> list[dict[st
         return bounded if unset is None else f"({expr} == {_cel_literal(unset)} || {bounded})"
 
     auto = "" if unset is None else f" (or {unset}: the engine's own default)"
-    not_engine = f"self.engine != '{engine}'"
-    return [
-        {
-            "rule": f"{not_engine} || {_guard('config', field)} || {inside(f'self.config.{field}')}",
-            "message": f"config.{field} must be an integer in {spec.range_text()}{auto} for {engine}",
-            "fieldPath": f".config.{field}",
-        },
-        {
-            "rule": f"{not_engine} || {_guard('tuning', 'space', field)} || "
+    return _pair(
+        engine,
+        field,
+        (
+            inside(f"self.config.{field}"),
+            f"config.{field} must be an integer in {spec.range_text()}{auto} for {engine}",
+        ),
+        (
             f"self.tuning.space.{field}.all(v, {inside('v')})",
-            "message": f"tuning.space.{field} has a value outside {spec.range_text()}{auto} for {engine}",
-            "fieldPath": f".tuning.space.{field}",
-        },
-    ]
+            f"tuning.space.{field} has a value outside {spec.range_text()}{auto} for {engine}",
+        ),
+    )
 
 
 def _flag_regex(flags: Sequence[str]) -> str:
