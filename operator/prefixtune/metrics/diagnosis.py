@@ -18,9 +18,12 @@ queueing, unknown, or insufficient-data) with the readings that support it, plus
 - ``running-cap-binds`` (needs ``limits``): the running batch sits at the running-request cap while
   KV memory is free and requests queue: the cap, not memory, limits the batch.
 - ``token-budget-itl-spikes`` (needs ``limits``): ITL p99 far above p50 while the prompt tokens each
-  request computes fill most of a step's token budget: decode steps carry large prefill chunks
-  (vLLM's and SGLang's mixed steps, TensorRT-LLM's in-flight batching), so a smaller budget cuts the
-  spikes at some TTFT. Prompts much shorter than the budget make the same spikes at any budget.
+  request computes fill most of a step's token budget: the decodes wait on large prefill chunks.
+  Where chunks share steps with the decodes and long prompts are chunked (vLLM), a smaller budget
+  cuts the spikes at some TTFT; SGLang runs a prompt's prefill batches back to back apart from
+  decode, and trtllm-serve without chunked prefill refuses prompts over its budget, so there it does
+  not (the widening asks the adapter: ``budget_cuts_itl``). Prompts much shorter than the budget make
+  the same spikes at any budget.
 - ``token-budget-chunks-ttft`` (needs ``limits``): a prompt needs many steps of what the budget
   leaves after the running decodes (one token each) and TTFT is about that many steps: TTFT is mostly
   chunked prefill; a larger budget cuts it at some ITL.
@@ -455,7 +458,8 @@ def _token_budget_itl_spikes(c: _Case) -> Finding | None:
         "token-budget-itl-spikes",
         f"token budget {budget}: ITL p99 {s.itl_p99_s * 1000:.0f} ms is {ratio:.1f}x p50 while each request "
         f"computes {prompt:.0f} prompt tokens: decode steps carry prefill chunks of up to {chunk:.0f} "
-        "tokens (a smaller token budget cuts the ITL spikes, at some TTFT)",
+        "tokens (where chunks share steps with the decodes, as in vLLM, a smaller token budget cuts the "
+        "spikes, at some TTFT)",
         {
             "max_batched_tokens": float(budget),
             "computed_prompt_per_request": prompt,
