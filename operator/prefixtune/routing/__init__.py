@@ -1,0 +1,1 @@
+"""Cache-aware routing: the routers' facts (``policy``), and what derives from them."""

@@ -1,0 +1,65 @@
+"""The routing policies and the two routers that implement them: one place for these facts.
+
+Checked against the routers' own command-line parsers (``--help`` of the PyPI wheels
+``sglang-router`` 0.3.2, ``sglang-router launch``, and ``vllm-router`` 0.1.17):
+
+- both: ``--policy {random,round_robin,cache_aware,power_of_two,...}`` (default ``cache_aware``),
+  ``--cache-threshold`` (0.3), ``--balance-abs-threshold`` (64), ``--balance-rel-threshold`` (1.5),
+  ``--max-tree-size`` (sglang-router 67108864, vllm-router 33554432 characters per worker),
+  ``--service-discovery --selector ... --service-discovery-namespace ...``, ``--prometheus-port``;
+- only vllm-router: ``consistent_hash``, ``sticky_least_loaded`` and ``kv_aware`` (the last needs the
+  engines' KV events, with ``--kv-event-block-size`` equal to the engine's block size);
+- only sglang-router: ``manual`` (a routing key the client sends).
+
+``RoutingPolicy.KUBE_PROXY`` is no router at all: the engine pods' Service spreads connections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class RoutingPolicy(StrEnum):
+    """How requests are spread over the engine replicas (values: the routers' ``--policy`` names)."""
+
+    KUBE_PROXY = "kube-proxy"  # no router: the Service's random spread of connections
+    RANDOM = "random"
+    ROUND_ROBIN = "round_robin"
+    POWER_OF_TWO = "power_of_two"
+    CACHE_AWARE = "cache_aware"
+    CONSISTENT_HASH = "consistent_hash"  # session affinity: a hash of the session key picks the worker
+
+
+class Router(StrEnum):
+    """The router binaries (the PyPI wheels' console scripts)."""
+
+    SGLANG = "sglang-router"
+    VLLM = "vllm-router"
+
+
+_BOTH = frozenset(
+    {RoutingPolicy.RANDOM, RoutingPolicy.ROUND_ROBIN, RoutingPolicy.POWER_OF_TWO, RoutingPolicy.CACHE_AWARE}
+)
+ROUTER_POLICIES: dict[Router, frozenset[RoutingPolicy]] = {
+    Router.SGLANG: _BOTH,
+    Router.VLLM: _BOTH | {RoutingPolicy.CONSISTENT_HASH},
+}
+
+# The per-worker character budget of the approximate radix tree, each router's default.
+DEFAULT_MAX_TREE_SIZE: dict[Router, int] = {Router.SGLANG: 67_108_864, Router.VLLM: 33_554_432}
+
+
+@dataclass(frozen=True)
+class CacheAwareThresholds:
+    """The cache-aware policy's settings, with both routers' defaults.
+
+    A request goes to the worker whose tree shares the longest prefix with its text when that match is
+    at least ``cache_threshold`` of the text; else to the worker with the smallest tree. Whenever the
+    load is imbalanced (``max - min > balance_abs_threshold`` and ``max > min * balance_rel_threshold``,
+    in requests in flight) the least-loaded worker takes it instead.
+    """
+
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
