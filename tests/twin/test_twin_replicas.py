@@ -88,3 +88,14 @@ def test_an_engine_that_cannot_start_fails_every_replica() -> None:
 def test_replicas_must_be_positive() -> None:
     with pytest.raises(ValueError, match="replicas"):
         simulate_replicas("vllm", [], GPU, _chat()[:5], 0, RoutingConfig(), OPTIONS)
+
+
+def test_the_diagnosis_prices_random_routing_with_the_twins_single_cache() -> None:
+    from prefixtune.metrics.diagnosis import ReplicaRouting, diagnose
+
+    run = _run(RoutingPolicy.KUBE_PROXY)
+    single = single_cache_hit_rate("vllm", [], GPU, _chat(), 4, OPTIONS)
+    routing = ReplicaRouting(4, RoutingPolicy.KUBE_PROXY, single_replica_hit_rate=single)
+    d = diagnose(run.total.signals(run.total.sim_seconds), routing=routing, prefix_caching=True)
+    found = next(f for f in d.findings if f.code == "routing-splits-cache")
+    assert found.readings["routing_cost_points"] == pytest.approx(100 * (single - run.total.hit_rate))
