@@ -99,3 +99,10 @@ def test_the_diagnosis_prices_random_routing_with_the_twins_single_cache() -> No
     d = diagnose(run.total.signals(run.total.sim_seconds), routing=routing, prefix_caching=True)
     found = next(f for f in d.findings if f.code == "routing-splits-cache")
     assert found.readings["routing_cost_points"] == pytest.approx(100 * (single - run.total.hit_rate))
+
+
+def test_requests_after_the_horizon_are_never_routed() -> None:
+    cut = SimOptions(seed=3, model=M8, warmup_s=10.0, horizon_s=30.0)
+    for policy in (RoutingPolicy.RANDOM, RoutingPolicy.CACHE_AWARE):
+        run = simulate_replicas("vllm", [], GPU, _chat(), 4, RoutingConfig(policy=policy), cut)
+        assert sum(run.decisions.values()) == sum(1 for r in _chat() if r.arrival_s < 30.0)

@@ -117,11 +117,10 @@ def simulate_replicas(
     routed: list[list[Request]] = [[] for _ in range(replicas)]
     # the counters at the window's start: now without a warm-up, else when the clock reaches it
     c0 = None if o.warmup_s > 0 else [snapshot(e) for e in engines]
+    routable = [r for r in ordered if r.arrival_s < horizon]  # later ones never arrive
     if routing.load_aware:
-        for req in ordered:
+        for req in routable:
             t = req.arrival_s
-            if t >= horizon:
-                break
             if c0 is None and t >= o.warmup_s:
                 c0 = _advance_all(engines, o.warmup_s)
             for eng in engines:
@@ -135,7 +134,7 @@ def simulate_replicas(
             engines[i].submit(req)
     else:
         zeros = [0] * replicas
-        for req in ordered:
+        for req in routable:
             routed[router.route(req, zeros, req.arrival_s).replica].append(req)
         for eng, reqs in zip(engines, routed, strict=True):
             eng.submit_all(reqs)
