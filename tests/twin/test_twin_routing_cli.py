@@ -75,7 +75,11 @@ def test_whatif_sweeps_the_routing_policy_over_replicas(tmp_path: Path, capsys: 
     assert [len(r["replicas"]) for r in doc["results"]] == [4, 4]
     assert set(aware["replicas"][0]) == set(whatif.REPLICA_KEYS)
     assert doc["setup"]["router"]["policy"] == "kube-proxy" and doc["plots"] == ["whatif_routing.png"]
-    assert capsys.readouterr().out.splitlines()[0].split()[:2] == ["routing", "status"]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["routing", "status"]
+    shares = out[out.index("per replica (request share, hit rate):") + 1 :]
+    assert [line.split(":")[0].strip() for line in shares[:2]] == ["routing=random", "routing=cache_aware"]
+    assert len(shares[1].split(":")[1].split()) == 8  # four replicas, a share and a hit rate each
 
 
 def test_whatif_refuses_a_routing_sweep_without_replicas(tmp_path: Path, capsys: Any) -> None:

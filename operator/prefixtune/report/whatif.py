@@ -425,6 +425,18 @@ def format_table(
     return "\n".join(lines)
 
 
+def format_replicas(results: Sequence[Mapping[str, Any]], swept: Sequence[str]) -> str:
+    """For runs over several replicas: each row's request share and hit rate per replica."""
+    lines = []
+    for r in results:
+        if not r.get("replicas"):
+            continue
+        label = ", ".join(f"{k}={_fmt(k, r['config'][k])}" for k in swept)
+        cells = "  ".join(f"{x['share']:.2f} {_fmt('hit_rate', x['hit_rate'])}" for x in r["replicas"])
+        lines.append(f"  {label}: {cells}")
+    return "\n".join(["per replica (request share, hit rate):", *lines]) if lines else ""
+
+
 def write_outputs(
     results: Sequence[Mapping[str, Any]],
     sweeps: Sequence[tuple[str, Sequence[Any]]],
@@ -598,5 +610,8 @@ def main(argv: Sequence[str], stderr: TextIO | None = None) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print(format_table(results, [n for n, _ in sweeps], TableSlo(ns.slo_ttft, ns.slo_itl)))
+        shares = format_replicas(results, [n for n, _ in sweeps])
+        if shares:
+            print(f"\n{shares}")
         print(f"\nwrote {Path(ns.out) / RESULTS_JSON} and {', '.join(doc['plots'])}")
     return 0
