@@ -18,9 +18,10 @@ The policies (``RoutingPolicy``), as the routers decide them:
   together (vllm-router; a request without a session hashes its id). A hash ring differs from this
   modulo only when replicas come and go, which the twin does not model.
 - ``cache_aware``: an approximate radix tree of the request text per replica (``ApproxTree``), as in
-  ``sgl-router/src/policies/cache_aware.rs`` and ``tree.rs`` (sgl-project/sglang, the sglang-router
-  source behind PyPI 0.3.2, read at commits 026f853b and 4d40eec0) and ``src/policies/cache_aware.rs``
-  of vllm-project/router (commit 16917f49):
+  ``sgl-router/src/policies/cache_aware.rs`` and ``tree.rs`` (sgl-project/sglang, the crate the
+  sglang-router wheel is built from, read at commits 026f853b and 4d40eec0; which wheel version
+  those commits shipped in was not checked) and ``src/policies/cache_aware.rs`` of
+  vllm-project/router (commit 16917f49):
 
   1. the load is imbalanced when ``max - min > balance_abs_threshold`` *and*
      ``max > min * balance_rel_threshold`` (requests in flight): the least-loaded replica takes it;
