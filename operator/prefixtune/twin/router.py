@@ -33,7 +33,7 @@ The policies (``RoutingPolicy``), as the routers decide them:
   3. else (a low match) sglang-router takes the replica with the *smallest tree*; vllm-router's
      current source takes the *least-loaded* one (``low_match_min_load``): ``low_match`` says which;
   4. the text is inserted into the chosen replica's tree (in the imbalanced case too);
-  5. every ``eviction_interval_s`` (the routers' ``eviction_interval_secs``, 120) each tree larger
+  5. every ``eviction_interval_s`` (``eviction_interval_secs``, sglang-router: 120) each tree larger
      than ``max_tree_size`` loses least-recently-used leaves until it fits (sglang-router's
      ``evict_tenant_by_size``: per tenant).
 
@@ -62,7 +62,7 @@ from prefixtune.twin.prompt import TokenSeq
 from prefixtune.twin.request import Request
 
 CHARS_PER_TOKEN: Final = 4  # characters of text per token, to read max_tree_size in the twin's tokens
-EVICTION_INTERVAL_S: Final = 120.0  # both routers' default --eviction-interval-secs
+EVICTION_INTERVAL_S: Final = 120.0  # sglang-router's default eviction_interval_secs (its CLI and logs)
 
 
 class Decision(StrEnum):
