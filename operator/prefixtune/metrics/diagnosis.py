@@ -27,6 +27,11 @@ queueing, unknown, or insufficient-data) with the readings that support it, plus
 - ``token-budget-chunks-ttft`` (needs ``limits``): a prompt needs many steps of what the budget
   leaves after the running decodes (one token each) and TTFT is about that many steps: TTFT is mostly
   chunked prefill; a larger budget cuts it at some ITL.
+- ``routing-splits-cache`` (needs ``routing``): two or more replicas behind a policy blind to the
+  request's prefix (kube-proxy, random, round_robin, power_of_two: ``routing.policy.PREFIX_BLIND``)
+  while one replica holding the whole load's cache would hit more (``single_replica_hit_rate``: from
+  the twin, ``twin/replicas.single_cache_hit_rate``, or per-session statistics): the cost is named
+  in points of hit rate. Without that estimate, the finding still names the policy and the replicas.
 
 The bound: a full KV pool with preemptions or a queue is kv-capacity; a queue against the batch is
 queueing; many computed prompt tokens per output token is prefill (the token mix, robust to chunked
@@ -45,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixtune.metrics.signals import Signals
+from prefixtune.routing.policy import PREFIX_BLIND, RoutingPolicy
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -79,6 +85,7 @@ class Thresholds:
     itl_tail_ratio: float = 3.0  # ITL p99 / p50 at or above this: ITL spikes
     chunk_share: float = 0.5  # computed prompt >= this x the token budget: steps carry large chunks
     many_steps: float = 4.0  # a prompt's prefill over at least this many steps: chunking decides TTFT
+    routing_gap: float = 0.05  # single-replica hit rate this far above the measured one: routing costs
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,16 @@ class BatchLimits:
 
     max_running: int | None = None
     max_batched_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaRouting:
+    """How requests reach the replicas: their number, the routing policy, and (None: not known) the
+    hit rate one replica holding the whole load's cache would have on the same traffic."""
+
+    replicas: int = 1
+    policy: RoutingPolicy = RoutingPolicy.KUBE_PROXY
+    single_replica_hit_rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -191,6 +208,7 @@ class _Case:
     history: Sequence[Signals]
     prefix_caching: bool | None
     limits: BatchLimits
+    routing: ReplicaRouting | None = None
 
     @property
     def previous(self) -> Signals | None:
@@ -493,6 +511,35 @@ def _token_budget_chunks_ttft(c: _Case) -> Finding | None:
     )
 
 
+def _routing_splits_cache(c: _Case) -> Finding | None:
+    r, s, t = c.routing, c.s, c.t
+    if r is None or r.replicas < 2 or r.policy not in PREFIX_BLIND or c.prefix_caching is False:
+        return None
+    single, measured = r.single_replica_hit_rate, s.hit_rate
+    fix = (
+        "a cache-aware router (sglang-router / vllm-router --policy cache_aware) or session affinity "
+        "(consistent_hash) keeps them together"
+    )
+    readings = {"replicas": float(r.replicas), **_present(s, "hit_rate")}
+    if single is None or measured is None:
+        return Finding(
+            "routing-splits-cache",
+            f"{r.replicas} replicas behind {r.policy} routing: a session's turns and each hot prefix land "
+            f"on any replica (no single-replica estimate to price it: `prefixtune twin whatif --replicas "
+            f"{r.replicas} --sweep routing=...` gives one); {fix}",
+            readings,
+        )
+    if single - measured < t.routing_gap:
+        return None
+    return Finding(
+        "routing-splits-cache",
+        f"{r.replicas} replicas behind {r.policy} routing: hit rate {measured:.0%} where one replica holding "
+        f"the whole load's cache would reach {single:.0%} ({100 * (single - measured):.0f} points lost: a "
+        f"session's turns and each hot prefix land on any replica); {fix}",
+        {**readings, "single_replica_hit_rate": single, "routing_cost_points": 100 * (single - measured)},
+    )
+
+
 FINDING_RULES: tuple[Callable[[_Case], Finding | None], ...] = (
     _ttft_down_throughput_flat,
     _p99_stuck,
@@ -504,6 +551,7 @@ FINDING_RULES: tuple[Callable[[_Case], Finding | None], ...] = (
     _running_cap_binds,
     _token_budget_itl_spikes,
     _token_budget_chunks_ttft,
+    _routing_splits_cache,
 )
 
 
@@ -515,11 +563,13 @@ def diagnose(
     thresholds: Thresholds | None = None,
     prefix_caching: bool | None = None,
     limits: BatchLimits | None = None,
+    routing: ReplicaRouting | None = None,
 ) -> Diagnosis:
     """Diagnose one window. ``baseline``: the same workload with caching off or the previous config;
     ``history``: earlier windows of this config, oldest first (for trends and "stably");
     ``prefix_caching``: whether the measured config caches (False: a zero hit rate is no finding);
-    ``limits``: the batch limits the measured config runs (None: no batch-limit findings)."""
+    ``limits``: the batch limits the measured config runs (None: no batch-limit findings);
+    ``routing``: the replicas and their routing (None: no routing finding)."""
     t = thresholds or Thresholds()
     s = signals
     if s.requests is None or s.requests < t.min_requests:
@@ -532,7 +582,7 @@ def diagnose(
             prefill_reduction=s.prefill_reduction,
         )
     bound, reason, readings = _bound(s, t)
-    case = _Case(s, t, baseline, history, prefix_caching, limits or BatchLimits())
+    case = _Case(s, t, baseline, history, prefix_caching, limits or BatchLimits(), routing)
     findings = tuple(f for f in (rule(case) for rule in FINDING_RULES) if f is not None)
     if bound == UNKNOWN and any(f.code == TTFT_DOWN_THROUGHPUT_FLAT for f in findings):
         bound, reason = DECODE, "TTFT fell with caching while throughput stayed flat: decode-bound"

@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from prefixtune.report.scores import ScoreRow, number, score_label
@@ -353,3 +354,48 @@ def scale_plot(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left")
     return _save(fig, path)
+
+
+ROUTING_PANELS = (
+    ("hit_rate", "hit rate"),
+    ("ttft_p99_s", "TTFT p99 (s, log)"),
+    ("goodput_tokens_per_s", "goodput (tokens/s)"),
+)
+
+
+def routing_plot(scenarios: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """``bench routing``: per scenario (groups) and routing policy (bars), the hit rate (with the
+    single cache's as a line over each group), TTFT p99 and goodput. ``scenarios`` as the bench's
+    JSON has them (``policies``: policy -> figures, ``single_cache_hit_rate``)."""
+    fig = Figure(figsize=(12.0, 4.5), dpi=DPI)
+    FigureCanvasAgg(fig)
+    policies = list(scenarios[0]["policies"]) if scenarios else []
+    width = 0.8 / max(len(policies), 1)
+    colours = [f"C{i}" for i in range(len(policies))]
+    for k, (key, label) in enumerate(ROUTING_PANELS):
+        ax = fig.add_subplot(1, len(ROUTING_PANELS), k + 1)
+        for j, policy in enumerate(policies):
+            xs = [i - 0.4 + width * (j + 0.5) for i in range(len(scenarios))]
+            ys = [float(s["policies"][policy][key]) for s in scenarios]
+            ax.bar(xs, ys, width, color=colours[j], label=policy)
+        if key == "ttft_p99_s":
+            ax.set_yscale("log")  # seconds of queueing beside tens of milliseconds
+        if key == "hit_rate":
+            for i, s in enumerate(scenarios):
+                single = float(s["single_cache_hit_rate"])
+                ax.hlines(single, i - 0.45, i + 0.45, colors="black", linestyles="--")
+            ax.set_ylim(0, 1)
+        ax.set_xticks(range(len(scenarios)))
+        ax.set_xticklabels([f"{s['scenario']}\n{s['engine']}" for s in scenarios])
+        ax.set_title(label)
+        ax.grid(True, axis="y", alpha=0.3)
+    handles, labels = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])
+    handles.append(Line2D([], [], color="black", linestyle="--"))
+    labels.append("one cache, all pools together")
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
+    fig.suptitle("4 replicas behind each routing policy (twin)")
+    FigureCanvasAgg(fig)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(str(path), dpi=DPI, format="png")
+    return path

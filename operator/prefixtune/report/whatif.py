@@ -17,6 +17,11 @@ Besides the knobs (the batch limits among them: ``max_batched_tokens``, the step
 set on the parsed command (``OPTION_SPECS``), as the engine's own flag would set it
 (``--enable-chunked-prefill``, ``--chunked-prefill-size -1``, ``enable_chunked_prefill``): it decides
 what the token budget does to a long prompt.
+
+``routing`` sweeps the router in front of ``--replicas N`` replicas (``twin/replicas.py``;
+``--sweep routing=kube-proxy,random,cache_aware``; the thresholds from ``--cache-threshold`` etc.):
+each row is then the replicas' total, with each replica's request share, hit rate, TTFT and goodput
+under ``replicas`` in results.json.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from prefixtune.engines._common import CHUNKED_PREFILL
 from prefixtune.engines.base import (
@@ -42,8 +47,12 @@ from prefixtune.engines.base import (
     KnobSpec,
 )
 from prefixtune.engines.knobs import MAX_BATCHED_TOKENS, MAX_RUNNING
-from prefixtune.twin.cliargs import add_target_args, add_workload_source
+from prefixtune.routing.policy import RoutingPolicy
+from prefixtune.twin.cliargs import add_routing_args, add_target_args, add_workload_source, routing_config
 from prefixtune.twin.request import Request
+
+if TYPE_CHECKING:
+    from prefixtune.twin.router import RoutingConfig
 
 RESULTS_JSON = "results.json"
 DEFAULT_SLO_TTFT_S = 2.0  # the API's default spec.tuning.slo
@@ -79,6 +88,16 @@ OPTION_SPECS: Mapping[str, KnobSpec] = {
 }
 BATCH_LIMITS = frozenset({MAX_BATCHED_TOKENS, MAX_RUNNING})
 OptionValue = int | bool
+# The router in front of the replicas, sweepable on every engine (needs --replicas >= 2).
+ROUTING = "routing"
+ROUTING_SPEC = KnobSpec(
+    name=ROUTING,
+    default=str(RoutingPolicy.KUBE_PROXY),
+    choices=tuple(str(p) for p in RoutingPolicy),
+    doc="how requests are spread over --replicas replicas (twin/router.py)",
+)
+# Per-replica figures a routing row keeps (results.json ``replicas``).
+REPLICA_KEYS = ("share", "hit_rate", "ttft_p50_s", "ttft_p99_s", "goodput_tokens_per_s", "requests")
 
 
 class SweepError(ValueError):
@@ -91,15 +110,21 @@ class SweepPoint:
 
     config: KnobConfig
     options: Mapping[str, OptionValue] = field(default_factory=dict)
+    routing: RoutingPolicy | None = None  # None: the run's --routing
 
     def values(self) -> dict[str, Any]:
-        """The swept names' values as the results show them: the knobs, then the options."""
-        return {**self.config.to_dict(), **self.options}
+        """The swept names' values as the results show them: the knobs, the options, the routing."""
+        routing = {} if self.routing is None else {ROUTING: str(self.routing)}
+        return {**self.config.to_dict(), **self.options, **routing}
 
 
 def sweepable(knobs: Mapping[str, KnobSpec]) -> dict[str, KnobSpec]:
-    """What ``--sweep`` accepts on an engine: its knobs, and the batch-limit options it has no knob for."""
-    return {**knobs, **{name: spec for name, spec in OPTION_SPECS.items() if name not in knobs}}
+    """What ``--sweep`` accepts on an engine: its knobs, the options it has no knob for, the routing."""
+    return {
+        **knobs,
+        **{name: spec for name, spec in OPTION_SPECS.items() if name not in knobs},
+        ROUTING: ROUTING_SPEC,
+    }
 
 
 def _parse_value(spec: KnobSpec, text: str) -> float | int | bool | str:
@@ -167,7 +192,8 @@ def grid(
             text = "; ".join(f"{k}: {m}" for k, m in problems)
             raise SweepError(f"--sweep: the combination {config.to_dict()} is not valid: {text}")
         options = {n: v for n, v in chosen.items() if n not in knobs and isinstance(v, int)}
-        points.append(SweepPoint(config, options))
+        routing = RoutingPolicy(str(chosen[ROUTING])) if ROUTING in chosen else None
+        points.append(SweepPoint(config, options, routing))
     return points
 
 
@@ -189,10 +215,13 @@ def run_point(
     options: Mapping[str, Any],
     requests: Sequence[Request] | None = None,
     engine_options: Mapping[str, OptionValue] | None = None,
+    routing: str | None = None,
 ) -> dict[str, Any]:
     """One twin run of ``config`` (a KnobConfig dict) with ``engine_options`` set on the parsed
     command (neutral option names, ``OPTION_SPECS``); the summary as plain values, the effective
-    batch limits under ``limits``."""
+    batch limits under ``limits``. With ``options["replicas"]`` >= 2, that many replicas behind the
+    router ``routing`` (a policy name; None: ``options["routing"]``), its settings from
+    ``options["router"]`` (``RoutingConfig.to_dict``): the total, and ``replicas`` (``REPLICA_KEYS``)."""
     from prefixtune.engines import get_adapter
     from prefixtune.twin.run import SimOptions, parse_command, simulate
     from prefixtune.twin.summary import GoodputSlo
@@ -203,23 +232,55 @@ def run_point(
     parsed = parse_command(engine, list(rendered.argv), files=rendered.files)
     if engine_options:
         parsed = replace(parsed, options=EngineOptions({**parsed.options, **engine_options}))
-    summary = simulate(
-        engine,
-        parsed,
-        gpu,
-        _REQUESTS if requests is None else requests,
-        SimOptions(
-            seed=int(options.get("seed", 0)),
-            slo=GoodputSlo(ttft_s=options.get("slo_ttft_s"), itl_s=options.get("slo_itl_s")),
-            warmup_s=float(options.get("warmup_s", 0.0)),
-        ),
+    sim = SimOptions(
+        seed=int(options.get("seed", 0)),
+        slo=GoodputSlo(ttft_s=options.get("slo_ttft_s"), itl_s=options.get("slo_itl_s")),
+        warmup_s=float(options.get("warmup_s", 0.0)),
     )
+    reqs = _REQUESTS if requests is None else requests
+    replicas = int(options.get("replicas", 1))
+    swept = {} if routing is None else {ROUTING: routing}
+    per: list[dict[str, Any]] | None = None
+    if replicas > 1:
+        from prefixtune.twin.replicas import simulate_replicas
+
+        settings = dict(options.get("router") or {})
+        policy = RoutingPolicy(routing or settings.get("policy") or RoutingPolicy.KUBE_PROXY)
+        run = simulate_replicas(engine, parsed, gpu, reqs, replicas, _router(policy, settings), sim)
+        summary = run.total
+        per = [{k: r[k] for k in REPLICA_KEYS} for r in run.to_dict()["replicas"]]
+    else:
+        summary = simulate(engine, parsed, gpu, reqs, sim)
     data = summary.to_dict()
     setup = data.pop("setup", None) or {}
     limits = setup.get("limits")
     if limits is not None:
         data["limits"] = limits
-    return {"config": {**knobs.to_dict(), **(engine_options or {})}, **data}
+    if per is not None:
+        data["replicas"] = per
+    return {"config": {**knobs.to_dict(), **(engine_options or {}), **swept}, **data}
+
+
+def _router(policy: RoutingPolicy, settings: Mapping[str, Any]) -> RoutingConfig:
+    """The ``RoutingConfig`` of ``policy`` with the run's router settings (``RoutingConfig.to_dict``)."""
+    from prefixtune.routing.policy import CacheAwareThresholds, Router
+    from prefixtune.twin.router import RoutingConfig
+
+    d = CacheAwareThresholds()
+    return RoutingConfig(
+        policy=policy,
+        thresholds=CacheAwareThresholds(
+            cache_threshold=float(settings.get("cache_threshold", d.cache_threshold)),
+            balance_abs_threshold=int(settings.get("balance_abs_threshold", d.balance_abs_threshold)),
+            balance_rel_threshold=float(settings.get("balance_rel_threshold", d.balance_rel_threshold)),
+        ),
+        low_match=Router(settings.get("low_match", Router.SGLANG)),
+        max_tree_size=settings.get("max_tree_size"),
+    )
+
+
+def _name(point: SweepPoint) -> str | None:
+    return None if point.routing is None else str(point.routing)
 
 
 def progress_bar(done: int, total: int, width: int = 30) -> str:
@@ -246,7 +307,7 @@ def run_sweep(
     if jobs <= 1 or total <= 1:
         for i, point in enumerate(points):
             results[i] = run_point(
-                engine, model, gpu, point.config.to_dict(), options, requests, point.options
+                engine, model, gpu, point.config.to_dict(), options, requests, point.options, _name(point)
             )
             if on_progress:
                 on_progress(i + 1, total)
@@ -255,7 +316,9 @@ def run_sweep(
             max_workers=min(jobs, total), initializer=_init_worker, initargs=(requests,)
         ) as pool:
             futures = {
-                pool.submit(run_point, engine, model, gpu, p.config.to_dict(), options, None, p.options): i
+                pool.submit(
+                    run_point, engine, model, gpu, p.config.to_dict(), options, None, p.options, _name(p)
+                ): i
                 for i, p in enumerate(points)
             }
             for done, future in enumerate(as_completed(futures), start=1):
@@ -362,6 +425,18 @@ def format_table(
     return "\n".join(lines)
 
 
+def format_replicas(results: Sequence[Mapping[str, Any]], swept: Sequence[str]) -> str:
+    """For runs over several replicas: each row's request share and hit rate per replica."""
+    lines = []
+    for r in results:
+        if not r.get("replicas"):
+            continue
+        label = ", ".join(f"{k}={_fmt(k, r['config'][k])}" for k in swept)
+        cells = "  ".join(f"{x['share']:.2f} {_fmt('hit_rate', x['hit_rate'])}" for x in r["replicas"])
+        lines.append(f"  {label}: {cells}")
+    return "\n".join(["per replica (request share, hit rate):", *lines]) if lines else ""
+
+
 def write_outputs(
     results: Sequence[Mapping[str, Any]],
     sweeps: Sequence[tuple[str, Sequence[Any]]],
@@ -428,7 +503,7 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         metavar="KNOB=V1,V2,...",
         help=f"knob values to try (knobs: {', '.join(KNOB_NAMES)}; and {', '.join(OPTION_SPECS)} "
-        "on every engine); repeat for a grid",
+        f"and {ROUTING} (with --replicas >= 2) on every engine); repeat for a grid",
     )
     p.add_argument("--out", required=True, help="output folder (results.json and PNGs)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default: CPUs)")
@@ -437,6 +512,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-ttft", type=float, default=DEFAULT_SLO_TTFT_S, help="TTFT SLO (s) for goodput")
     p.add_argument("--slo-itl", type=float, default=DEFAULT_SLO_ITL_S, help="inter-token SLO (s) for goodput")
     p.add_argument("--json", action="store_true", help="print results.json's content instead of a table")
+    add_routing_args(p)
     return p
 
 
@@ -479,6 +555,9 @@ def main(argv: Sequence[str], stderr: TextIO | None = None) -> int:
         knobs = sweepable(adapter.knobs())
         sweeps = [parse_sweep(s, knobs) for s in ns.sweep]
         configs = grid(adapter, sweeps)
+        router = routing_config(ns)
+        if ns.replicas < 2 and any(n == ROUTING for n, _ in sweeps):
+            raise SweepError(f"--sweep {ROUTING} needs --replicas >= 2 (got {ns.replicas})")
         # Fail on a bad model / GPU / TP here, once, rather than in every worker.
         parse_command(ns.engine, [], model=ns.model, tp=ns.tp)
         get_model(ns.model)
@@ -502,6 +581,8 @@ def main(argv: Sequence[str], stderr: TextIO | None = None) -> int:
         "slo_itl_s": ns.slo_itl,
         "warmup_s": ns.warmup,
     }
+    if ns.replicas > 1:
+        options.update({"replicas": ns.replicas, "router": router.to_dict()})
 
     def progress(done: int, total: int) -> None:
         end = "\n" if done == total else ""
@@ -529,5 +610,8 @@ def main(argv: Sequence[str], stderr: TextIO | None = None) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print(format_table(results, [n for n, _ in sweeps], TableSlo(ns.slo_ttft, ns.slo_itl)))
+        shares = format_replicas(results, [n for n, _ in sweeps])
+        if shares:
+            print(f"\n{shares}")
         print(f"\nwrote {Path(ns.out) / RESULTS_JSON} and {', '.join(doc['plots'])}")
     return 0

@@ -63,3 +63,11 @@ class CacheAwareThresholds:
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
+
+
+# The policies that ignore the request's text: a session's turns and each hot prefix land on any
+# replica, so each replica caches only its share of a conversation (and every hot prefix once per
+# replica). cache_aware follows the cached prefix; consistent_hash keeps a session on one replica.
+PREFIX_BLIND: frozenset[RoutingPolicy] = frozenset(
+    {RoutingPolicy.KUBE_PROXY, RoutingPolicy.RANDOM, RoutingPolicy.ROUND_ROBIN, RoutingPolicy.POWER_OF_TWO}
+)

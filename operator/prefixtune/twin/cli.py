@@ -7,7 +7,9 @@
 
 Engine arguments after ``--`` are the engine's real flags, read by its adapter: either flags added to
 the engine's default command for ``--model`` (later flags win), or a whole command line
-(``-- vllm serve MODEL ...``). Without them, the adapter's default command. ``serve`` and ``cache``
+(``-- vllm serve MODEL ...``). Without them, the adapter's default command. ``--replicas N --routing
+POLICY`` runs N replicas behind a router (``twin/replicas.py``): the total, the router's decisions and
+one row per replica (its request share, hit rate, TTFT, goodput). ``serve`` and ``cache``
 live in ``twin/serve.py`` and ``twin/replay.py``.
 """
 
@@ -22,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from prefixtune.engines.base import ArgsError
-from prefixtune.twin.cliargs import add_target_args, add_workload_source
+from prefixtune.twin.cliargs import add_routing_args, add_target_args, add_workload_source, routing_config
 
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("prefixtune.twin.cli", "run_main", "simulate an engine on a workload; print a summary"),
@@ -40,7 +42,7 @@ PLAIN_LABELS: dict[str, tuple[str, str]] = {
         " one request keeps it near 1, so read load from mean_running and the TTFTs",
     ),
 }
-_FRACTION_KEYS = frozenset({"hit_rate", "kv_usage_mean"})
+_FRACTION_KEYS = frozenset({"hit_rate", "kv_usage_mean", "share"})
 
 
 def format_plain_value(key: str, value: object) -> str:
@@ -126,7 +128,24 @@ def _parser() -> argparse.ArgumentParser:
         help="a file the engine reads (PATH as in its flags), taken from LOCAL (TRT-LLM options YAML)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_routing_args(p)
     return p
+
+
+REPLICA_COLUMNS = ("share", "hit_rate", "ttft_p50_s", "ttft_p99_s", "goodput_tokens_per_s", "requests")
+
+
+def format_replicas(data: Mapping[str, Any]) -> str:
+    """``twin run --replicas N``'s plain output: the total summary, the router, one row per replica."""
+    routing = data["routing"]
+    decisions = ", ".join(f"{k} {v}" for k, v in routing["decisions"].items()) or "none"
+    rows = [["replica", *REPLICA_COLUMNS]]
+    for r in data["replicas"]:
+        rows.append([str(r["replica"]), *(format_plain_value(k, r[k]) for k in REPLICA_COLUMNS)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    table = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    head = f"{routing['replicas']} replicas, routing {routing['policy']} (decisions: {decisions})"
+    return "\n".join([head, "", "total:", format_plain(data["total"]), "", *table])
 
 
 def run_main(argv: Sequence[str]) -> int:
@@ -164,28 +183,31 @@ def run_main(argv: Sequence[str]) -> int:
             source = ns.workload or ns.workload_file
             requests = generate(source, rate=ns.rate, duration_s=ns.duration, seed=ns.seed)
             workload = {"workload": source, "rate": ns.rate, "duration_s": ns.duration}
-        summary = simulate(
-            ns.engine,
-            engine_args,
-            ns.gpu,
-            requests,
-            SimOptions(
-                seed=ns.seed,
-                slo=GoodputSlo(ttft_s=ns.slo_ttft, itl_s=ns.slo_itl),
-                warmup_s=ns.warmup,
-                horizon_s=ns.horizon,
-                model=ns.model,
-                tp=ns.tp,
-                files=files,
-                setup={"workload": workload},
-            ),
+        routing = routing_config(ns)
+        options = SimOptions(
+            seed=ns.seed,
+            slo=GoodputSlo(ttft_s=ns.slo_ttft, itl_s=ns.slo_itl),
+            warmup_s=ns.warmup,
+            horizon_s=ns.horizon,
+            model=ns.model,
+            tp=ns.tp,
+            files=files,
+            setup={"workload": workload},
         )
+        if ns.replicas > 1:
+            from prefixtune.twin.replicas import simulate_replicas
+
+            run = simulate_replicas(ns.engine, engine_args, ns.gpu, requests, ns.replicas, routing, options)
+            data = run.to_dict()
+        else:
+            data = simulate(ns.engine, engine_args, ns.gpu, requests, options).to_dict()
     except (ArgsError, WorkloadError, ValueError, OSError) as exc:
         print(f"prefixtune twin run: {exc}", file=sys.stderr)
         return 2
-    data = summary.to_dict()
     if ns.json:
         print(json.dumps(data, indent=2, sort_keys=False))  # full precision
+    elif ns.replicas > 1:
+        print(format_replicas(data))
     else:
         print(format_plain(data))
     return 0  # an OOM is a result (see "status"), not a usage error

@@ -138,27 +138,18 @@ def simulate(
         eng = TwinEngine(parsed, gpu, seed, collector, cache_factory=o.cache_factory)
     except StartupOOM as exc:
         return failed_summary("oom_startup", str(exc), info, time.perf_counter() - t0)
-    info["memory"] = eng.memory.to_dict()
-    info["cost_source"] = eng.cost.source.value
-    info["cost_provenance"] = eng.cost.provenance
-    info["limits"] = {
-        "max_running": int(eng.max_running),
-        "max_batched_tokens": int(eng.limits.max_batched_tokens),
-        "chunked_prefill": bool(eng.limits.chunked_prefill),
-        "schedule_policy": eng.policy,
-    }
+    info.update(engine_setup(eng))
     eng.submit_all(sorted(requests, key=attrgetter("arrival_s", "req_id")))
     if warmup_s > 0:
         eng.advance(warmup_s)
     start = eng.now if warmup_s > 0 else 0.0
-    c0 = _snapshot(eng)
+    c0 = snapshot(eng)
     end_target = math.inf if horizon_s is None else float(horizon_s)
     eng.advance(end_target)
     end = eng.now
     if horizon_s is not None and eng.status == "ok":
         end = max(end, float(horizon_s))
-    c1 = _snapshot(eng)
-    d = {k: c1[k] - c0[k] for k in c0}
+    c1 = snapshot(eng)
     arrived = sum(1 for r in requests if start <= r.arrival_s <= end)
     window = RunWindow(
         status=eng.status,
@@ -170,7 +161,28 @@ def simulate(
         kv_pool_tokens=int(eng.memory.pool_tokens),
         error=eng.oom_reason,
     )
-    totals = EngineTotals(
+    return summarize(collector, window, totals_between(c0, c1), o.slo, info, time.perf_counter() - t0)
+
+
+def engine_setup(eng: TwinEngine) -> dict[str, Any]:
+    """What a summary's setup says about a booted engine: memory plan, cost model, batch limits."""
+    return {
+        "memory": eng.memory.to_dict(),
+        "cost_source": eng.cost.source.value,
+        "cost_provenance": eng.cost.provenance,
+        "limits": {
+            "max_running": int(eng.max_running),
+            "max_batched_tokens": int(eng.limits.max_batched_tokens),
+            "chunked_prefill": bool(eng.limits.chunked_prefill),
+            "schedule_policy": eng.policy,
+        },
+    }
+
+
+def totals_between(c0: Mapping[str, float], c1: Mapping[str, float]) -> EngineTotals:
+    """The engine's counter deltas between two ``snapshot``s."""
+    d = {k: c1[k] - c0[k] for k in c0}
+    return EngineTotals(
         hit_tokens=int(d["hit_tokens"]),
         query_tokens=int(d["query_tokens"]),
         saved_prefill_tokens=int(d["saved_prefill_tokens"]),
@@ -181,10 +193,10 @@ def simulate(
         waiting_integral=float(d["waiting_integral"]),
         preemptions=int(d["preemptions"]),
     )
-    return summarize(collector, window, totals, o.slo, info, time.perf_counter() - t0)
 
 
-def _snapshot(eng: TwinEngine) -> dict[str, float]:
+def snapshot(eng: TwinEngine) -> dict[str, float]:
+    """The engine's cumulative counters now (``totals_between`` takes the difference of two)."""
     c = eng.counters
     st = eng.cache.stats
     return {
