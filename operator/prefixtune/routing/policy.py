@@ -46,6 +46,17 @@ ROUTER_POLICIES: dict[Router, frozenset[RoutingPolicy]] = {
     Router.VLLM: _BOTH | {RoutingPolicy.CONSISTENT_HASH},
 }
 
+# Policies that keep a session's requests on one worker (the worker whose tree matches its history,
+# or the hash of its key) for as long as the load stays balanced: a canary pod added behind such a
+# router takes whole sessions (cache_aware sends what matches no tree to the smallest tree: the new
+# worker's, so new sessions; consistent_hash moves the sessions whose key now hashes to it), never
+# alternate turns of one.
+SESSION_AFFINE = frozenset({RoutingPolicy.CACHE_AWARE, RoutingPolicy.CONSISTENT_HASH})
+# Policies whose split of requests over the workers is the router's decision (prefix match, session
+# hash, load in flight), not an even (round_robin) or random (kube-proxy, random) spread: a worker's
+# share there departs from 1/N by design, not by chance.
+DECIDED_SPLIT = SESSION_AFFINE | {RoutingPolicy.POWER_OF_TWO}
+
 # The per-worker character budget of the approximate radix tree, each router's default.
 DEFAULT_MAX_TREE_SIZE: dict[Router, int] = {Router.SGLANG: 67_108_864, Router.VLLM: 33_554_432}
 
