@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefixtune.api.models import APPROVE_ANNOTATION
-from prefixtune.engines.knobs import api_text
+from prefixtune.engines.knobs import ENGINE_KNOBS, api_text
 
 OK_OUTCOME = "ok"
 
@@ -116,6 +116,8 @@ def pin_change(resource: Mapping[str, Any], trial: int | None) -> Change:
     else:
         config = _trial_config(status, trial, what)
         label = f"trial {trial}'s config"
+    engine_fields = {k.camel for k in ENGINE_KNOBS}  # spec.config's; the router's knobs are not there
+    config = {name: value for name, value in config.items() if name in engine_fields}
     old = spec.get("config")
     cleared = {k: None for k in (old if isinstance(old, Mapping) else {}) if k not in config}
     patch = _guarded(meta, {"spec": {"config": {**cleared, **dict(config)}, "tuning": {"mode": "off"}}})

@@ -173,9 +173,13 @@ def test_a_pinned_trial_config_parses_back_to_the_trials_config(engine: str) -> 
     trials' configs: the status's camelCase config must parse back to the very same knobs."""
     from prefixtune.api import parse_spec
     from prefixtune.engines import get_adapter
-    from prefixtune.engines.knobs import to_api
+    from prefixtune.engines.knobs import ENGINE_KNOBS, to_api
 
     base = get_adapter(engine).default_config()
     for config in (base, base.with_(memory_fraction=0.8125), base.with_(prefix_caching=False)):
-        pinned = {"engine": engine, "model": "meta-llama/Llama-3.1-8B-Instruct", "config": to_api(config)}
+        pinned = {
+            "engine": engine,
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "config": to_api(config, ENGINE_KNOBS),
+        }
         assert parse_spec(pinned).knob_config() == config

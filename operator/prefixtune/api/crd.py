@@ -32,7 +32,7 @@ from prefixtune.api.rules import knob_field
 from prefixtune.api.schema import structural_schema
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import EngineName, KnobSpec
-from prefixtune.engines.knobs import BY_NAME
+from prefixtune.engines.knobs import BY_NAME, Restarts
 
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
 CRD_FILE = f"crds/{CRD_NAME}.yaml"
@@ -182,6 +182,8 @@ def spec_rules() -> list[dict[str, Any]]:
     for engine in EngineName:
         adapter = get_adapter(engine)
         for knob, spec in sorted(adapter.knobs().items()):
+            if BY_NAME[knob].restarts is Restarts.ROUTER:
+                continue  # not in spec.config; the same on every engine (spec.routing's own rules)
             if spec.continuous:
                 rules += _range_rules(engine.value, knob, spec)
             elif spec.open_range:

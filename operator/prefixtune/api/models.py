@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -61,7 +61,7 @@ from prefixtune.api.enums import (
 )
 from prefixtune.api.secret_flags import is_secret_env_name
 from prefixtune.engines.base import EngineName, KnobConfig, KnobSpec
-from prefixtune.engines.knobs import KNOBS, Knob, KnobKind
+from prefixtune.engines.knobs import ENGINE_KNOBS, KNOBS, Knob, KnobKind
 
 API_GROUP = "prefixtune.io"
 API_VERSION = "v1alpha1"
@@ -263,11 +263,13 @@ _SET: JsonDict = {"x-kubernetes-list-type": "set"}  # scalar list without duplic
 
 
 class _KnobFields(_Model):
-    """A model with one field per registry knob (added by ``_knob_model``)."""
+    """A model with one field per registry knob of ``knob_fields`` (added by ``_knob_model``)."""
+
+    knob_fields: ClassVar[tuple[Knob, ...]] = KNOBS
 
     def knob_values(self) -> dict[str, Any]:
         """{knob name: field value} in registry order (None where a knob is omitted)."""
-        return {knob.name: getattr(self, knob.name) for knob in KNOBS}
+        return {knob.name: getattr(self, knob.name) for knob in self.knob_fields}
 
     def to_knob_config(self) -> KnobConfig:
         """The KnobConfig of a filled-in config (every validated spec has one)."""
@@ -281,11 +283,15 @@ class _KnobFields(_Model):
 
     @classmethod
     def from_knob_config(cls, config: KnobConfig) -> Self:
-        return cls.model_validate(config.to_dict())
+        values = config.to_dict()
+        return cls.model_validate({knob.name: values[knob.name] for knob in cls.knob_fields})
 
 
 class _ConfigSpec(_KnobFields):
     """The baseline configuration of the tuned knobs. Omitted knobs take the engine's default."""
+
+    # The engines' knobs; the router's (routing policy, thresholds) have their baseline in spec.routing.
+    knob_fields: ClassVar[tuple[Knob, ...]] = ENGINE_KNOBS
 
 
 class _SearchSpaceSpec(_Model):
@@ -307,6 +313,7 @@ _VALUE_TYPE: dict[KnobKind, Any] = {
     KnobKind.INTEGER: BlockSize,
     KnobKind.SWITCH: StrictBool,
     KnobKind.NAME: PolicyName,
+    KnobKind.NUMBER: StrictFloat,
 }
 
 
@@ -314,6 +321,8 @@ def _value_type(knob: Knob) -> Any:
     """One value of ``knob``: its kind's type, an integer within the knob's own bounds."""
     if knob.kind is KnobKind.INTEGER and knob.low is not None and knob.high is not None:
         return Annotated[StrictInt, Field(ge=knob.low, le=knob.high)]
+    if knob.kind is KnobKind.NUMBER and knob.low is not None and knob.high is not None:
+        return Annotated[StrictFloat, Field(ge=knob.low, le=knob.high)]
     return _VALUE_TYPE[knob.kind]
 
 
@@ -328,7 +337,8 @@ def _space_type(knob: Knob) -> Any:
 
 def _knob_model(base: type[_Model], field: Callable[[Knob], tuple[Any, Any]]) -> Any:
     """``base`` with one field per registry knob, in registry order (names, docs and types from it)."""
-    fields: dict[str, Any] = {knob.name: field(knob) for knob in KNOBS}
+    knobs: tuple[Knob, ...] = base.knob_fields if issubclass(base, _KnobFields) else KNOBS
+    fields: dict[str, Any] = {knob.name: field(knob) for knob in knobs}
     name = base.__name__.lstrip("_")
     return create_model(name, __base__=base, __module__=__name__, __doc__=base.__doc__, **fields)
 

@@ -21,8 +21,8 @@ from prefixtune.api.enums import RolloutStrategy, TuningMode
 from prefixtune.api.secret_flags import secret_flag_problems
 from prefixtune.engines import get_adapter
 from prefixtune.engines._argv import looks_like_flag
-from prefixtune.engines.base import KNOB_NAMES, EngineAdapter, Hardware, KnobConfig, KnobSpec
-from prefixtune.engines.knobs import BY_NAME, KNOBS, KnobKind
+from prefixtune.engines.base import EngineAdapter, Hardware, KnobConfig, KnobSpec
+from prefixtune.engines.knobs import BY_NAME, ENGINE_KNOBS, KNOBS, KnobKind
 
 if TYPE_CHECKING:
     from prefixtune.api.models import ServingDeploymentSpec
@@ -60,7 +60,7 @@ def allowed_text(spec: KnobSpec) -> str:
     if spec.open_range:
         unset = BY_NAME[spec.name].unset
         auto = f" (or {unset}: the engine's own default)" if unset is not None else ""
-        return f"an integer in {spec.range_text()}{auto}"
+        return f"{'an integer' if spec.integer else 'a number'} in {spec.range_text()}{auto}"
     return ", ".join(show(c) if isinstance(c, bool) else str(c) for c in spec.choices)
 
 
@@ -104,7 +104,7 @@ def fill_defaults(spec: ServingDeploymentSpec) -> None:
         spec.image = adapter.default_image
     config = spec.config
     filled = filled_config(adapter, spec)
-    for knob in KNOBS:
+    for knob in config.knob_fields:
         if getattr(config, knob.name) is None:
             setattr(config, knob.name, filled.get(knob.name))
     rollout = spec.tuning.rollout
@@ -283,8 +283,7 @@ def _check_config(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[P
     knobs = adapter.knobs()
     given = spec.config.knob_values()
     flagged: set[str] = set()
-    for knob in KNOB_NAMES:
-        value = given[knob]
+    for knob, value in given.items():
         if value is None:
             continue
         message = knob_problem(adapter.name, knobs[knob], value)
@@ -424,7 +423,7 @@ def _instead(adapter: EngineAdapter, flag: str) -> str:
             best, overlap = knob, common
     if best:
         return f"use spec.config.{knob_field(best)} (and spec.tuning.space.{knob_field(best)}) instead"
-    fields = ", ".join(f"spec.config.{knob_field(k)}" for k in KNOB_NAMES)
+    fields = ", ".join(f"spec.config.{knob_field(k.name)}" for k in ENGINE_KNOBS)
     return f"the operator renders it itself (the tuned knobs are {fields})"
 
 

@@ -12,12 +12,17 @@ Checked against the routers' own command-line parsers (``--help`` of the PyPI wh
 - only sglang-router: ``manual`` (a routing key the client sends).
 
 ``RoutingPolicy.KUBE_PROXY`` is no router at all: the engine pods' Service spreads connections.
+``AUTO_POLICY`` is no policy either: the resource asks the operator to choose one
+(``prefixtune.routing.settings.resolve_policy``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
+
+AUTO_POLICY: Final = "auto"  # spec.routing.policy's default: the operator chooses (routing.settings)
 
 
 class RoutingPolicy(StrEnum):
