@@ -1,0 +1,136 @@
+"""Routing in the search: when the router's knobs enter the space, and over which values.
+
+The router's knobs (``ROUTER_KNOBS``: the policy and the cache-aware thresholds) are in every
+adapter's knob table, not searched by default (``prefixtune.engines._common.ROUTING_SPECS``). Here
+they become searchable where a router can act on them (``routed_knobs``):
+
+- With fewer than two replicas there is nothing to route between: never in the space, listed or
+  not (a scale to one replica takes them out at the next decision; the base keeps their values).
+- With two replicas or more, a spec that lists them in ``spec.tuning.space`` searches exactly the
+  listed values (as for every knob), whatever the baseline's policy.
+- Otherwise they are searched by default when the baseline runs a router (its policy is not
+  kube-proxy): the policy over the policies the resource's router has (``ROUTER_POLICIES``), each
+  threshold over a small ladder around the routers' default (``LADDERS``). A baseline on kube-proxy
+  chose no router: nothing is searched unless listed.
+
+The thresholds mean something only under ``cache_aware``: a conditional dimension. It is handled as
+the adapters handle a cache-aware schedule with caching off: every other policy's configs are
+collapsed onto one value of each threshold (``collapse``), so the grid and the optimizer's
+candidates hold each of them once, and a trial of ``random`` is never repeated for thresholds it
+does not read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+from prefixtune.engines.base import KnobConfig, KnobSpec
+from prefixtune.engines.knobs import (
+    BALANCE_ABS_THRESHOLD,
+    BALANCE_REL_THRESHOLD,
+    BY_NAME,
+    CACHE_THRESHOLD,
+    PREFIX_CACHING,
+    ROUTER_KNOBS,
+    ROUTING_POLICY,
+    Restarts,
+    Value,
+)
+from prefixtune.routing.policy import AUTO_POLICY, ROUTER_POLICIES, Router, RoutingPolicy
+from prefixtune.routing.settings import resolve_policy
+from prefixtune.tuning.settings import SpaceOverride
+
+MIN_ROUTED_REPLICAS = 2  # fewer replicas: nothing to route between
+# The thresholds' values searched by default: the routers' default and one step either side.
+LADDERS: Mapping[str, tuple[Value, ...]] = {
+    CACHE_THRESHOLD: (0.1, 0.3, 0.5),
+    BALANCE_ABS_THRESHOLD: (16, 64, 128),
+    BALANCE_REL_THRESHOLD: (1.25, 1.5, 2.0),
+}
+THRESHOLDS: tuple[str, ...] = tuple(k.name for k in ROUTER_KNOBS if k.name != ROUTING_POLICY)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """What the search needs of the resource's routing: the router it runs (spec.routing's) and the
+    engine replicas it spreads requests over."""
+
+    router: Router
+    replicas: int
+
+    @property
+    def possible(self) -> bool:
+        """Whether there is anything to route between."""
+        return self.replicas >= MIN_ROUTED_REPLICAS
+
+
+def resolved(config: KnobConfig, replicas: int) -> KnobConfig:
+    """``config`` with an ``auto`` policy resolved as the operator renders it
+    (``routing.settings.resolve_policy``: cache_aware with two replicas or more when the workload
+    shares prefixes, read here as prefix caching on), so that the search never holds ``auto`` and a
+    spec's ``auto`` equals the policy it runs (no trial, no router restart, for the same thing)."""
+    if str(config.get(ROUTING_POLICY)) != AUTO_POLICY:
+        return config
+    policy = resolve_policy(AUTO_POLICY, replicas, bool(config.get(PREFIX_CACHING)))
+    return config.with_(**{ROUTING_POLICY: policy.value})
+
+
+def routes(config: KnobConfig, replicas: int) -> bool:
+    """Whether ``config`` puts a router in front of the engines (``auto`` resolved)."""
+    return str(resolved(config, replicas).get(ROUTING_POLICY)) != RoutingPolicy.KUBE_PROXY.value
+
+
+def routed_knobs(
+    knobs: Mapping[str, KnobSpec], base: KnobConfig, routing: Routing | None, override: SpaceOverride
+) -> dict[str, KnobSpec]:
+    """The adapter's knob table with the router's knobs as this resource searches them (the module
+    docstring's rules); the engine knobs unchanged. ``routing`` None: no router is known (the offline
+    benchmark's single engine): the table as the adapter has it (the router's knobs searched only
+    where listed)."""
+    if routing is None:
+        return dict(knobs)
+    table = {name: spec for name, spec in knobs.items() if BY_NAME[name].restarts is Restarts.ENGINE}
+    if not routing.possible:
+        return table
+    by_default = routes(base, routing.replicas)
+    for k in ROUTER_KNOBS:
+        spec = knobs.get(k.name)
+        if spec is None:
+            continue
+        if override.get(k.name) is not None or not by_default:
+            table[k.name] = spec  # listed: build_space searches exactly the listed values
+            continue
+        if k.name == ROUTING_POLICY:
+            choices: tuple[Value, ...] = tuple(
+                p.value for p in RoutingPolicy if p in ROUTER_POLICIES[routing.router]
+            )
+        else:
+            choices = LADDERS[k.name]
+        table[k.name] = replace(spec, choices=choices, searched=True)
+    return table
+
+
+def collapse(canonical: Mapping[str, Value]) -> Callable[[KnobConfig], KnobConfig]:
+    """A normalizer that sets the thresholds to ``canonical`` wherever the policy is not
+    ``cache_aware`` (the only policy that reads them)."""
+
+    def normalize(config: KnobConfig) -> KnobConfig:
+        if str(config.get(ROUTING_POLICY)) == RoutingPolicy.CACHE_AWARE.value:
+            return config
+        moved = {name: value for name, value in canonical.items() if config.get(name) != value}
+        return config.with_(**moved) if moved else config
+
+    return normalize
+
+
+def canonical_thresholds(base: KnobConfig, choices: Mapping[str, tuple[Value, ...]]) -> dict[str, Value]:
+    """The threshold values a non-cache-aware config is collapsed onto: the base's where the
+    threshold is not searched (or its value is one of the searched ones), else the first searched
+    value (every collapsed config must be a point of the space)."""
+    out: dict[str, Value] = {}
+    for name in THRESHOLDS:
+        value = BY_NAME[name].coerce(base.get(name))
+        searched = choices.get(name)
+        out[name] = value if not searched or value in searched else searched[0]
+    return out
