@@ -1,16 +1,32 @@
-"""Routing tuned with the engine: the router's knobs in the space (``tuning/routed.py``)."""
+"""Routing tuned with the engine: the router's knobs in the space, the price of a routing trial, and
+the canary behind a router (``tuning/routed.py``), in virtual time."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from prefixtune.controller.observe import desired
+from prefixtune.controller.render import config_hash, engine_values
 from prefixtune.engines import get_adapter
+from prefixtune.engines.knobs import Restarts
+from prefixtune.metrics.signals import Signals
 from prefixtune.routing.policy import ROUTER_POLICIES, Router, RoutingPolicy
-from prefixtune.tuning.optimizer import TrialResult, suggest
-from prefixtune.tuning.policy import initial_state, space_of
-from prefixtune.tuning.routed import LADDERS, Routing
-from prefixtune.tuning.settings import SpaceOverride, TuningSettings
+from prefixtune.tuning.actions import Action, EmitEvent, RecordTrial, RollOut
+from prefixtune.tuning.objective import ScoreBasis
+from prefixtune.tuning.optimizer import Suggestion, TrialResult, suggest
+from prefixtune.tuning.policy import initial_state, space_of, step
+from prefixtune.tuning.routed import (
+    LADDERS,
+    ROUTER_READY_TIMEOUT_S,
+    Routing,
+    price,
+    trial_strategy,
+)
+from prefixtune.tuning.settings import Slo, SpaceOverride, TuningSettings
 from prefixtune.tuning.space import SearchSpace, build_space
+from prefixtune.tuning.state import Observation, RolloutReady, Tick, WindowMeasured
 
 ROUTER_KNOBS = ("routing_policy", "cache_threshold", "balance_abs_threshold", "balance_rel_threshold")
 ADAPTER = get_adapter("sglang")
@@ -100,3 +116,117 @@ def test_the_policys_space_holds_the_router_knobs_with_replicas_and_not_with_one
     settings = TuningSettings(router=Router.SGLANG)
     assert "routing_policy" in space_of(initial_state("sglang", settings, ROUTED, replicas=4)).names
     assert "routing_policy" not in space_of(initial_state("sglang", settings, ROUTED, replicas=1)).names
+
+
+def test_a_routing_only_change_restarts_the_router_and_waits_for_its_start_only() -> None:
+    running = ROUTED
+    routing = price(running, running.with_(routing_policy="round_robin"), engine_ready_timeout_s=1800.0)
+    engine = price(running, running.with_(block_size=32), engine_ready_timeout_s=1800.0)
+    both = price(running, running.with_(block_size=32, cache_threshold=0.5), engine_ready_timeout_s=1800.0)
+    assert routing.restarts == {Restarts.ROUTER} and routing.ready_timeout_s == ROUTER_READY_TIMEOUT_S
+    assert engine.restarts == {Restarts.ENGINE} and engine.ready_timeout_s == 1800.0
+    assert both.engines_restart and both.ready_timeout_s == 1800.0
+    assert "router only" in routing.text() and "no model load" in routing.text()
+
+
+def test_a_routing_change_rolls_over_every_pod_even_under_a_canary_strategy() -> None:
+    """One router serves the fleet: a canary pod cannot run another routing policy than its
+    baseline, so a change of a router knob is measured on every pod."""
+    assert trial_strategy("canary", ROUTED, ROUTED.with_(routing_policy="random")) == "rolling"
+    assert trial_strategy("canary", ROUTED, ROUTED.with_(block_size=32)) == "canary"
+
+
+def test_engine_pods_render_the_same_whatever_the_router_knobs() -> None:
+    assert config_hash(ROUTED) == config_hash(ROUTED.with_(routing_policy="round_robin", cache_threshold=0.5))
+    assert config_hash(ROUTED) != config_hash(ROUTED.with_(block_size=32))
+    assert set(engine_values(ROUTED)).isdisjoint(ROUTER_KNOBS)
+
+
+# --- the policy in virtual time ---------------------------------------------------------------
+
+SETTINGS = TuningSettings(
+    warmup_s=60, measure_s=300, min_requests=100, max_trials=3, min_interval_s=600, seed_key="ns/r",
+    slo=Slo(2.0, 0.15), strategy="canary", router=Router.SGLANG, ready_timeout_s=1800.0,
+)  # fmt: skip
+
+
+def window(goodput: float = 1000.0, requests: float = 500.0) -> Signals:
+    return Signals(
+        window_s=300.0, requests=requests, hit_rate=0.6, ttft_p50_s=0.2, ttft_p99_s=0.5, itl_p50_s=0.02,
+        itl_p99_s=0.05, output_tokens_per_s=goodput * 1.05, input_tokens_per_s=2000.0, requests_per_s=1.0,
+        goodput_tokens_per_s=goodput, slo_attainment=0.95,
+    )  # fmt: skip
+
+
+class Run:
+    def __init__(self, trial: Any, replicas: int = 4, base: Any = ROUTED) -> None:
+        self.state = initial_state("sglang", SETTINGS, base, replicas=replicas)
+        self.base = base
+        self.trial = trial
+        self.actions: list[Action] = []
+
+    def suggester(
+        self, sp: SearchSpace, history: list[TrialResult], seed: int, s: TuningSettings
+    ) -> Suggestion:
+        return (
+            Suggestion(self.trial, "scripted")
+            if len(history) == 1
+            else Suggestion(None, "done", converged=True)
+        )
+
+    def __call__(self, obs: Observation, now: float) -> list[Action]:
+        self.state, actions = step(self.state, obs, now, self.suggester)
+        self.actions.extend(actions)
+        return actions
+
+    def baseline(self) -> float:
+        self(RolloutReady(config=self.base), 0.0)
+        self(Tick(), 60.0)
+        self(WindowMeasured(signals=window(), offered_rps=1.0), 360.0)
+        return 360.0
+
+
+def test_a_routing_trial_rolls_over_the_fleet_and_waits_for_the_router_only() -> None:
+    trial_config = ROUTED.with_(routing_policy="round_robin")
+    r = Run(trial_config)
+    now = r.baseline()
+    (roll,) = [a for a in r.actions if isinstance(a, RollOut)]
+    assert (roll.config, roll.strategy) == (trial_config, "rolling")
+    trial = r.state.trial(r.state.active or 0)
+    assert trial.router_only and trial.strategy == "rolling"
+    want = desired(r.state)
+    assert want.canary is None and want.baseline == trial_config  # no canary: the router serves all pods
+    (started,) = [e for e in r.actions if isinstance(e, EmitEvent) and e.reason == "TrialStarted"]
+    assert "router only" in started.message
+    # the router's start, not the engines' load: a router not ready past its timeout fails the trial
+    acts = r(Tick(), now + ROUTER_READY_TIMEOUT_S + 1)
+    (failed,) = [a.trial for a in acts if isinstance(a, RecordTrial)]
+    assert (failed.outcome, failed.failure) == ("infeasible", "timeout")
+
+
+def test_a_trial_of_the_policy_auto_resolves_to_restarts_nothing_of_the_router() -> None:
+    r = Run(ROUTED.with_(block_size=32), base=ROUTED.with_(routing_policy="auto"))
+    r.baseline()
+    trial = r.state.trial(r.state.active or 0)
+    assert (trial.strategy, trial.router_only) == ("canary", False)
+
+
+def test_an_engine_trial_still_waits_for_the_engines_budget() -> None:
+    r = Run(ROUTED.with_(block_size=32))
+    now = r.baseline()
+    assert not r.state.trial(r.state.active or 0).router_only
+    assert not [a for a in r(Tick(), now + ROUTER_READY_TIMEOUT_S + 1) if isinstance(a, RecordTrial)]
+    assert desired(r.state).canary == ROUTED.with_(block_size=32)
+
+
+def test_a_routing_trial_is_scored_on_every_pod_not_paired_with_itself() -> None:
+    trial_config = ROUTED.with_(routing_policy="round_robin")
+    r = Run(trial_config)
+    now = r.baseline()
+    r(RolloutReady(config=trial_config), now + 10)
+    assert r.state.current == trial_config  # the fleet runs it
+    r(Tick(), now + 70)
+    obs = WindowMeasured(signals=window(goodput=800.0), baseline_signals=window(), offered_rps=1.0)
+    (recorded,) = [a.trial for a in r(obs, now + 370) if isinstance(a, RecordTrial)]
+    assert recorded.terms is not None and recorded.terms.basis == ScoreBasis.LOAD_NORMALIZED
+    assert recorded.value == pytest.approx(800.0)

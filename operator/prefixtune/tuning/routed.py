@@ -1,4 +1,5 @@
-"""Routing in the search: when the router's knobs enter the space, and over which values.
+"""Routing in the search: when the router's knobs enter the space, over which values, and how a
+change of them is priced.
 
 The router's knobs (``ROUTER_KNOBS``: the policy and the cache-aware thresholds) are in every
 adapter's knob table, not searched by default (``prefixtune.engines._common.ROUTING_SPECS``). Here
@@ -18,6 +19,13 @@ the adapters handle a cache-aware schedule with caching off: every other policy'
 collapsed onto one value of each threshold (``collapse``), so the grid and the optimizer's
 candidates hold each of them once, and a trial of ``random`` is never repeated for thresholds it
 does not read.
+
+A trial that changes only router knobs restarts the router, not the engines (``Restarts`` of the
+registry): no model load, no GPU to find, the engines' caches kept. Its price (``TrialPrice``) is
+what the policy waits for: the router's start (``ROUTER_READY_TIMEOUT_S``) instead of the engines'
+load, and a warm-up all the same, because the sessions the new router maps to other workers meet
+caches that lack their history until one turn has passed. It runs on every pod (a router serves the
+whole fleet, so there is no canary of a routing change; ``trial_strategy``).
 """
 
 from __future__ import annotations
@@ -36,10 +44,11 @@ from prefixtune.engines.knobs import (
     ROUTING_POLICY,
     Restarts,
     Value,
+    restarts_of,
 )
 from prefixtune.routing.policy import AUTO_POLICY, ROUTER_POLICIES, Router, RoutingPolicy
 from prefixtune.routing.settings import resolve_policy
-from prefixtune.tuning.settings import SpaceOverride
+from prefixtune.tuning.settings import SpaceOverride, Strategy
 
 MIN_ROUTED_REPLICAS = 2  # fewer replicas: nothing to route between
 # The thresholds' values searched by default: the routers' default and one step either side.
@@ -49,6 +58,8 @@ LADDERS: Mapping[str, tuple[Value, ...]] = {
     BALANCE_REL_THRESHOLD: (1.25, 1.5, 2.0),
 }
 THRESHOLDS: tuple[str, ...] = tuple(k.name for k in ROUTER_KNOBS if k.name != ROUTING_POLICY)
+# A router's pod starts in seconds (no weights to load): it is ready within this or the trial failed.
+ROUTER_READY_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -134,3 +145,55 @@ def canonical_thresholds(base: KnobConfig, choices: Mapping[str, tuple[Value, ..
         searched = choices.get(name)
         out[name] = value if not searched or value in searched else searched[0]
     return out
+
+
+def restarts(running: KnobConfig, trial: KnobConfig) -> frozenset[Restarts]:
+    """What moving the fleet from ``running`` to ``trial`` restarts (empty: nothing)."""
+    return restarts_of(running, trial)
+
+
+def router_only(running: KnobConfig, trial: KnobConfig) -> bool:
+    """The change restarts the router and not the engines."""
+    return restarts(running, trial) == frozenset({Restarts.ROUTER})
+
+
+def trial_strategy(strategy: Strategy, running: KnobConfig, trial: KnobConfig) -> Strategy:
+    """How a trial of ``trial`` beside ``running`` rolls out: a change of the router's knobs serves
+    the whole fleet (one router in front of every pod: a canary pod cannot run another routing
+    policy than its baseline), so it is a rolling trial, scored on every pod against the load the
+    baseline saw; an engine-only change keeps the resource's strategy."""
+    if Restarts.ROUTER in restarts(running, trial):
+        return "rolling"
+    return strategy
+
+
+@dataclass(frozen=True)
+class TrialPrice:
+    """What a trial costs the policy in waiting: the readiness it waits for, and whether the
+    engines' caches start cold."""
+
+    restarts: frozenset[Restarts]
+    ready_timeout_s: float
+
+    @property
+    def engines_restart(self) -> bool:
+        return Restarts.ENGINE in self.restarts
+
+    def text(self) -> str:
+        """For Events: what the rollout restarts."""
+        if not self.restarts:
+            return "restarts nothing"
+        if not self.engines_restart:
+            return "restarts the router only (engines and their caches kept, no model load)"
+        if Restarts.ROUTER in self.restarts:
+            return "restarts the engines and the router"
+        return "restarts the engines"
+
+
+def price(running: KnobConfig, trial: KnobConfig, engine_ready_timeout_s: float) -> TrialPrice:
+    """The price of rolling ``trial`` out over ``running``: a router-only change waits for the
+    router's start, never longer than the engines' budget."""
+    what = restarts(running, trial)
+    if Restarts.ENGINE in what or not what:
+        return TrialPrice(what, engine_ready_timeout_s)
+    return TrialPrice(what, min(ROUTER_READY_TIMEOUT_S, engine_ready_timeout_s))

@@ -18,8 +18,8 @@ from prefixtune.tuning.objective import (
 )
 from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.phases import Phase, Step
-from prefixtune.tuning.routed import Routing
-from prefixtune.tuning.settings import SpaceOverride, TuningSettings
+from prefixtune.tuning.routed import ROUTER_READY_TIMEOUT_S, Routing
+from prefixtune.tuning.settings import SpaceOverride, Strategy, TuningSettings
 from prefixtune.tuning.space import SearchSpace, build_space
 from prefixtune.tuning.state import PolicyState, PriorPoint, Trial
 
@@ -76,6 +76,19 @@ class Core:
 
     def active(self) -> Trial | None:
         return None if self.s.active is None else self.s.trial(self.s.active)
+
+    def strategy_of(self, trial: Trial) -> Strategy:
+        """How ``trial`` rolled out: its own (a routing change rolls), else the settings'."""
+        return self.s.strategy_of(trial)
+
+    def ready_timeout_s(self) -> float:
+        """How long the rollout in flight may take to be ready: the router's start for a trial that
+        restarts only the router (``tuning/routed.py``), else the engines' budget."""
+        trial = self.active()
+        engines = self.s.settings.ready_timeout_s
+        if trial is not None and trial.router_only and self.s.step in (Step.ROLLING_OUT, Step.WAITING_READY):
+            return min(ROUTER_READY_TIMEOUT_S, engines)
+        return engines
 
     def best_trial(self) -> Trial | None:
         return None if self.s.best is None else self.s.trial(self.s.best)

@@ -164,7 +164,9 @@ def on_window(self: Core, obs: WindowMeasured) -> None:
 def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
     settings = self.s.settings
     assert obs.signals is not None
-    canary = settings.strategy == "canary" and trial.role == "trial" and obs.baseline_signals is not None
+    canary = (
+        self.strategy_of(trial) == "canary" and trial.role == "trial" and obs.baseline_signals is not None
+    )
     result: Score | InsufficientData
     value: float | None = None
     terms: ValueTerms | None = None
