@@ -21,6 +21,7 @@ from prefixtune.tuning.routed import (
     LADDERS,
     ROUTER_READY_TIMEOUT_S,
     Routing,
+    decided_split,
     price,
     trial_strategy,
 )
@@ -142,6 +143,19 @@ def test_engine_pods_render_the_same_whatever_the_router_knobs() -> None:
     assert set(engine_values(ROUTED)).isdisjoint(ROUTER_KNOBS)
 
 
+def test_only_a_deciding_router_policy_makes_the_split_the_routers_decision() -> None:
+    assert decided_split(Router.SGLANG, ROUTED, 4)
+    assert decided_split(Router.VLLM, ROUTED.with_(routing_policy="consistent_hash"), 4)
+    assert not decided_split(Router.SGLANG, ROUTED.with_(routing_policy="random"), 4)
+    assert not decided_split(Router.SGLANG, ROUTED.with_(routing_policy="kube-proxy"), 4)
+    assert not decided_split(None, ROUTED, 4)
+
+
+def test_a_deciding_policy_reached_through_auto_needs_the_replicas_it_resolves_with() -> None:
+    auto = ROUTED.with_(routing_policy="auto")
+    assert decided_split(Router.SGLANG, auto, 4) and not decided_split(Router.SGLANG, auto, 1)
+
+
 # --- the policy in virtual time ---------------------------------------------------------------
 
 SETTINGS = TuningSettings(
@@ -230,3 +244,35 @@ def test_a_routing_trial_is_scored_on_every_pod_not_paired_with_itself() -> None
     (recorded,) = [a.trial for a in r(obs, now + 370) if isinstance(a, RecordTrial)]
     assert recorded.terms is not None and recorded.terms.basis == ScoreBasis.LOAD_NORMALIZED
     assert recorded.value == pytest.approx(800.0)
+
+
+def test_a_canary_behind_a_cache_aware_router_is_scored_by_the_share_it_was_sent() -> None:
+    """The router sent the new canary pod whole new sessions, three times a pod's share: goodput
+    per request served is equal, so the canary ties rather than winning for its share."""
+    r = Run(ROUTED.with_(block_size=32))
+    now = r.baseline()
+    r(RolloutReady(config=ROUTED.with_(block_size=32)), now + 30)
+    r(Tick(), now + 90)
+    obs = WindowMeasured(
+        signals=window(goodput=375.0, requests=375.0),  # 3 x a pod's share of 500 over 4 pods
+        baseline_signals=window(goodput=375.0, requests=375.0),  # three stable pods
+        canary_pods=1,
+        baseline_pods=3,
+    )
+    (recorded,) = [a.trial for a in r(obs, now + 390) if isinstance(a, RecordTrial)]
+    assert recorded.terms is not None and recorded.terms.basis == ScoreBasis.PAIRED
+    assert recorded.terms.split == pytest.approx(3.0) and recorded.terms.ratio == pytest.approx(1.0)
+
+
+def test_a_canary_behind_a_random_router_keeps_the_bounded_correction() -> None:
+    spread = ROUTED.with_(routing_policy="random")
+    r = Run(spread.with_(block_size=32), base=spread)
+    now = r.baseline()
+    r(RolloutReady(config=r.trial), now + 30)
+    r(Tick(), now + 90)
+    obs = WindowMeasured(
+        signals=window(goodput=375.0, requests=375.0), baseline_signals=window(goodput=375.0, requests=375.0),
+        canary_pods=1, baseline_pods=3,
+    )  # fmt: skip
+    (recorded,) = [a.trial for a in r(obs, now + 390) if isinstance(a, RecordTrial)]
+    assert recorded.terms is not None and recorded.terms.split == 2.0

@@ -26,6 +26,14 @@ what the policy waits for: the router's start (``ROUTER_READY_TIMEOUT_S``) inste
 load, and a warm-up all the same, because the sessions the new router maps to other workers meet
 caches that lack their history until one turn has passed. It runs on every pod (a router serves the
 whole fleet, so there is no canary of a routing change; ``trial_strategy``).
+
+An engine trial's canary behind a router: the canary pod joins the router's workers (service
+discovery) with an empty tree. Under cache_aware a request goes to the worker whose tree matches
+its text past the threshold, else to the smallest tree, the new canary's: the canary takes whole new
+sessions, and their later turns match its tree and stay (consistent_hash likewise keeps a session on
+the worker its key hashes to). Only the load balance moves a session's turn elsewhere. The slice is
+consistent by session, and its size is the router's decision, far from 1/N: the paired score divides
+by the requests each side served (``decided_split``, ``objective.paired``).
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from prefixtune.engines.knobs import (
     Value,
     restarts_of,
 )
-from prefixtune.routing.policy import AUTO_POLICY, ROUTER_POLICIES, Router, RoutingPolicy
+from prefixtune.routing.policy import AUTO_POLICY, DECIDED_SPLIT, ROUTER_POLICIES, Router, RoutingPolicy
 from prefixtune.routing.settings import resolve_policy
 from prefixtune.tuning.settings import SpaceOverride, Strategy
 
@@ -145,6 +153,16 @@ def canonical_thresholds(base: KnobConfig, choices: Mapping[str, tuple[Value, ..
         searched = choices.get(name)
         out[name] = value if not searched or value in searched else searched[0]
     return out
+
+
+def decided_split(router: Router | None, running: KnobConfig, replicas: int) -> bool:
+    """Whether a router in front of the pods decides each one's share of the requests under the
+    running config's policy (``DECIDED_SPLIT``: cache_aware, consistent_hash, power_of_two); a canary
+    is then scored per request it served, by its actual share (``objective.paired``)."""
+    if router is None:
+        return False
+    policy = str(resolved(running, replicas).get(ROUTING_POLICY))
+    return policy in {p.value for p in DECIDED_SPLIT}
 
 
 def restarts(running: KnobConfig, trial: KnobConfig) -> frozenset[Restarts]:

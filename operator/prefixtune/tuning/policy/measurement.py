@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from prefixtune.metrics.signals import Signals
+from prefixtune.tuning import routed
 from prefixtune.tuning.actions import (
     RecordTrial,
 )
@@ -172,9 +173,11 @@ def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
     terms: ValueTerms | None = None
     if canary:
         assert obs.baseline_signals is not None
+        # behind a cache-aware (or session-hash) router the canary's share is the router's decision
+        decided = routed.decided_split(settings.router, self.s.current, self.s.replicas)
         pair = paired(
             obs.signals, obs.baseline_signals, settings.objective, settings.slo, settings.min_requests,
-            obs.canary_pods, obs.baseline_pods,
+            obs.canary_pods, obs.baseline_pods, decided_split=decided,
         )  # fmt: skip
         if isinstance(pair, InsufficientData):
             result = pair
