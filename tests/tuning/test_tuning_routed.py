@@ -3,6 +3,7 @@ the canary behind a router (``tuning/routed.py``), in virtual time."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from prefixtune.tuning.routed import (
 )
 from prefixtune.tuning.settings import Slo, SpaceOverride, TuningSettings
 from prefixtune.tuning.space import SearchSpace, build_space
-from prefixtune.tuning.state import Observation, RolloutReady, Tick, WindowMeasured
+from prefixtune.tuning.state import Observation, RolloutReady, SpecChanged, Tick, WindowMeasured
 
 ROUTER_KNOBS = ("routing_policy", "cache_threshold", "balance_abs_threshold", "balance_rel_threshold")
 ADAPTER = get_adapter("sglang")
@@ -276,3 +277,13 @@ def test_a_canary_behind_a_random_router_keeps_the_bounded_correction() -> None:
     )  # fmt: skip
     (recorded,) = [a.trial for a in r(obs, now + 390) if isinstance(a, RecordTrial)]
     assert recorded.terms is not None and recorded.terms.split == 2.0
+
+
+def test_another_router_reopens_the_search_in_a_new_epoch() -> None:
+    """vllm-router has consistent_hash, sglang-router does not: the space is another one."""
+    r = Run(ROUTED.with_(block_size=32))
+    now = r.baseline()
+    r(SpecChanged(settings=replace(SETTINGS, router=Router.VLLM)), now + 10)
+    assert (r.state.phase, r.state.epoch) == ("Baseline", 1)
+    policy = space_of(r.state).dimension("routing_policy")
+    assert policy is not None and "consistent_hash" in policy.choices
