@@ -23,6 +23,7 @@ from prefixtune.tuning.routed import (
     ROUTER_READY_TIMEOUT_S,
     Routing,
     decided_split,
+    one_device,
     price,
     trial_strategy,
 )
@@ -287,3 +288,19 @@ def test_another_router_reopens_the_search_in_a_new_epoch() -> None:
     assert (r.state.phase, r.state.epoch) == ("Baseline", 1)
     policy = space_of(r.state).dimension("routing_policy")
     assert policy is not None and "consistent_hash" in policy.choices
+
+
+def test_under_a_canary_strategy_a_suggestion_moving_engine_and_router_runs_its_routing_first() -> None:
+    """Whole, it would roll every engine pod at once; its router part is a cheap fleet trial."""
+    both = ROUTED.with_(block_size=32, routing_policy="round_robin")
+    r = Run(both)
+    r.baseline()
+    trial = r.state.trial(r.state.active or 0)
+    assert trial.config == ROUTED.with_(routing_policy="round_robin") and trial.router_only
+    assert "its routing first" in trial.reason
+
+
+def test_under_a_rolling_strategy_a_suggestion_moving_both_runs_whole() -> None:
+    both = ROUTED.with_(block_size=32, routing_policy="round_robin")
+    assert one_device("rolling", ROUTED, both) == both
+    assert one_device("canary", ROUTED, ROUTED.with_(block_size=32)) == ROUTED.with_(block_size=32)

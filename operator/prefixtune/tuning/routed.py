@@ -185,6 +185,18 @@ def trial_strategy(strategy: Strategy, running: KnobConfig, trial: KnobConfig) -
     return strategy
 
 
+def one_device(strategy: Strategy, running: KnobConfig, suggested: KnobConfig) -> KnobConfig:
+    """The trial to run for an optimizer's ``suggested`` config: under the canary strategy, a
+    suggestion that changes the engines' knobs and the router's at once runs its router part first
+    (``running``'s engine knobs with the suggested routing: a router-only trial, cheap, engines
+    untouched). Run whole it would roll every engine pod at once, which the canary strategy (and a
+    ``maxTrialReplicas`` cap, which runs as a canary) exists to avoid; its engine part is then a
+    canary under that routing, if the optimizer still asks for it. Otherwise ``suggested``."""
+    if strategy != "canary" or restarts(running, suggested) != {Restarts.ENGINE, Restarts.ROUTER}:
+        return suggested
+    return running.with_(**{k.name: suggested.get(k.name) for k in ROUTER_KNOBS})
+
+
 @dataclass(frozen=True)
 class TrialPrice:
     """What a trial costs the policy in waiting: the readiness it waits for, and whether the
