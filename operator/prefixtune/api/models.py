@@ -61,7 +61,19 @@ from prefixtune.api.enums import (
 )
 from prefixtune.api.secret_flags import is_secret_env_name
 from prefixtune.engines.base import EngineName, KnobConfig, KnobSpec
-from prefixtune.engines.knobs import ENGINE_KNOBS, KNOBS, Knob, KnobKind
+from prefixtune.engines.knobs import (
+    BALANCE_ABS_THRESHOLD,
+    BALANCE_REL_THRESHOLD,
+    BY_NAME,
+    CACHE_THRESHOLD,
+    ENGINE_KNOBS,
+    KNOBS,
+    ROUTER_DEFAULTS,
+    ROUTING_POLICY,
+    Knob,
+    KnobKind,
+)
+from prefixtune.routing.policy import AUTO_POLICY, Router, RoutingPolicy
 
 API_GROUP = "prefixtune.io"
 API_VERSION = "v1alpha1"
@@ -904,6 +916,87 @@ class AdoptSpec(_Model):
     )
 
 
+# --- routing (replicas >= 2): the router in front of the engines --------------------------------
+
+_ROUTING_POLICIES: tuple[str, ...] = (AUTO_POLICY, *(p.value for p in RoutingPolicy))
+
+
+def _check_routing_policy(value: str) -> str:
+    if value not in _ROUTING_POLICIES:
+        raise ValueError(f"unknown routing policy {value!r}; allowed: {', '.join(_ROUTING_POLICIES)}")
+    return value
+
+
+def _bounded(knob: str) -> Any:
+    """A routing knob's value type, with the registry's bounds (``prefixtune.engines.knobs``)."""
+    return _value_type(BY_NAME[knob])
+
+
+class RoutingSpec(_Model):
+    """The router in front of the engine pods (replicas >= 2), and its settings.
+
+    The policy and the three thresholds are the baseline of the routing knobs: a trial may change
+    them, restarting only the router (spec.tuning.space.routingPolicy etc. put them in the search).
+    """
+
+    policy: Annotated[
+        str,
+        AfterValidator(_check_routing_policy),
+        WithJsonSchema({"type": "string", "enum": list(_ROUTING_POLICIES)}),
+    ] = Field(
+        AUTO_POLICY,
+        description="kube-proxy (no router: the Service spreads connections over the pods), a policy of "
+        "the router (random, round_robin, power_of_two, cache_aware; vllm-router also consistent_hash), "
+        "or auto: cache_aware when spec.replicas >= 2 and prefix caching is on (the engines reuse shared "
+        "prefixes, so sending a prefix back to the pod that cached it pays), else kube-proxy.",
+    )
+    router: Router | None = _omittable(
+        "sglang-router or vllm-router. Default by engine: SGLang -> sglang-router, vLLM and "
+        "TensorRT-LLM -> vllm-router (trtllm-serve speaks the OpenAI API as vLLM does)."
+    )
+    image: (
+        Annotated[
+            str,
+            Field(min_length=1, max_length=512),
+            AfterValidator(_check_image),
+            WithJsonSchema(
+                {"type": "string", "minLength": 1, "maxLength": 512, "pattern": references.IMAGE_PATTERN}
+            ),
+        ]
+        | None
+    ) = _omittable("The router's container image (it runs the router's wheel); default by router.")
+    replicas: StrictInt = Field(1, ge=1, le=100, description="Router replicas.")
+    cache_threshold: _bounded(CACHE_THRESHOLD) = Field(  # type: ignore[valid-type]
+        ROUTER_DEFAULTS.cache_threshold, description=BY_NAME[CACHE_THRESHOLD].config_doc
+    )
+    balance_abs_threshold: _bounded(BALANCE_ABS_THRESHOLD) = Field(  # type: ignore[valid-type]
+        ROUTER_DEFAULTS.balance_abs_threshold, description=BY_NAME[BALANCE_ABS_THRESHOLD].config_doc
+    )
+    balance_rel_threshold: _bounded(BALANCE_REL_THRESHOLD) = Field(  # type: ignore[valid-type]
+        ROUTER_DEFAULTS.balance_rel_threshold, description=BY_NAME[BALANCE_REL_THRESHOLD].config_doc
+    )
+    max_tree_size: Annotated[StrictInt, Field(ge=1, le=1 << 40)] | None = _omittable(
+        "cache_aware: the router's approximate radix tree, in characters per worker. Default: the "
+        "engines' KV pool in characters (its tokens as the engine reports them x 4 characters a token, "
+        "at most the router's own default) once a pod has reported it, so that the router does not "
+        "remember prefixes the engines have evicted; before that, the router's own default."
+    )
+
+    def knob_values(self) -> dict[str, object]:
+        """The routing knobs' baseline, by knob name (``ROUTER_KNOBS``)."""
+        return {
+            ROUTING_POLICY: self.policy,
+            CACHE_THRESHOLD: self.cache_threshold,
+            BALANCE_ABS_THRESHOLD: self.balance_abs_threshold,
+            BALANCE_REL_THRESHOLD: self.balance_rel_threshold,
+        }
+
+    @classmethod
+    def field_of(cls, knob: str) -> str:
+        """The camelCase field of spec.routing that holds a routing knob's baseline."""
+        return "policy" if knob == ROUTING_POLICY else to_camel(knob)
+
+
 class ServingDeploymentSpec(_Model):
     """A GPU serving deployment of one model on one engine, and how to tune it."""
 
@@ -935,6 +1028,9 @@ class ServingDeploymentSpec(_Model):
         description="Extra engine arguments, one token per item; may not set flags the operator owns.",
     )
     config: ConfigSpec = _section(ConfigSpec, "Baseline knob values (engine defaults when omitted).")
+    routing: RoutingSpec = _section(
+        RoutingSpec, "The router in front of the engine pods (replicas >= 2) and its settings."
+    )
     tuning: TuningSpec = _section(TuningSpec, "Online tuning.")
     api_key_secret: SecretKeyRef | None = _omittable(
         "The engine's API key, from a Secret (never in extraArgs): vLLM reads it as VLLM_API_KEY, "
@@ -967,8 +1063,9 @@ class ServingDeploymentSpec(_Model):
         return self
 
     def knob_config(self) -> KnobConfig:
-        """spec.config as a KnobConfig (engine defaults filled in)."""
-        return self.config.to_knob_config()
+        """spec.config as a KnobConfig (engine defaults filled in), with the routing knobs' baseline
+        from spec.routing."""
+        return self.config.to_knob_config().with_(**self.routing.knob_values())
 
     def effective_rollout(self) -> RolloutStrategy:
         assert self.tuning.rollout.strategy is not None  # filled in by validation

@@ -22,7 +22,9 @@ from prefixtune.api.secret_flags import secret_flag_problems
 from prefixtune.engines import get_adapter
 from prefixtune.engines._argv import looks_like_flag
 from prefixtune.engines.base import EngineAdapter, Hardware, KnobConfig, KnobSpec
-from prefixtune.engines.knobs import BY_NAME, ENGINE_KNOBS, KNOBS, KnobKind
+from prefixtune.engines.knobs import BY_NAME, ENGINE_KNOBS, KNOBS, ROUTING_POLICY, KnobKind
+from prefixtune.routing.policy import AUTO_POLICY, DEFAULT_ROUTER_IMAGE, RoutingPolicy
+from prefixtune.routing.settings import ENGINE_ROUTER, policy_problem
 
 if TYPE_CHECKING:
     from prefixtune.api.models import ServingDeploymentSpec
@@ -93,6 +95,7 @@ def check_spec(spec: ServingDeploymentSpec) -> list[Problem]:
     problems += secret_flag_problems(spec.extra_args)
     problems += _check_secret_ref(spec)
     problems += _check_pod(adapter, spec)
+    problems += _check_routing(spec)
     return problems
 
 
@@ -107,6 +110,11 @@ def fill_defaults(spec: ServingDeploymentSpec) -> None:
     for knob in config.knob_fields:
         if getattr(config, knob.name) is None:
             setattr(config, knob.name, filled.get(knob.name))
+    routing = spec.routing
+    if routing.router is None:
+        routing.router = ENGINE_ROUTER[spec.engine]
+    if routing.image is None:
+        routing.image = DEFAULT_ROUTER_IMAGE[routing.router]
     rollout = spec.tuning.rollout
     if rollout.strategy is None:
         rollout.strategy = RolloutStrategy.CANARY if spec.replicas >= 2 else RolloutStrategy.ROLLING
@@ -547,6 +555,24 @@ def _refused_index(
         except ValueError:
             return i
     return found[0] if found else None
+
+
+def _check_routing(spec: ServingDeploymentSpec) -> list[Problem]:
+    """A policy the resource's router lacks (spec.routing.router, else the engine's), in
+    spec.routing.policy or spec.tuning.space.routingPolicy, is refused with those it has."""
+    router = spec.routing.router or ENGINE_ROUTER[spec.engine]
+    problems: list[Problem] = []
+    if spec.routing.policy != AUTO_POLICY:
+        problem = policy_problem(RoutingPolicy(spec.routing.policy), router)
+        if problem is not None:
+            problems.append(("routing.policy", problem))
+    listed = spec.tuning.space.listed().get(ROUTING_POLICY) or []
+    for i, value in enumerate(listed):
+        if value in {p.value for p in RoutingPolicy}:
+            problem = policy_problem(RoutingPolicy(value), router)
+            if problem is not None:
+                problems.append((f"tuning.space.{knob_field(ROUTING_POLICY)}[{i}]", problem))
+    return problems
 
 
 def _check_rollout(spec: ServingDeploymentSpec) -> list[Problem]:

@@ -62,6 +62,15 @@ SESSION_AFFINE = frozenset({RoutingPolicy.CACHE_AWARE, RoutingPolicy.CONSISTENT_
 # share there departs from 1/N by design, not by chance.
 DECIDED_SPLIT = SESSION_AFFINE | {RoutingPolicy.POWER_OF_TWO}
 
+# The wheels whose command lines this module was checked against (``--help``), and the images the
+# operator renders by default: no public image of either router is pinned here, so these name images
+# built from the wheel (``pip install sglang-router==0.3.2`` / ``vllm-router==0.1.17`` on the
+# operator's own pinned Python base); spec.routing.image names another.
+ROUTER_VERSION: dict[Router, str] = {Router.SGLANG: "0.3.2", Router.VLLM: "0.1.17"}
+DEFAULT_ROUTER_IMAGE: dict[Router, str] = {
+    router: f"ghcr.io/prefixtune/{router.value}:{version}" for router, version in ROUTER_VERSION.items()
+}
+
 # The per-worker character budget of the approximate radix tree, each router's default.
 DEFAULT_MAX_TREE_SIZE: dict[Router, int] = {Router.SGLANG: 67_108_864, Router.VLLM: 33_554_432}
 

@@ -7,12 +7,18 @@ resolved value the router's objects render from: the policy is never ``auto`` he
 
 ``auto`` picks ``cache_aware`` when the resource has two replicas or more and its workload shares
 prefixes (``resolve_policy`` says what counts), else ``kube-proxy``: one replica needs no router.
+
+The router by engine (``ENGINE_ROUTER``): SGLang behind sglang-router, vLLM behind vllm-router, and
+TensorRT-LLM behind vllm-router: trtllm-serve speaks the OpenAI API (``/v1/completions``,
+``/v1/models``, ``/health``) as vLLM does, not SGLang's native ``/generate``, and vllm-router also has
+the session-affinity policy (``consistent_hash``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from prefixtune.engines.base import EngineName
 from prefixtune.engines.knobs import (
     BALANCE_ABS_THRESHOLD,
     BALANCE_REL_THRESHOLD,
@@ -32,6 +38,13 @@ from prefixtune.routing.policy import (
 
 # The policy ``auto`` picks where a router pays (replicas >= 2, shared prefixes).
 AUTO_ROUTED = RoutingPolicy.CACHE_AWARE
+
+# The router in front of each engine unless spec.routing.router names another (module docstring).
+ENGINE_ROUTER: dict[EngineName, Router] = {
+    EngineName.SGLANG: Router.SGLANG,
+    EngineName.VLLM: Router.VLLM,
+    EngineName.TRTLLM: Router.VLLM,
+}
 
 
 def resolve_policy(requested: str, replicas: int, shares_prefixes: bool) -> RoutingPolicy:
