@@ -21,7 +21,7 @@ from prefixtune.api.models import GROUP_VERSION, KIND, ServingDeploymentSpec
 from prefixtune.controller import engine_pod, pod_overrides, podspec
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig, RenderedCommand
-from prefixtune.engines.knobs import ENGINE_KNOBS, Value
+from prefixtune.engines.knobs import engine_dict
 
 DeploymentRole = Literal["baseline", "canary"]
 ROLES: tuple[DeploymentRole, ...] = ("baseline", "canary")
@@ -103,17 +103,10 @@ class Owner:
         )
 
 
-def engine_values(config: KnobConfig) -> dict[str, Value]:
-    """The knobs the engine pods run with (``ENGINE_KNOBS``): the router's knobs are not the pods'.
-    A change of the router's knobs alone must leave the engine pods' template as it is, or every
-    routing trial would restart the engines and cold their caches (``tuning/routed.py``)."""
-    return {k.name: k.coerce(config.get(k.name)) for k in ENGINE_KNOBS}
-
-
 def config_hash(config: KnobConfig) -> str:
-    """A short stable hash of the engine knobs of a config (a label value: 10 hex characters); the
-    router's knobs do not enter it (``engine_values``)."""
-    text = json.dumps(engine_values(config), sort_keys=True)
+    """A short stable hash of a config's engine knobs (a label value: 10 hex characters): a routing
+    knob's change restarts the router, never the engine pods (``engine_dict``)."""
+    text = json.dumps(engine_dict(config), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
@@ -256,7 +249,7 @@ def render_deployment(
     labels = {**common_labels(owner, spec), LABEL_ROLE: role, LABEL_CONFIG_HASH: digest}
     pod_annotations = {
         **dict(zip(owned.PROMETHEUS_ANNOTATIONS, ("true", str(port), adapter.metrics_path), strict=True)),
-        ANNOTATION_CONFIG: json.dumps(engine_values(config), sort_keys=True),
+        ANNOTATION_CONFIG: json.dumps(engine_dict(config), sort_keys=True),
     }
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -349,8 +342,8 @@ def render_service_monitor(owner: Owner, spec: ServingDeploymentSpec) -> dict[st
 
 
 def pod_config(pod_or_template: Mapping[str, Any]) -> KnobConfig | None:
-    """The knob config a pod (or pod template) was rendered with, from its annotation: its engine
-    knobs (``engine_values``); the router's knobs, which no pod carries, read as their unset values."""
+    """The knob config a pod (or pod template) was rendered with, from its annotation (the engine
+    knobs; the router's read as unset: the pod does not carry them)."""
     annotations = (pod_or_template.get("metadata") or {}).get("annotations") or {}
     text = annotations.get(ANNOTATION_CONFIG)
     if not text:

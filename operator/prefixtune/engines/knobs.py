@@ -351,6 +351,13 @@ def categorical_key(config: KnobConfig) -> tuple[Value, ...]:
     return tuple(k.coerce(value) for k, value in config.items() if k is not MEMORY_KNOB)
 
 
+def engine_dict(config: KnobConfig) -> dict[str, Value]:
+    """The engine knobs of a config (snake_case): what an engine pod runs. A routing knob's change
+    leaves it (and so the engine pods' config hash) as it was; for a config at the router's unset
+    values it is the config's whole dict as it was before the routing knobs existed."""
+    return {k.name: k.coerce(getattr(config, k.name)) for k in ENGINE_KNOBS}
+
+
 def to_api(config: KnobConfig, knobs: tuple[Knob, ...] = KNOBS) -> dict[str, Value]:
     """The config in the API's camelCase (``status.currentConfig``, ``status.trials[].config``); only
     ``knobs`` (``ENGINE_KNOBS``: spec.config's fields)."""
