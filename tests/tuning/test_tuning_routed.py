@@ -111,7 +111,8 @@ def test_auto_is_searched_as_the_policy_it_resolves_to() -> None:
     sp = space(base=auto)
     assert sp.base.routing_policy == "cache_aware" and sp.dimension("routing_policy") is not None
     assert sp.normalize(auto) == sp.normalize(ROUTED)
-    assert sp.normalize(auto.with_(prefix_caching=False)).routing_policy == "kube-proxy"
+    # resolved from the resource's own config, not the trial's: caching off in a trial keeps it
+    assert sp.normalize(auto.with_(prefix_caching=False)).routing_policy == "cache_aware"
 
 
 def test_the_policys_space_holds_the_router_knobs_with_replicas_and_not_with_one() -> None:
@@ -297,3 +298,11 @@ def test_under_a_rolling_strategy_a_suggestion_moving_both_runs_whole() -> None:
     both = ROUTED.with_(block_size=32, routing_policy="round_robin")
     assert one_device("rolling", ROUTED, both) == both
     assert one_device("canary", ROUTED, ROUTED.with_(block_size=32)) == ROUTED.with_(block_size=32)
+
+
+def test_auto_is_the_resources_choice_a_trial_turning_caching_on_brings_no_router() -> None:
+    """The spec runs prefix caching off, so auto is kube-proxy: a trial with caching on keeps it."""
+    spec = ROUTED.with_(routing_policy="auto", prefix_caching=False)
+    sp = space(base=spec, prefix_caching=[True])
+    assert "routing_policy" not in sp.names
+    assert sp.normalize(spec.with_(prefix_caching=True)).routing_policy == "kube-proxy"

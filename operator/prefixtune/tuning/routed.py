@@ -84,14 +84,17 @@ class Routing:
         return self.replicas >= MIN_ROUTED_REPLICAS
 
 
-def resolved(config: KnobConfig, replicas: int) -> KnobConfig:
-    """``config`` with an ``auto`` policy resolved as the operator renders it
+def resolved(config: KnobConfig, replicas: int, spec: KnobConfig | None = None) -> KnobConfig:
+    """``config`` with an ``auto`` policy resolved as the operator renders the spec's
     (``routing.settings.resolve_policy``: cache_aware with two replicas or more when the workload
-    shares prefixes, read here as prefix caching on), so that the search never holds ``auto`` and a
-    spec's ``auto`` equals the policy it runs (no trial, no router restart, for the same thing)."""
+    shares prefixes, read as prefix caching on in ``spec``, the resource's config; ``config`` itself
+    when None), so that the search never holds ``auto`` and a spec's ``auto`` equals the policy it
+    runs (no trial, no router restart, for the same thing). ``auto`` is the resource's choice, made
+    once from its spec: a trial that turns prefix caching on does not bring a router with it."""
     if str(config.get(ROUTING_POLICY)) != AUTO_POLICY:
         return config
-    policy = resolve_policy(AUTO_POLICY, replicas, bool(config.get(PREFIX_CACHING)))
+    shares = bool((spec or config).get(PREFIX_CACHING))
+    policy = resolve_policy(AUTO_POLICY, replicas, shares)
     return config.with_(**{ROUTING_POLICY: policy.value})
 
 

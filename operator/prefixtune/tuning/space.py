@@ -225,6 +225,7 @@ def build_space(
     the thresholds of a policy other than cache_aware are collapsed onto one value each. None:
     the adapter's table as it is (the router's knobs only where listed)."""
     override = override or SpaceOverride()
+    own = base  # the resource's own config: ``auto`` resolves from it (``routed.resolved``)
     knobs = routed_knobs(knobs, base, routing, override)
     dims: list[Dimension] = []
     widened: list[str] = []
@@ -263,7 +264,7 @@ def build_space(
     if routing is not None:
         replicas = routing.replicas
         canonical = canonical_thresholds(base, {d.name: d.choices for d in dims})
-        normalize = _chain(_chain(normalize, lambda c: resolved(c, replicas)), collapse(canonical))
+        normalize = _chain(_chain(normalize, lambda c: resolved(c, replicas, own)), collapse(canonical))
 
     return SearchSpace(
         base=normalize(base),
