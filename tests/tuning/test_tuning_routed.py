@@ -18,7 +18,6 @@ from prefixtune.tuning.objective import ScoreBasis
 from prefixtune.tuning.optimizer import Suggestion, TrialResult, suggest
 from prefixtune.tuning.policy import initial_state, space_of, step
 from prefixtune.tuning.routed import (
-    LADDERS,
     ROUTER_READY_TIMEOUT_S,
     Routing,
     decided_split,
@@ -53,7 +52,9 @@ def test_behind_a_router_the_space_searches_its_policies_and_a_ladder_per_thresh
     policy = sp.dimension("routing_policy")
     assert policy is not None
     assert set(policy.choices) == {p.value for p in ROUTER_POLICIES[Router.SGLANG]}
-    for name, ladder in LADDERS.items():
+    ladders = {"cache_threshold": (0.1, 0.3, 0.5), "balance_abs_threshold": (32, 64, 128)}
+    ladders["balance_rel_threshold"] = (1.25, 1.5, 2.0)  # the routers' default and a neighbour each side
+    for name, ladder in ladders.items():
         d = sp.dimension(name)
         assert d is not None and d.choices == ladder
     vllm = space(router=Router.VLLM).dimension("routing_policy")

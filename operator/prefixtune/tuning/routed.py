@@ -11,7 +11,8 @@ they become searchable where a router can act on them (``routed_knobs``):
   listed values (as for every knob), whatever the baseline's policy.
 - Otherwise they are searched by default when the baseline runs a router (its policy is not
   kube-proxy): the policy over the policies the resource's router has (``ROUTER_POLICIES``), each
-  threshold over a small ladder around the routers' default (``LADDERS``). A baseline on kube-proxy
+  threshold over a small ladder: the routers' default and its neighbours among the knob's own values
+  (``ladder``; cache 0.1/0.3/0.5, balance abs 32/64/128, rel 1.25/1.5/2.0). A baseline on kube-proxy
   chose no router: nothing is searched unless listed.
 
 The thresholds mean something only under ``cache_aware``: a conditional dimension. It is handled as
@@ -25,7 +26,12 @@ registry): no model load, no GPU to find, the engines' caches kept. Its price (`
 what the policy waits for: the router's start (``ROUTER_READY_TIMEOUT_S``) instead of the engines'
 load, and a warm-up all the same, because the sessions the new router maps to other workers meet
 caches that lack their history until one turn has passed. It runs on every pod (a router serves the
-whole fleet, so there is no canary of a routing change; ``trial_strategy``).
+whole fleet, so there is no canary of a routing change; ``trial_strategy``). Under the canary
+strategy an optimizer's suggestion that moves engine and router knobs at once runs its router part
+first (``one_device``): whole, it would roll every engine pod.
+
+``auto`` is resolved in the space as the operator renders it, from the resource's own config
+(``resolved``): the search never holds ``auto``, and a trial never swaps the router for it.
 
 An engine trial's canary behind a router: the canary pod joins the router's workers (service
 discovery) with an empty tree. Under cache_aware a request goes to the worker whose tree matches
@@ -43,10 +49,7 @@ from dataclasses import dataclass, replace
 
 from prefixtune.engines.base import KnobConfig, KnobSpec
 from prefixtune.engines.knobs import (
-    BALANCE_ABS_THRESHOLD,
-    BALANCE_REL_THRESHOLD,
     BY_NAME,
-    CACHE_THRESHOLD,
     PREFIX_CACHING,
     ROUTER_KNOBS,
     ROUTING_POLICY,
@@ -59,12 +62,6 @@ from prefixtune.routing.settings import resolve_policy
 from prefixtune.tuning.settings import SpaceOverride, Strategy
 
 MIN_ROUTED_REPLICAS = 2  # fewer replicas: nothing to route between
-# The thresholds' values searched by default: the routers' default and one step either side.
-LADDERS: Mapping[str, tuple[Value, ...]] = {
-    CACHE_THRESHOLD: (0.1, 0.3, 0.5),
-    BALANCE_ABS_THRESHOLD: (16, 64, 128),
-    BALANCE_REL_THRESHOLD: (1.25, 1.5, 2.0),
-}
 THRESHOLDS: tuple[str, ...] = tuple(k.name for k in ROUTER_KNOBS if k.name != ROUTING_POLICY)
 # A router's pod starts in seconds (no weights to load): it is ready within this or the trial failed.
 ROUTER_READY_TIMEOUT_S = 120.0
@@ -128,9 +125,21 @@ def routed_knobs(
                 p.value for p in RoutingPolicy if p in ROUTER_POLICIES[routing.router]
             )
         else:
-            choices = LADDERS[k.name]
+            choices = ladder(spec)
         table[k.name] = replace(spec, choices=choices, searched=True)
     return table
+
+
+def ladder(spec: KnobSpec) -> tuple[Value, ...]:
+    """A threshold's values searched by default: the routers' default (the knob's ``unset``) and its
+    neighbour on either side among the knob's own values (``ROUTING_SPECS``); three values each keep
+    the routed space to 15 routing combinations per engine combination."""
+    ordered = sorted(spec.choices)
+    default = BY_NAME[spec.name].unset
+    if default not in ordered:
+        return tuple(ordered)
+    i = ordered.index(default)
+    return tuple(ordered[max(i - 1, 0) : i + 2])
 
 
 def collapse(canonical: Mapping[str, Value]) -> Callable[[KnobConfig], KnobConfig]:
