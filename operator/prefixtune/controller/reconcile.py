@@ -400,7 +400,8 @@ async def _reconcile(
     key = f"{generation}/{want}/{scale}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
     last = ctx.ensured.get(uid)
     if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found or drift:
-        ensured = await _ensure(ctx, owner, spec, want, scale)
+        pool = next((t.kv_tokens for t in reversed(state.trials) if t.kv_tokens), None)
+        ensured = await _ensure(ctx, owner, spec, want, scale, pool)
         outcome.changes = ensured.changes
         ctx.ensured[uid] = (key, now)
         seen = {(d.kind, d.name) for d in drift}
@@ -424,10 +425,18 @@ async def _reconcile(
 
 
 async def _ensure(
-    ctx: OperatorContext, owner: Owner, spec: ServingDeploymentSpec, want: Desired, scale: Scale
+    ctx: OperatorContext,
+    owner: Owner,
+    spec: ServingDeploymentSpec,
+    want: Desired,
+    scale: Scale,
+    pool_tokens: int | None = None,
 ) -> Ensured:
-    """``ensure_children``, with the Deployments it wrote marked for a fresh read (``Freshness``)."""
-    ensured = await ensure_children(ctx.client, owner, spec, want, scale, monitoring=bool(ctx.monitoring))
+    """``ensure_children``, with the Deployments it wrote marked for a fresh read (``Freshness``).
+    ``pool_tokens``: the engines' KV pool as last reported (the router's tree mirrors it)."""
+    ensured = await ensure_children(
+        ctx.client, owner, spec, want, scale, monitoring=bool(ctx.monitoring), pool_tokens=pool_tokens
+    )
     for name in ensured.written:
         if name != owner.adopted:  # read by its name every time (``read_children``)
             ctx.fresh.wrote(owner.namespace, name)
