@@ -60,6 +60,7 @@ from prefixtune.controller.observe import (
 )
 from prefixtune.controller.ownership import Foreign, name_errors
 from prefixtune.controller.render import ROLES, Owner, config_hash, deployment_name
+from prefixtune.controller.routing_status import routing_status
 from prefixtune.controller.selfmetrics import SelfMetrics
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.controller.status import (
@@ -121,6 +122,8 @@ class OperatorContext:
     seen_version: dict[str, str] = field(default_factory=dict)
     # The Deployments this process wrote whose index entries have not caught up yet (``children.py``).
     fresh: Freshness = field(default_factory=Freshness)
+    # When each resource's router metrics were last scraped (status.routing; ``routing_status``).
+    router_scraped: dict[str, float] = field(default_factory=dict)
 
     def lock(self, key: str) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
@@ -382,6 +385,14 @@ async def _reconcile(
         valid_spec=adopted.raw if adopted is not None else body.get("spec"),
         scale=scale_status(name, children.deployments), notes=gpu_notes(spec),
     )  # fmt: skip
+    routing, scraped = await routing_status(
+        client, owner, spec, ensured_want.baseline, children.pods,
+        (previous or {}).get("routing"), ctx.router_scraped.get(uid), now,
+    )  # fmt: skip
+    if scraped:
+        ctx.router_scraped[uid] = now
+    if routing is not None or (previous or {}).get("routing") is not None:
+        status["routing"] = routing  # None removes it (a merge patch's null)
     outcome = Reconciled(phase=state.phase, actions=actions)
     written = body
     if patch_changes(previous, status):  # nothing changed (most ticks): no write, no watch event
