@@ -87,3 +87,14 @@ def test_switching_the_service_to_the_router_removes_the_engine_selector_key() -
     asyncio.run(_apply(client, f"{CORE}/namespaces/default/services", body, "", "services", owner))  # type: ignore[arg-type]
     (patch,) = client.patches
     assert patch["spec"]["selector"] == {"prefixtune.io/resource": None, "prefixtune.io/router": "chat"}
+
+
+async def test_a_policy_the_router_lacks_shows_as_an_invalid_spec_condition() -> None:
+    async with harness() as h:
+        spec = {"engine": "sglang", "model": MODEL, "replicas": 2, "routing": {"policy": "consistent_hash"}}
+        await h.apply(resource("chat", spec))
+        await h.reconcile("chat")
+        ready = await h.ready("chat")
+        assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
+        assert "spec.routing.policy: sglang-router has no consistent_hash policy" in ready["message"]
+        assert await h.get(ROUTER_OBJECTS[0]) is None
