@@ -96,3 +96,11 @@ def test_bad_routing_values_are_refused_at_their_field(routing: dict[str, Any], 
 def test_spec_config_refuses_a_routing_knob() -> None:
     _, errors = validate_spec({**BASE, "engine": "vllm", "config": {"routingPolicy": "random"}})
     assert [e.path for e in errors] == ["spec.config.routingPolicy"]
+
+
+def test_an_adopting_resource_may_not_name_a_router_policy() -> None:
+    adopt = {**BASE, "engine": "vllm", "adopt": {"deployment": "llama"}}
+    _, errors = validate_spec({**adopt, "routing": {"policy": "cache_aware"}})
+    assert [e.path for e in errors] == ["spec.routing.policy"]
+    assert "an adopting resource gets no router" in errors[0].message
+    assert validate_spec({**adopt, "routing": {"policy": "kube-proxy"}})[1] == []

@@ -1202,6 +1202,41 @@ class Recommendation(_Model):
     score: StrictFloat | None = Field(None, description="Expected objective value (measured or the twin's).")
 
 
+class RouterWorker(_Model):
+    """One engine worker as the router counts it."""
+
+    worker: Annotated[str, Field(max_length=512)] = Field(
+        description="The engine pod (its name; the router's worker URL where the pod is not known)."
+    )
+    requests: Annotated[StrictFloat, Field(ge=0)] = Field(description="Requests the router sent it.")
+    share: Ratio = Field(description="Its share of the requests the router sent.")
+
+
+class RoutingStatus(_Model):
+    """The router in front of the engines and what it did (its own metrics, summed over its pods,
+    since they started; refreshed about once a minute)."""
+
+    policy: Annotated[str, Field(max_length=64)] = Field(
+        description="The policy running (auto resolved): kube-proxy when no router runs."
+    )
+    router: Router | None = _omittable("The router, when one runs.")
+    requests: Annotated[StrictFloat, Field(ge=0)] | None = _omittable("Requests the router sent.")
+    workers: Annotated[list[RouterWorker], Field(max_length=32)] = Field(
+        default_factory=list, description="Per-worker request share, largest first (at most 32)."
+    )
+    other_workers: Annotated[StrictInt, Field(ge=0)] | None = _omittable("Workers beyond those listed.")
+    cache_aware_decisions: Annotated[StrictFloat, Field(ge=0)] | None = _omittable(
+        "Requests routed by the prefix tree (to the worker holding the prefix, or the smallest tree); "
+        "omitted when the router exports no such metric (sglang-router 0.3.2)."
+    )
+    load_balanced_decisions: Annotated[StrictFloat, Field(ge=0)] | None = _omittable(
+        "Requests sent to the least-loaded worker instead (the load was imbalanced)."
+    )
+    message: Annotated[str, Field(max_length=1024)] = Field(
+        "", description="Why something above is missing (no router pod ready, a scrape failed)."
+    )
+
+
 class ServingDeploymentStatus(_Model):
     phase: Phase = Phase.PENDING
     observed_generation: Annotated[StrictInt, Field(ge=0)] | None = _omittable()
@@ -1214,6 +1249,7 @@ class ServingDeploymentStatus(_Model):
     budget: TrialBudget | None = _omittable("The trial budget spent by the current tuning run.")
     trials: list[TrialRecord] = Field(default_factory=list)
     diagnosis: DiagnosisStatus | None = _omittable("What limits the deployment now.")
+    routing: RoutingStatus | None = _omittable("The router in front of the engines (spec.routing).")
     recommendation: Recommendation | None = _omittable("Observe mode: what would be rolled out.")
     replicas: Annotated[StrictInt, Field(ge=0)] | None = _omittable(
         "Engine pods that exist (baseline and canary Deployments' status.replicas, ready or not): the "

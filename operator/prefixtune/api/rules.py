@@ -566,6 +566,14 @@ def _check_routing(spec: ServingDeploymentSpec) -> list[Problem]:
         problem = policy_problem(RoutingPolicy(spec.routing.policy), router)
         if problem is not None:
             problems.append(("routing.policy", problem))
+        elif spec.adopt is not None and spec.routing.policy != RoutingPolicy.KUBE_PROXY:
+            problems.append(
+                (
+                    "routing.policy",
+                    "an adopting resource gets no router (the adopted Deployment's pods are its team's); "
+                    "allowed with spec.adopt: auto or kube-proxy",
+                )
+            )
     listed = spec.tuning.space.listed().get(ROUTING_POLICY) or []
     for i, value in enumerate(listed):
         if value in {p.value for p in RoutingPolicy}:

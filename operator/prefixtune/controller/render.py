@@ -22,6 +22,8 @@ from prefixtune.controller import engine_pod, pod_overrides, podspec
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig, RenderedCommand
 from prefixtune.engines.knobs import engine_dict
+from prefixtune.routing import render as routing_render
+from prefixtune.routing.settings import RoutingSettings
 
 DeploymentRole = Literal["baseline", "canary"]
 ROLES: tuple[DeploymentRole, ...] = ("baseline", "canary")
@@ -39,6 +41,7 @@ GPU_PRODUCT_LABEL = owned.GPU_PRODUCT_LABEL  # GPU feature discovery's node labe
 GPU_RESOURCE = owned.GPU_RESOURCE
 OPTIONS_VOLUME = owned.OPTIONS_VOLUME
 MANAGER = "prefixtune"
+SERVING = "serving"  # app.kubernetes.io/component of the engines' objects and pods
 CONTAINER = "engine"
 PORT_NAME = "http"
 # On an engine Deployment: the pod label and annotation keys spec.pod gave (JSON {"labels": [...],
@@ -150,7 +153,7 @@ def common_labels(owner: Owner, spec: ServingDeploymentSpec) -> dict[str, str]:
     return {
         LABEL_NAME: str(spec.engine),
         LABEL_INSTANCE: owner.name,
-        LABEL_COMPONENT: "serving",
+        LABEL_COMPONENT: SERVING,
         LABEL_MANAGED_BY: MANAGER,
         LABEL_RESOURCE: owner.name,
     }
@@ -301,8 +304,9 @@ def render_deployment(
     }
 
 
-def render_service(owner: Owner, spec: ServingDeploymentSpec) -> dict[str, Any]:
-    """One Service over both roles: a canary pod takes its share of the same traffic."""
+def render_service(owner: Owner, spec: ServingDeploymentSpec, name: str | None = None) -> dict[str, Any]:
+    """One Service over both roles: a canary pod takes its share of the same traffic. ``name``: the
+    engines' own Service beside a router (``routing.render.engines_service_name``)."""
     adapter = get_adapter(spec.engine)
     annotations = {
         "prometheus.io/scrape": "true",
@@ -312,7 +316,7 @@ def render_service(owner: Owner, spec: ServingDeploymentSpec) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(owner, service_name(owner.name), common_labels(owner, spec), annotations),
+        "metadata": _meta(owner, name or service_name(owner.name), common_labels(owner, spec), annotations),
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(owner.name),
@@ -331,7 +335,15 @@ def render_service_monitor(owner: Owner, spec: ServingDeploymentSpec) -> dict[st
         "kind": "ServiceMonitor",
         "metadata": _meta(owner, owner.name, common_labels(owner, spec)),
         "spec": {
-            "selector": {"matchLabels": {LABEL_RESOURCE: owner.name, LABEL_MANAGED_BY: MANAGER}},
+            # The engines' Services only (component serving): not the router's, which is the
+            # resource's user-facing Service when a router runs (``routing.render``).
+            "selector": {
+                "matchLabels": {
+                    LABEL_RESOURCE: owner.name,
+                    LABEL_MANAGED_BY: MANAGER,
+                    LABEL_COMPONENT: SERVING,
+                }
+            },
             "namespaceSelector": {"matchNames": [owner.namespace]},
             # Copied onto every series: the operator's queries can then require them
             # (--prometheus-operator-labels), so a series of a pod it does not manage never counts.
@@ -339,6 +351,49 @@ def render_service_monitor(owner: Owner, spec: ServingDeploymentSpec) -> dict[st
             "endpoints": [{"port": PORT_NAME, "path": adapter.metrics_path, "interval": "15s"}],
         },
     }
+
+
+# --- the router in front of the engines (routing/render.py renders it; this is the glue) -----------
+
+
+def engine_selector(owner_name: str) -> dict[str, str]:
+    """The labels the router discovers the engine pods by (both roles; never its own pods)."""
+    return {LABEL_RESOURCE: owner_name, LABEL_COMPONENT: SERVING}
+
+
+def router_owner(owner: Owner, spec: ServingDeploymentSpec) -> routing_render.RouterOwner:
+    return routing_render.RouterOwner(
+        owner.namespace, owner.name, owner.reference(), common_labels(owner, spec)
+    )
+
+
+def render_routed(
+    owner: Owner,
+    spec: ServingDeploymentSpec,
+    settings: RoutingSettings,
+    *,
+    router_ready: bool,
+    monitoring: bool,
+) -> list[dict[str, Any]]:
+    """The router's objects for a routed resource, and its Services: the user-facing one (the
+    resource's name) selects the router pods once one is ready (before that, and if none ever is,
+    the engine pods: kube-proxy's spread, never an outage); the engines' own Service beside it where
+    the ServiceMonitor needs their endpoints (``monitoring``)."""
+    router = router_owner(owner, spec)
+    port = get_adapter(spec.engine).metrics_port
+    objects = [
+        routing_render.render_service_account(router, settings),
+        routing_render.render_role(router, settings),
+        routing_render.render_role_binding(router, settings),
+        routing_render.render_deployment(router, settings, engine_selector(owner.name), port, spec.replicas),
+    ]
+    front = routing_render.render_service(router, settings, port)
+    if not router_ready:
+        front["spec"]["selector"] = selector_labels(owner.name)
+    objects.append(front)
+    if monitoring:
+        objects.append(render_service(owner, spec, routing_render.engines_service_name(owner.name)))
+    return objects
 
 
 def pod_config(pod_or_template: Mapping[str, Any]) -> KnobConfig | None:

@@ -71,6 +71,16 @@ DEFAULT_ROUTER_IMAGE: dict[Router, str] = {
     router: f"ghcr.io/prefixtune/{router.value}:{version}" for router, version in ROUTER_VERSION.items()
 }
 
+# How each router is started (the wheels' console scripts) and where it listens: both default to
+# --port 30000 and --prometheus-port 29000; vllm-router binds 127.0.0.1 by default (--host and
+# --prometheus-host), so the operator always renders 0.0.0.0 for both.
+ROUTER_COMMAND: dict[Router, tuple[str, ...]] = {
+    Router.SGLANG: ("sglang-router", "launch"),
+    Router.VLLM: ("vllm-router",),
+}
+ROUTER_PORT = 30000
+ROUTER_METRICS_PORT = 29000
+
 # The per-worker character budget of the approximate radix tree, each router's default.
 DEFAULT_MAX_TREE_SIZE: dict[Router, int] = {Router.SGLANG: 67_108_864, Router.VLLM: 33_554_432}
 
