@@ -61,6 +61,9 @@ SESSION_AFFINE = frozenset({RoutingPolicy.CACHE_AWARE, RoutingPolicy.CONSISTENT_
 # hash, load in flight), not an even (round_robin) or random (kube-proxy, random) spread: a worker's
 # share there departs from 1/N by design, not by chance.
 DECIDED_SPLIT = SESSION_AFFINE | {RoutingPolicy.POWER_OF_TWO}
+# The rest ignore the request's text: a session's turns and each hot prefix land on any replica, so
+# each replica caches only its share of a conversation (and every hot prefix once per replica).
+PREFIX_BLIND: frozenset[RoutingPolicy] = frozenset(RoutingPolicy) - SESSION_AFFINE
 
 # The wheels whose command lines this module was checked against (``--help``), and the images the
 # operator renders by default: no public image of either router is pinned here, so these name images
@@ -90,19 +93,12 @@ class CacheAwareThresholds:
     """The cache-aware policy's settings, with both routers' defaults.
 
     A request goes to the worker whose tree shares the longest prefix with its text when that match is
-    at least ``cache_threshold`` of the text; else to the worker with the smallest tree. Whenever the
-    load is imbalanced (``max - min > balance_abs_threshold`` and ``max > min * balance_rel_threshold``,
-    in requests in flight) the least-loaded worker takes it instead.
+    more than ``cache_threshold`` of the text (the routers' ``match_rate > cache_threshold``); else
+    to the worker with the smallest tree (sglang-router) or the least loaded (vllm-router). Whenever
+    the load is imbalanced (``max - min > balance_abs_threshold`` and ``max > min *
+    balance_rel_threshold``, in requests in flight) the least-loaded worker takes it instead.
     """
 
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
-
-
-# The policies that ignore the request's text: a session's turns and each hot prefix land on any
-# replica, so each replica caches only its share of a conversation (and every hot prefix once per
-# replica). cache_aware follows the cached prefix; consistent_hash keeps a session on one replica.
-PREFIX_BLIND: frozenset[RoutingPolicy] = frozenset(
-    {RoutingPolicy.KUBE_PROXY, RoutingPolicy.RANDOM, RoutingPolicy.ROUND_ROBIN, RoutingPolicy.POWER_OF_TWO}
-)
