@@ -1,7 +1,10 @@
 """What the cluster admin decides for every tenant (``prefixtune run`` flags, the chart's values),
 and the checks of a tenant's spec against it. One place for these facts:
 
-- ``allowed_images``: registries/repositories engine pods may run (default: the engines' own);
+- ``allowed_images``: registries/repositories engine and router pods may run (default: the engines'
+  and the routers' default images' repositories). spec.routing.image is the tenant's choice, as
+  spec.image is, and runs next to a ServiceAccount that may list pods: the same policy holds it
+  whenever a router may run (replicas >= 2, a policy other than kube-proxy);
 - ``prometheus_url``: the Prometheus the operator queries for ``metrics.source: prometheus``; a
   spec's own ``metrics.url`` is used only when its host is in ``prometheus_hosts`` (default: none),
   so a tenant cannot make the operator fetch an address of its choosing from the operator's network;
@@ -26,11 +29,13 @@ from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.api.references import policy_problem, repository
 from prefixtune.engines.base import EngineName
 from prefixtune.engines.registry import get_adapter
+from prefixtune.routing.policy import DEFAULT_ROUTER_IMAGE, RoutingPolicy
 
 
 def engine_repositories() -> tuple[str, ...]:
-    """The repositories of the engines' default images (the default image policy)."""
-    return tuple(sorted({repository(get_adapter(name).default_image) for name in EngineName}))
+    """The repositories of the engines' and the routers' default images (the default image policy)."""
+    defaults = [get_adapter(name).default_image for name in EngineName] + list(DEFAULT_ROUTER_IMAGE.values())
+    return tuple(sorted({repository(image) for image in defaults}))
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,10 @@ class AdminPolicy:
         problem = policy_problem(image, self.allowed_images)
         if problem:
             problems.append(f"spec.image: {problem}")
+        routed = spec.replicas >= 2 and spec.routing.policy != RoutingPolicy.KUBE_PROXY.value
+        problem = policy_problem(spec.routing.image, self.allowed_images) if spec.routing.image else None
+        if routed and problem:
+            problems.append(f"spec.routing.image: {problem}, or set spec.routing.policy: kube-proxy")
         if not self.allow_host_path and spec.pod is not None:
             problems += [
                 f"spec.pod.volumes[{i}].hostPath: the admin does not allow hostPath volumes "
