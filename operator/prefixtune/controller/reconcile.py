@@ -56,6 +56,7 @@ from prefixtune.controller.observe import (
     deployment_ready,
     desired,
     rollout_observation,
+    router_rollout,
     scale_plan,
 )
 from prefixtune.controller.ownership import Foreign, name_errors
@@ -354,7 +355,8 @@ async def _reconcile(
         state = await _advance(state, TrialInvalidated(reason=reason), now, actions)
         state = await _advance(state, Tick(), now, actions)
     else:
-        rollout = rollout_observation(state, children.deployments, children.pods)
+        router = router_rollout(spec, ensured_want, children.router)
+        rollout = rollout_observation(state, children.deployments, children.pods, router)
         if rollout is not None:
             state = await _advance(state, rollout, now, actions)
         checked = await ctx.meter.verify(spec, state, children.pods)
@@ -373,7 +375,9 @@ async def _reconcile(
     # another config, e.g. the window before a rolling trial's pods took over, is not shown).
     diagnosis = (
         diagnose(
-            measured.signals, prefix_caching=measured.config.prefix_caching, limits=limits_of(measured.config)
+            measured.signals,
+            prefix_caching=measured.config.prefix_caching,
+            limits=limits_of(measured.config),
         )
         if measured is not None and measured.config == state.current
         else None
@@ -615,7 +619,8 @@ async def _invalid(
         state = await _advance(state, SpecInvalid(reason=message), now, actions)
         if state.step in ROLLOUT_STEPS:  # the rollback to the safe config: followed to its end
             children = await read_children(ctx.client, owner)
-            rollout = rollout_observation(state, children.deployments, children.pods)
+            router = router_rollout(last, desired(state), children.router)
+            rollout = rollout_observation(state, children.deployments, children.pods, router)
             if rollout is not None:
                 state = await _advance(state, rollout, now, actions)
         outcome.phase, outcome.actions = str(state.phase), actions
