@@ -7,14 +7,16 @@ from typing import Any
 
 from bench._reliability_tenant import MODEL, harness, resource
 from prefixtune.api import parse_spec
-from prefixtune.controller.execute import read_children
+from prefixtune.controller.execute import Children, read_children
 from prefixtune.controller.observe import (
     Desired,
+    Scale,
     desired,
     pod_view,
     rollout_observation,
     router_rollout,
 )
+from prefixtune.controller.reconcile import ensure_key
 from prefixtune.controller.render import Owner, config_hash
 from prefixtune.routing.render import LABEL_ROUTING_HASH, routing_hash, settings_for
 from prefixtune.tuning.policy import initial_state
@@ -105,6 +107,14 @@ def test_a_config_without_a_router_waits_for_the_engines_only() -> None:
         {"engine": "sglang", "model": MODEL, "replicas": 2, "routing": {"policy": "kube-proxy"}}
     )
     assert router_rollout(spec, Desired(baseline=spec.knob_config()), None) is None
+
+
+def test_the_ensure_runs_again_when_a_router_pod_becomes_ready() -> None:
+    want, scale = Desired(baseline=BASE), Scale(2, 0)
+    deployments: dict[str, Any] = {"baseline": _engines(), "canary": None}
+    waiting = Children(deployments, router=_router(OLD, available=0))  # type: ignore[arg-type]
+    ready = Children(deployments, router=_router(OLD))  # type: ignore[arg-type]
+    assert ensure_key(1, want, scale, waiting) != ensure_key(1, want, scale, ready)
 
 
 async def test_the_routers_deployment_is_read_with_the_engines() -> None:

@@ -61,6 +61,11 @@ class Children:
     foreign: list[Foreign] = field(default_factory=list)  # objects of our names that are not ours
     router: dict[str, Any] | None = None  # the router's Deployment (``<name>-router``), when ours
 
+    @property
+    def router_ready(self) -> bool:
+        """A router pod is ready: the user-facing Service may select the router pods."""
+        return self.router is not None and _ready_replicas(self.router) > 0
+
 
 @dataclass
 class Ensured:

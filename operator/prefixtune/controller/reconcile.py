@@ -412,7 +412,7 @@ async def _reconcile(
         ctx.monitoring = await monitoring_installed(client)
     want = desired(state)
     scale = scale_plan(spec, want, children.pods, children.deployments.get("canary") is not None)
-    key = f"{generation}/{want}/{scale}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
+    key = ensure_key(generation, want, scale, children)
     last = ctx.ensured.get(uid)
     if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found or drift:
         pool = next((t.kv_tokens for t in reversed(state.trials) if t.kv_tokens), None)
@@ -437,6 +437,14 @@ async def _reconcile(
     best = state.trial(state.best).value if state.best is not None else None
     ctx.metrics.set_state(namespace, name, state.phase, best)
     return outcome
+
+
+def ensure_key(generation: int, want: Desired, scale: Scale, children: Children) -> str:
+    """What the last ensure rendered from: an ensure runs when it changes (else every
+    ENSURE_EVERY_S). The router's readiness is in it: the user-facing Service switches to the router
+    pods once one is ready (``render_routed``), on that tick, not up to ENSURE_EVERY_S later."""
+    present = sorted(k for k, v in children.deployments.items() if v is not None)
+    return f"{generation}/{want}/{scale}/{present}/{children.router_ready}"
 
 
 async def _ensure(
