@@ -61,7 +61,7 @@ from prefixtune.controller.observe import (
 )
 from prefixtune.controller.ownership import Foreign, name_errors
 from prefixtune.controller.render import ROLES, Owner, config_hash, deployment_name
-from prefixtune.controller.routing_status import routing_status
+from prefixtune.controller.routing_status import replica_routing, routing_status
 from prefixtune.controller.selfmetrics import SelfMetrics
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.controller.status import (
@@ -378,6 +378,7 @@ async def _reconcile(
             measured.signals,
             prefix_caching=measured.config.prefix_caching,
             limits=limits_of(measured.config),
+            routing=replica_routing(spec, measured.config),
         )
         if measured is not None and measured.config == state.current
         else None
