@@ -72,7 +72,10 @@ def _pods() -> list[Any]:
 def _observe(router: dict[str, Any] | None, step: str = "RollingOut") -> object:
     state = _state(step)
     return rollout_observation(
-        state, {"baseline": _engines(), "canary": None}, _pods(), router_rollout(SPEC, desired(state), router)
+        state,
+        {"baseline": _engines(), "canary": None},
+        _pods(),
+        router_rollout(SPEC, desired(state), router, state.current),
     )
 
 
@@ -83,7 +86,7 @@ OLD = routing_hash(settings_for(SPEC, BASE))
 def test_during_a_routing_trial_the_router_renders_the_trials_routing() -> None:
     want = desired(_state())
     assert settings_for(SPEC, want.baseline).policy == "round_robin"
-    rollout = router_rollout(SPEC, want, None)
+    rollout = router_rollout(SPEC, want, None, BASE)
     assert rollout is not None and rollout.digest == NEW != OLD
 
 
@@ -106,7 +109,19 @@ def test_a_config_without_a_router_waits_for_the_engines_only() -> None:
     spec = parse_spec(
         {"engine": "sglang", "model": MODEL, "replicas": 2, "routing": {"policy": "kube-proxy"}}
     )
-    assert router_rollout(spec, Desired(baseline=spec.knob_config()), None) is None
+    assert router_rollout(spec, Desired(baseline=spec.knob_config()), None, BASE) is None
+
+
+def test_a_rollout_that_keeps_the_routing_does_not_wait_for_the_router() -> None:
+    """An engine trial behind a router that is down: the Service sends to the engine pods meanwhile,
+    and the router's state says nothing about the engines' config (never a timeout of the trial)."""
+    engine_trial = BASE.with_(block_size=32)
+    assert router_rollout(SPEC, Desired(baseline=engine_trial), None, BASE) is None
+
+
+def test_a_rollback_of_a_routing_trial_waits_for_the_previous_routings_router() -> None:
+    rollout = router_rollout(SPEC, Desired(baseline=BASE), None, TRIAL)
+    assert rollout is not None and rollout.digest == OLD
 
 
 def test_the_ensure_runs_again_when_a_router_pod_becomes_ready() -> None:

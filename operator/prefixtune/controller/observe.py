@@ -232,13 +232,20 @@ class RouterRollout:
 
 
 def router_rollout(
-    spec: ServingDeploymentSpec, want: Desired, deployment: Mapping[str, Any] | None
+    spec: ServingDeploymentSpec, want: Desired, deployment: Mapping[str, Any] | None, running: KnobConfig
 ) -> RouterRollout | None:
     """The router the rollout of ``want`` waits for: the one the fleet's config renders (the
-    baseline's routing knobs: a routing trial's own during it, ``execute._ensure_routing``), or None
-    when that config has no router (kube-proxy: nothing to wait for)."""
+    baseline's routing knobs: a routing trial's own during it, ``execute._ensure_routing``) when the
+    rollout changes the routing from what ``running`` (the policy's current config) routes with;
+    None when it does not (an engine trial: a router that is down sends traffic to the engine pods,
+    which says nothing about the engines' config) or the config has no router (kube-proxy)."""
     settings = settings_for(spec, want.baseline)
-    return RouterRollout(deployment, routing_hash(settings)) if settings.routed else None
+    if not settings.routed:
+        return None
+    digest = routing_hash(settings)
+    if digest == routing_hash(settings_for(spec, running)):
+        return None
+    return RouterRollout(deployment, digest)
 
 
 def pods_of(pods: Sequence[PodView], role: DeploymentRole, digest: str | None = None) -> list[PodView]:

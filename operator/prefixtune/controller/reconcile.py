@@ -355,7 +355,7 @@ async def _reconcile(
         state = await _advance(state, TrialInvalidated(reason=reason), now, actions)
         state = await _advance(state, Tick(), now, actions)
     else:
-        router = router_rollout(spec, ensured_want, children.router)
+        router = router_rollout(spec, ensured_want, children.router, state.current)
         rollout = rollout_observation(state, children.deployments, children.pods, router)
         if rollout is not None:
             state = await _advance(state, rollout, now, actions)
@@ -628,7 +628,7 @@ async def _invalid(
         state = await _advance(state, SpecInvalid(reason=message), now, actions)
         if state.step in ROLLOUT_STEPS:  # the rollback to the safe config: followed to its end
             children = await read_children(ctx.client, owner)
-            router = router_rollout(last, desired(state), children.router)
+            router = router_rollout(last, desired(state), children.router, state.current)
             rollout = rollout_observation(state, children.deployments, children.pods, router)
             if rollout is not None:
                 state = await _advance(state, rollout, now, actions)
