@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: all venv sysdeps lint typecheck unit test demo crd contract bench-client calibrate clean
+.PHONY: all venv sysdeps lint typecheck unit test demo crd contract bench-client calibrate clean router-images router-images-push
 
 all: test
 
@@ -45,6 +45,18 @@ test: venv sysdeps lint typecheck unit
 crd: venv
 	$(BIN)/prefixtune crd > crds/servingdeployments.prefixtune.io.yaml
 	cp crds/*.yaml charts/prefixtune/crds/
+
+# The router images the operator renders by default (Dockerfile.router), one per router, tagged as
+# routing/policy.py DEFAULT_ROUTER_IMAGE names them (ROUTER_VERSION): `make router-images`, then
+# `make router-images-push` (after `docker login ghcr.io`) to publish them.
+ROUTER_IMAGES = $(shell $(BIN)/python -c "from prefixtune.routing.policy import DEFAULT_ROUTER_IMAGE as I; print(*(f'{r.value}={i}' for r, i in I.items()))")
+router-images: venv
+	for pair in $(ROUTER_IMAGES); do \
+	  docker build -f Dockerfile.router --build-arg ROUTER=$${pair%%=*} -t $${pair#*=} . || exit 1; \
+	done
+
+router-images-push: router-images
+	for pair in $(ROUTER_IMAGES); do docker push $${pair#*=} || exit 1; done
 
 # The main job on the embedded default: sandbox + operator + example resources, until they converge.
 demo: venv sysdeps

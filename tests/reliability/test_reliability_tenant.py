@@ -45,6 +45,8 @@ async def test_foreign_objects_named_like_children_are_left_untouched_and_report
         ("llama.3", "RFC 1035"),
         ("a" * 64, "at most 63"),
         ("llama-canary", "canary Deployment"),
+        ("llama-router", "the router's Deployment"),
+        ("llama-engines", "the engine pods' own Service"),
     ],
 )
 async def test_names_whose_children_the_api_server_refuses_or_that_collide_are_refused(

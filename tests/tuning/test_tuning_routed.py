@@ -13,10 +13,12 @@ from prefixtune.engines import get_adapter
 from prefixtune.engines.knobs import Restarts
 from prefixtune.metrics.signals import Signals
 from prefixtune.routing.policy import ROUTER_POLICIES, Router, RoutingPolicy
-from prefixtune.tuning.actions import Action, EmitEvent, RecordTrial, RollOut
+from prefixtune.tuning.actions import Action, EmitEvent, RecordTrial, RollBack, RollOut
 from prefixtune.tuning.objective import ScoreBasis
 from prefixtune.tuning.optimizer import Suggestion, TrialResult, suggest
+from prefixtune.tuning.phases import Step
 from prefixtune.tuning.policy import initial_state, space_of, step
+from prefixtune.tuning.policy.rollout import ROUTER_NOT_READY
 from prefixtune.tuning.routed import (
     ROUTER_READY_TIMEOUT_S,
     Routing,
@@ -209,10 +211,26 @@ def test_a_routing_trial_rolls_over_the_fleet_and_waits_for_the_router_only() ->
     assert want.canary is None and want.baseline == trial_config  # no canary: the router serves all pods
     (started,) = [e for e in r.actions if isinstance(e, EmitEvent) and e.reason == "TrialStarted"]
     assert "router only" in started.message
-    # the router's start, not the engines' load: a router not ready past its timeout fails the trial
+    # the router's start, not the engines' load: within the router's timeout nothing ends
+    assert not [a for a in r(Tick(), now + ROUTER_READY_TIMEOUT_S - 1) if isinstance(a, RecordTrial)]
+
+
+def test_a_router_not_available_in_time_aborts_the_routing_trial_without_calling_it_infeasible() -> None:
+    r = Run(ROUTED.with_(routing_policy="round_robin"))
+    now = r.baseline()
     acts = r(Tick(), now + ROUTER_READY_TIMEOUT_S + 1)
-    (failed,) = [a.trial for a in acts if isinstance(a, RecordTrial)]
-    assert (failed.outcome, failed.failure) == ("infeasible", "timeout")
+    (aborted,) = [a.trial for a in acts if isinstance(a, RecordTrial)]
+    assert (aborted.outcome, aborted.failure) == ("aborted", ROUTER_NOT_READY)
+    assert [e.reason for e in acts if isinstance(e, EmitEvent) and e.type == "Warning"] == ["RouterNotReady"]
+
+
+def test_a_router_not_available_in_time_rolls_back_to_the_previous_routing() -> None:
+    r = Run(ROUTED.with_(routing_policy="round_robin"))
+    now = r.baseline()
+    acts = r(Tick(), now + ROUTER_READY_TIMEOUT_S + 1)
+    (back,) = [a for a in acts if isinstance(a, RollBack)]
+    assert back.to_config == ROUTED and r.state.step == Step.ROLLING_BACK
+    assert desired(r.state).baseline == ROUTED  # the router renders the previous routing again
 
 
 def test_a_trial_of_the_policy_auto_resolves_to_restarts_nothing_of_the_router() -> None:

@@ -59,6 +59,12 @@ class Children:
     deployments: dict[DeploymentRole, dict[str, Any] | None] = field(default_factory=dict)
     pods: list[PodView] = field(default_factory=list)
     foreign: list[Foreign] = field(default_factory=list)  # objects of our names that are not ours
+    router: dict[str, Any] | None = None  # the router's Deployment (``<name>-router``), when ours
+
+    @property
+    def router_ready(self) -> bool:
+        """A router pod is ready: the user-facing Service may select the router pods."""
+        return self.router is not None and _ready_replicas(self.router) > 0
 
 
 @dataclass
@@ -117,7 +123,12 @@ async def read_children(
             found.append(foreign(got, "Deployment", owner))
             got = None
         deployments[role] = got
-    return Children(deployments, [pod_view(p) for p in pods], found)
+    # The router's Deployment carries the resource's label too (read with the engines' above); one
+    # of its name that is not ours is reported by the ensure that finds it (``_ensure_routing``).
+    router = by_name.get(router_name(owner.name))
+    if router is not None and claim(router, owner) is not Claim.OURS:
+        router = None
+    return Children(deployments, [pod_view(p) for p in pods], found, router)
 
 
 RENDERED_HASH = "prefixtune.io/rendered-hash"

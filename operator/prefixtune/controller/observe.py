@@ -24,6 +24,7 @@ from prefixtune.controller.render import (
     trial_replicas,
 )
 from prefixtune.engines.base import KnobConfig
+from prefixtune.routing.render import LABEL_ROUTING_HASH, routing_hash, settings_for
 from prefixtune.tuning.phases import ROLLOUT_STEPS, TRIAL_STEPS, WINDOW_STEPS, Step
 from prefixtune.tuning.state import (
     Observation,
@@ -186,9 +187,12 @@ def failure_detail(pod: PodView) -> str:
     return detail
 
 
-def deployment_ready(deployment: Mapping[str, Any] | None, expected_hash: str) -> bool:
-    """The Deployment runs ``expected_hash`` on every replica, all ready, no old pods left."""
-    if deployment is None or template_hash(deployment) != expected_hash:
+def deployment_ready(
+    deployment: Mapping[str, Any] | None, expected_hash: str, label: str = LABEL_CONFIG_HASH
+) -> bool:
+    """The Deployment runs ``expected_hash`` (its pod template's ``label``) on every replica, all
+    ready, no old pods left."""
+    if deployment is None or _template_label(deployment, label) != expected_hash:
         return False
     meta = deployment.get("metadata") or {}
     spec = deployment.get("spec") or {}
@@ -203,6 +207,45 @@ def deployment_ready(deployment: Mapping[str, Any] | None, expected_hash: str) -
         and int(status.get("availableReplicas") or 0) >= replicas
         and int(status.get("replicas") or 0) <= replicas
     )
+
+
+def _template_label(deployment: Mapping[str, Any], label: str) -> str | None:
+    if label == LABEL_CONFIG_HASH:
+        return template_hash(deployment)
+    labels = ((deployment.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    value = (labels.get("labels") or {}).get(label)
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class RouterRollout:
+    """The router a rollout waits for: its Deployment as read (None: absent) and the routing hash
+    the config in flight renders it with (``routing.render.routing_hash``)."""
+
+    deployment: Mapping[str, Any] | None
+    digest: str
+
+    @property
+    def ready(self) -> bool:
+        """The router Deployment runs the routing of the config in flight, every replica available."""
+        return deployment_ready(self.deployment, self.digest, LABEL_ROUTING_HASH)
+
+
+def router_rollout(
+    spec: ServingDeploymentSpec, want: Desired, deployment: Mapping[str, Any] | None, running: KnobConfig
+) -> RouterRollout | None:
+    """The router the rollout of ``want`` waits for: the one the fleet's config renders (the
+    baseline's routing knobs: a routing trial's own during it, ``execute._ensure_routing``) when the
+    rollout changes the routing from what ``running`` (the policy's current config) routes with;
+    None when it does not (an engine trial: a router that is down sends traffic to the engine pods,
+    which says nothing about the engines' config) or the config has no router (kube-proxy)."""
+    settings = settings_for(spec, want.baseline)
+    if not settings.routed:
+        return None
+    digest = routing_hash(settings)
+    if digest == routing_hash(settings_for(spec, running)):
+        return None
+    return RouterRollout(deployment, digest)
 
 
 def pods_of(pods: Sequence[PodView], role: DeploymentRole, digest: str | None = None) -> list[PodView]:
@@ -254,8 +297,12 @@ def rollout_observation(
     state: PolicyState,
     deployments: Mapping[DeploymentRole, Mapping[str, Any] | None],
     pods: Sequence[PodView],
+    router: RouterRollout | None = None,
 ) -> Observation | None:
-    """What the pods say about the rollout or trial in flight; None when there is nothing to report."""
+    """What the pods say about the rollout or trial in flight; None when there is nothing to report.
+    ``router``: the router in front of the engines when the config in flight has one; its rollout is
+    ready only once that router is (a routing change restarts the router alone: the engine pods are
+    ready at once, and a warm-up must not start while the old router still routes, or none does)."""
     want = desired(state)
     role = want.subject
     config = want.config_of(role)
@@ -280,7 +327,8 @@ def rollout_observation(
         others = [p for p in pods_of(pods, role) if p.config_hash != digest]
         ready_pods = [p for p in mine if p.ready]
         replicas = int(((dep or {}).get("spec") or {}).get("replicas", 1))
-        if deployment_ready(dep, digest) and not others and len(ready_pods) >= replicas:
+        engines_ready = deployment_ready(dep, digest) and not others and len(ready_pods) >= replicas
+        if engines_ready and (router is None or router.ready):
             return RolloutReady(config=config)
         if state.step == Step.ROLLING_OUT and dep is not None and template_hash(dep) == digest:
             return RolloutApplied(config=config)
@@ -310,6 +358,7 @@ def rollout_observation(
 __all__ = [
     "Desired",
     "PodView",
+    "RouterRollout",
     "Scale",
     "deployment_ready",
     "desired",
@@ -319,5 +368,6 @@ __all__ = [
     "pod_view",
     "pods_of",
     "rollout_observation",
+    "router_rollout",
     "scale_plan",
 ]

@@ -24,8 +24,16 @@ from prefixtune.controller.render import (
     MANAGER,
     Owner,
 )
+from prefixtune.routing.render import ENGINES_SUFFIX, ROUTER_SUFFIX
 
 CANARY_SUFFIX = "-canary"
+# Name suffixes of another resource's children: a resource named ``<x><suffix>`` would fight resource
+# ``x`` over them (its engine Deployment, Service, ConfigMap take its own name), so it is refused.
+RESERVED_SUFFIXES: dict[str, str] = {
+    CANARY_SUFFIX: "the canary Deployment",
+    ROUTER_SUFFIX: "the router's Deployment, ServiceAccount, Role and RoleBinding",
+    ENGINES_SUFFIX: "the engine pods' own Service (behind a router)",
+}
 # A Service name (the resource's own name) must be an RFC 1035 label; the name is also a label value.
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME = 63
@@ -88,7 +96,8 @@ def name_errors(name: str) -> list[str]:
 
     The name becomes a Service name (an RFC 1035 label: lower case, starts with a letter, at most
     63 characters) and a label value; a name ending in ``-canary`` would be another resource's
-    canary Deployment (``llama`` and ``llama-canary`` would fight over one object), so it is refused.
+    canary Deployment (``llama`` and ``llama-canary`` would fight over one object), so it is refused,
+    as are ``-router`` (the router's objects) and ``-engines`` (the engines' Service): ``RESERVED_SUFFIXES``.
     """
     errors: list[str] = []
     if len(name) > MAX_NAME:
@@ -101,9 +110,10 @@ def name_errors(name: str) -> list[str]:
             f"metadata.name: {name!r} is not an RFC 1035 label (lower-case letters, digits and '-', "
             "starting with a letter, ending with a letter or digit): it names the Service"
         )
-    if name.endswith(CANARY_SUFFIX):
-        errors.append(
-            f"metadata.name: {name!r} ends in {CANARY_SUFFIX!r}, the name of the canary Deployment of "
-            f"a resource {name[: -len(CANARY_SUFFIX)]!r}; choose a name that does not"
-        )
+    for suffix, what in RESERVED_SUFFIXES.items():
+        if name.endswith(suffix):
+            errors.append(
+                f"metadata.name: {name!r} ends in {suffix!r}, the name of {what} of a resource "
+                f"{name[: -len(suffix)]!r}; choose a name that does not"
+            )
     return errors

@@ -56,11 +56,12 @@ from prefixtune.controller.observe import (
     deployment_ready,
     desired,
     rollout_observation,
+    router_rollout,
     scale_plan,
 )
 from prefixtune.controller.ownership import Foreign, name_errors
 from prefixtune.controller.render import ROLES, Owner, config_hash, deployment_name
-from prefixtune.controller.routing_status import routing_status
+from prefixtune.controller.routing_status import replica_routing, routing_status
 from prefixtune.controller.selfmetrics import SelfMetrics
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.controller.status import (
@@ -354,7 +355,8 @@ async def _reconcile(
         state = await _advance(state, TrialInvalidated(reason=reason), now, actions)
         state = await _advance(state, Tick(), now, actions)
     else:
-        rollout = rollout_observation(state, children.deployments, children.pods)
+        router = router_rollout(spec, ensured_want, children.router, state.current)
+        rollout = rollout_observation(state, children.deployments, children.pods, router)
         if rollout is not None:
             state = await _advance(state, rollout, now, actions)
         checked = await ctx.meter.verify(spec, state, children.pods)
@@ -373,7 +375,10 @@ async def _reconcile(
     # another config, e.g. the window before a rolling trial's pods took over, is not shown).
     diagnosis = (
         diagnose(
-            measured.signals, prefix_caching=measured.config.prefix_caching, limits=limits_of(measured.config)
+            measured.signals,
+            prefix_caching=measured.config.prefix_caching,
+            limits=limits_of(measured.config),
+            routing=replica_routing(spec, measured.config),
         )
         if measured is not None and measured.config == state.current
         else None
@@ -408,7 +413,7 @@ async def _reconcile(
         ctx.monitoring = await monitoring_installed(client)
     want = desired(state)
     scale = scale_plan(spec, want, children.pods, children.deployments.get("canary") is not None)
-    key = f"{generation}/{want}/{scale}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
+    key = ensure_key(generation, want, scale, children)
     last = ctx.ensured.get(uid)
     if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found or drift:
         pool = next((t.kv_tokens for t in reversed(state.trials) if t.kv_tokens), None)
@@ -433,6 +438,14 @@ async def _reconcile(
     best = state.trial(state.best).value if state.best is not None else None
     ctx.metrics.set_state(namespace, name, state.phase, best)
     return outcome
+
+
+def ensure_key(generation: int, want: Desired, scale: Scale, children: Children) -> str:
+    """What the last ensure rendered from: an ensure runs when it changes (else every
+    ENSURE_EVERY_S). The router's readiness is in it: the user-facing Service switches to the router
+    pods once one is ready (``render_routed``), on that tick, not up to ENSURE_EVERY_S later."""
+    present = sorted(k for k, v in children.deployments.items() if v is not None)
+    return f"{generation}/{want}/{scale}/{present}/{children.router_ready}"
 
 
 async def _ensure(
@@ -615,7 +628,8 @@ async def _invalid(
         state = await _advance(state, SpecInvalid(reason=message), now, actions)
         if state.step in ROLLOUT_STEPS:  # the rollback to the safe config: followed to its end
             children = await read_children(ctx.client, owner)
-            rollout = rollout_observation(state, children.deployments, children.pods)
+            router = router_rollout(last, desired(state), children.router, state.current)
+            rollout = rollout_observation(state, children.deployments, children.pods, router)
             if rollout is not None:
                 state = await _advance(state, rollout, now, actions)
         outcome.phase, outcome.actions = str(state.phase), actions

@@ -20,6 +20,7 @@ from prefixtune.controller.observe import PodView, pod_view
 from prefixtune.controller.render import Owner
 from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics import bounded
+from prefixtune.metrics.diagnosis import ReplicaRouting
 from prefixtune.metrics.exposition import Snapshot, parse
 from prefixtune.routing import metrics as router_metrics
 from prefixtune.routing.policy import ROUTER_METRICS_PORT
@@ -28,6 +29,15 @@ from prefixtune.routing.render import LABEL_ROUTER, settings_for
 EVERY_S = 60.0
 DEADLINE_S = 2.0
 MAX_BYTES = 1024 * 1024  # a router's page is a few KB (a histogram per route, a counter per worker)
+
+
+def replica_routing(spec: ServingDeploymentSpec, config: KnobConfig) -> ReplicaRouting:
+    """How the requests reach the replicas running ``config``, for the diagnosis' routing finding:
+    the replicas and the policy it resolves to (an adopting resource has no router: kube-proxy). No
+    single-replica hit rate: the operator measures per-pod windows, and what one replica holding the
+    whole load's cache would hit is not in them (the twin's ``whatif --replicas N --sweep routing``
+    estimates it; the operator runs no twin), so the finding names the policy and the replicas only."""
+    return ReplicaRouting(replicas=spec.replicas, policy=settings_for(spec, config).policy)
 
 
 def status_of(

@@ -20,6 +20,8 @@ the operator's labels) and the engine pods' selector and port; this module knows
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,6 +51,9 @@ METRICS_PORT_NAME = "metrics"
 # The router pods' own selector label: they carry no prefixtune.io/resource label, so no selector of
 # the engine pods (the engines' Service, the operator's pod index, the router's discovery) sees them.
 LABEL_ROUTER = "prefixtune.io/router"
+# The router pod template's label of the routing it runs (``routing_hash``): a rollout of a routing
+# change is ready when the router Deployment runs this hash on every replica (controller/observe.py).
+LABEL_ROUTING_HASH = "prefixtune.io/routing-hash"
 CHARS_PER_TOKEN = 4  # the routers' trees count characters; an engine's pool counts tokens
 # The role's one rule: the routers' service discovery gets, lists and watches pods (kube-rs watcher).
 POD_RULE: dict[str, Any] = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
@@ -64,6 +69,14 @@ def router_name(resource: str) -> str:
 
 def engines_service_name(resource: str) -> str:
     return f"{resource}{ENGINES_SUFFIX}"
+
+
+def routing_hash(settings: RoutingSettings) -> str:
+    """A short stable hash of the routing a config asks for: the router, its resolved policy and
+    thresholds (the tuned knobs). The tree size is not in it: it follows the engines' reported pool,
+    not a trial, and re-renders without a rollout to wait for."""
+    content = {"router": settings.router.value, **settings.knob_values()}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def tree_size_for(router: Router, pool_tokens: int | None) -> int:
@@ -214,7 +227,10 @@ def render_deployment(
             "selector": {"matchLabels": {LABEL_ROUTER: owner.name}},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
-                "metadata": {"labels": pods, "annotations": annotations},
+                "metadata": {
+                    "labels": {**pods, LABEL_ROUTING_HASH: routing_hash(settings)},
+                    "annotations": annotations,
+                },
                 "spec": {
                     "serviceAccountName": router_name(owner.name),
                     "automountServiceAccountToken": True,  # its discovery reads pods with this token

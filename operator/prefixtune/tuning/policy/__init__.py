@@ -21,6 +21,10 @@ Safety rules enforced here:
 - A trial whose partial window breaks the SLO by ``abort_factor`` is aborted and rolled back.
 - A failed rollout (crash, OOM, not ready in time) is infeasible: recorded, rolled back to the best
   known config, and learned by the optimizer's feasibility model.
+- A trial of router knobs alone whose router is not available within the router's timeout
+  (``routed.ROUTER_READY_TIMEOUT_S``) is aborted (``router_not_ready``), not infeasible: the engines
+  ran, the router did not; it is rolled back to the previous routing, and the optimizer avoids that
+  exact config (never the engine knobs' region, as an OOM would).
 - A rollout whose pod cannot be scheduled (no free GPU) is no capacity, never infeasible: the trial
   ends invalidated (``no_capacity``: not scored, not learned, not counted in the budget), is rolled
   back, and the same config is tried again after a backoff (``rollout.NO_CAPACITY_BACKOFF_S``,
@@ -196,8 +200,12 @@ class _Ctx(Core):
         st = self.s.step
         if st in ROLLOUT_STEPS:
             timeout = self.ready_timeout_s()
+            trial = self.active()
             if self.now - self.s.step_since > timeout:
-                rollout.on_failed(self, "timeout", f"not ready within {timeout:g}s")
+                if trial is not None and trial.router_only and st != Step.ROLLING_BACK:
+                    rollout.on_router_not_ready(self, trial, timeout)
+                else:
+                    rollout.on_failed(self, "timeout", f"not ready within {timeout:g}s")
         elif st == Step.WARMING_UP:
             if self.s.warm_until is not None and self.now >= self.s.warm_until:
                 measurement.begin_measuring(self)

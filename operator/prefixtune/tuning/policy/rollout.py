@@ -24,6 +24,7 @@ from prefixtune.tuning.state import CapacityWait, ConfigChecked, RolloutNoCapaci
 NO_CAPACITY_BACKOFF_S = 60.0
 NO_CAPACITY_BACKOFF_MAX_S = 900.0
 NO_CAPACITY = "no_capacity"
+ROUTER_NOT_READY = "router_not_ready"  # Trial.failure of a router-only trial whose router never came up
 
 
 def no_capacity_backoff_s(attempts: int) -> float:
@@ -105,6 +106,21 @@ def on_failed(self: Core, failure: str, detail: str) -> None:
         + "; recorded as infeasible, the optimizer will avoid it; rolling back",
     )
     rollout.rollback(self, self.best_config(), f"trial {trial.id} infeasible ({failure})")
+
+
+def on_router_not_ready(self: Core, trial: Trial, timeout: float) -> None:
+    """A trial of router knobs alone whose router is not available in time: the engines were ready at
+    once, so the config's engine part is not in question (not infeasible); the trial is aborted and
+    rolled back to the previous routing (the best config's)."""
+    why = f"the router was not available within {timeout:g}s"
+    measurement.finish_trial(self, trial, "aborted", reason=why, failure=ROUTER_NOT_READY)
+    self.event(
+        "Warning",
+        "RouterNotReady",
+        f"trial {trial.id} {config_label(trial.config)}: {why}; aborted (the engines' config is not "
+        "recorded infeasible), rolling back to the previous routing",
+    )
+    rollback(self, self.best_config(), f"trial {trial.id}: {why}")
 
 
 def on_no_capacity(self: Core, obs: RolloutNoCapacity) -> None:
