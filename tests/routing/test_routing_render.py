@@ -146,6 +146,16 @@ def test_the_router_runs_hardened_with_requests_sized_from_its_tree() -> None:
     assert container["resources"]["requests"] == {"cpu": "500m", "memory": f"{256 + 8}Mi"}  # 4 x 1 Mi x 2 B
 
 
+def test_the_routers_only_writable_directory_is_a_bounded_scratch_volume_as_its_home() -> None:
+    dep = _routed(_spec())["Deployment/chat-router"]
+    container = _container(dep)
+    assert container["env"] == [{"name": "HOME", "value": "/tmp"}]
+    (mount,) = container["volumeMounts"]
+    (volume,) = dep["spec"]["template"]["spec"]["volumes"]
+    assert mount == {"name": volume["name"], "mountPath": "/tmp"}
+    assert volume["emptyDir"] == {"sizeLimit": "1Gi"}
+
+
 def test_the_user_facing_service_keeps_its_name_and_port_and_selects_the_router_once_ready() -> None:
     spec = _spec()
     port = R.get_adapter("sglang").metrics_port

@@ -181,6 +181,9 @@ def memory_request(settings: RoutingSettings, engine_replicas: int) -> str:
     return f"{BASE_MEMORY_MIB + math.ceil(tree / MIB)}Mi"
 
 
+SCRATCH, SCRATCH_VOLUME, SCRATCH_LIMIT = "/tmp", "scratch", "1Gi"  # the router's writable directory
+
+
 def render_deployment(
     owner: RouterOwner,
     settings: RoutingSettings,
@@ -200,6 +203,10 @@ def render_deployment(
             {"name": METRICS_PORT_NAME, "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
         ],
         "resources": {"requests": {"cpu": "500m", "memory": memory_request(settings, engine_replicas)}},
+        # The root filesystem is read-only; the routers write only their caches (sglang-router fetches
+        # the model's tokenizer from the Hugging Face hub into $HOME/.cache when it can reach it).
+        "env": [{"name": "HOME", "value": SCRATCH}],
+        "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH}],
         # The router answers on its port as soon as it listens; which workers are healthy is its own
         # business (it health-checks them), so a TCP probe gates the Service without flapping with them.
         "readinessProbe": {"tcpSocket": {"port": PORT_NAME}, "periodSeconds": 5, "failureThreshold": 3},
@@ -237,6 +244,7 @@ def render_deployment(
                     "enableServiceLinks": False,
                     "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [container],
+                    "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": SCRATCH_LIMIT}}],
                     "restartPolicy": "Always",
                 },
             },
