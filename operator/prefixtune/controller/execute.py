@@ -52,7 +52,7 @@ COMPONENT = "prefixtune-operator"
 
 @dataclass
 class Children:
-    deployments: dict[DeploymentRole, dict[str, Any] | None] = field(default_factory=dict)
+    deployments: dict[DeploymentRole, Mapping[str, Any] | None] = field(default_factory=dict)
     pods: list[PodView] = field(default_factory=list)
     foreign: list[Foreign] = field(default_factory=list)  # objects of our names that are not ours
 
@@ -78,7 +78,7 @@ async def read_children(
     Deployment is read by its name either way: it carries its owner team's labels, not ours."""
     ns = owner.namespace
     if indexes is not None:
-        by_name = indexes.deployments_of(ns, owner.name)
+        by_name: dict[str, Mapping[str, Any]] = indexes.deployments_of(ns, owner.name)
         for role in ROLES:
             name = owner.deployment(role)
             if name == owner.adopted:
@@ -90,29 +90,29 @@ async def read_children(
                 by_name.pop(name, None)
                 if got is not None:
                     by_name[name] = got
-        pods = indexes.pods_of(ns, owner.name)
+        pods: list[Mapping[str, Any]] = indexes.pods_of(ns, owner.name)
     else:
         require("apps", "deployments", "list")
         require("", "pods", "list")
         selector = selector_labels(owner.name)
         listed = await client.list(ns_path(APPS, ns, "deployments"), selector)
         by_name = {str((d.get("metadata") or {}).get("name")): d for d in listed}
-        pods = await client.list(ns_path(CORE, ns, "pods"), selector)
+        pods = list(await client.list(ns_path(CORE, ns, "pods"), selector))
     if owner.adopted is not None:
         require("apps", "deployments", "get")
         adopted = await client.get(ns_path(APPS, ns, "deployments", owner.adopted))
         by_name.pop(owner.adopted, None)
         if adopted is not None:
             by_name[owner.adopted] = adopted
-    deployments: dict[DeploymentRole, dict[str, Any] | None] = {}
+    deployments: dict[DeploymentRole, Mapping[str, Any] | None] = {}
     found: list[Foreign] = []
     for role in ROLES:
-        got = by_name.get(owner.deployment(role))
+        live = by_name.get(owner.deployment(role))
         relation = claim_adopted if role == "baseline" and owner.adopted else claim
-        if got is not None and relation(got, owner) is Claim.FOREIGN:
-            found.append(foreign(got, "Deployment", owner))
-            got = None
-        deployments[role] = got
+        if live is not None and relation(live, owner) is Claim.FOREIGN:
+            found.append(foreign(live, "Deployment", owner))
+            live = None
+        deployments[role] = live
     return Children(deployments, [pod_view(p) for p in pods], found)
 
 
