@@ -189,6 +189,29 @@ def test_decisions_run_on_their_own_bounded_pool() -> None:
     assert reconcile.DECISION_POOL._max_workers == reconcile.DECISION_WORKERS == 2
 
 
+async def test_only_a_step_that_asks_the_optimizer_leaves_the_event_loop(monkeypatch: Any) -> None:
+    import threading
+
+    from prefixtune.controller import reconcile
+
+    ran: list[tuple[str, str]] = []
+
+    def fake_step(state: Any, obs: Any, now: float, suggester: Any = None) -> tuple[Any, list[Any]]:
+        ran.append((obs, threading.current_thread().name))
+        if obs == "decide" and suggester is not None:  # the policy asks its injected suggester
+            suggester(None, [], 0, None)
+        return f"{state}+{obs}", []
+
+    monkeypatch.setattr(reconcile, "step", fake_step)
+    assert await reconcile._advance("s", "tick", 0.0, []) == "s+tick"
+    assert await reconcile._advance("s", "decide", 0.0, []) == "s+decide"
+    loop = threading.current_thread().name
+    assert ran[0] == ("tick", loop)  # no fit: on the loop, no thread hop
+    assert ran[1] == ("decide", loop)  # refused by the loop's suggester...
+    assert ran[2][0] == "decide" and ran[2][1].startswith("prefixtune-decision")  # ...run in the pool
+    assert len(ran) == 3
+
+
 def test_aggregate_phase_counts_follow_moves_without_a_recount() -> None:
     m = SelfMetrics()
     for name in ("a", "b", "c"):
