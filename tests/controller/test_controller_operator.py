@@ -212,6 +212,39 @@ async def test_only_a_step_that_asks_the_optimizer_leaves_the_event_loop(monkeyp
     assert len(ran) == 3
 
 
+def test_watch_lag_is_the_time_from_a_write_to_the_watch_delivering_it_or_later() -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from prefixtune.controller.selfmetrics import WatchLag
+
+    now = [100.0]
+    hist = Histogram("lag", "lag", buckets=(0.1, 0.5, 1.0), registry=CollectorRegistry())
+    lag = WatchLag(hist, clock=lambda: now[0])
+
+    def body(version: str) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": version}}
+
+    def observed() -> list[float]:
+        return [s.value for m in hist.collect() for s in m.samples if s.name == "lag_bucket"]
+
+    lag.wrote("ns/a", body("7"))
+    lag.wrote("ns/a", body("9"))
+    now[0] = 100.3
+    lag.seen("ns/a", body("6"))  # an older version: not yet
+    lag.seen("ns/b", body("8"))  # another resource
+    assert observed() == [0.0, 0.0, 0.0, 0.0]
+    lag.seen("ns/a", body("8"))  # a later version holds the write of 7 (batched by kopf)
+    assert observed() == [0.0, 1.0, 1.0, 1.0]
+    now[0] = 101.2
+    lag.seen("ns/a", body("9"))
+    assert observed() == [0.0, 1.0, 1.0, 2.0]
+    lag.wrote("ns/a", body("x1"))  # not an integer: only the same version counts
+    lag.seen("ns/a", body("x2"))
+    lag.forget("ns/a")
+    lag.seen("ns/a", body("x1"))
+    assert observed() == [0.0, 1.0, 1.0, 2.0]
+
+
 def test_aggregate_phase_counts_follow_moves_without_a_recount() -> None:
     m = SelfMetrics()
     for name in ("a", "b", "c"):

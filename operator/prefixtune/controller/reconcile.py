@@ -474,6 +474,7 @@ async def _write_status(
             return None
         raise
     _saw(ctx, ref, written)
+    ctx.metrics.watch_lag.wrote(ref, written)
     return written
 
 
