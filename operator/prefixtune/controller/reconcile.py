@@ -40,6 +40,7 @@ from prefixtune.controller.drift import Drift, drift_actions
 from prefixtune.controller.execute import (
     APPS,
     Children,
+    DriftMemo,
     Ensured,
     deployment_drift,
     ensure_children,
@@ -123,6 +124,8 @@ class OperatorContext:
     seen_version: dict[str, str] = field(default_factory=dict)
     # The Deployments this process wrote whose index entries have not caught up yet (``children.py``).
     fresh: Freshness = field(default_factory=Freshness)
+    # A cache, not state: the last drift verdict of each engine Deployment (``DriftMemo``).
+    drift_memo: DriftMemo = field(default_factory=DriftMemo)
 
     def lock(self, key: str) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
@@ -306,6 +309,7 @@ async def _reconcile(
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         ctx.seen_version.pop(ref, None)
         ctx.fresh.forget(namespace, [deployment_name(name, role) for role in ROLES])
+        ctx.drift_memo.forget(namespace, [deployment_name(name, role) for role in ROLES])
         uid = str(((body or {}).get("metadata") or {}).get("uid", ""))
         ctx.meter.forget(uid)
         ctx.metrics.forget(namespace, name)
@@ -359,7 +363,7 @@ async def _reconcile(
     # became ready since changes the rendering, which reads as an update in flight, not drift).
     has_canary = children.deployments.get("canary") is not None
     ensured_scale = scale_plan(spec, ensured_want, children.pods, has_canary)
-    drift = deployment_drift(owner, spec, ensured_want, ensured_scale, children.deployments)
+    drift = deployment_drift(owner, spec, ensured_want, ensured_scale, children.deployments, ctx.drift_memo)
     drift += [d for d in ctx.drift.pop(uid, []) if d not in drift]
     if state.phase == Phase.PENDING:
         # The policy's clock starts once the baseline serves: warm-up must not run on loading pods.
