@@ -2,6 +2,11 @@
 controllers of ``controllers.py``, run level-triggered: every watch event (Deployments,
 ReplicaSets, Pods, Services) wakes a full resync, and a periodic resync catches anything else.
 ``controllers.py`` computes the writes (a functional core); this module reads, applies and loops.
+
+Each controller is handed only the objects that can concern it, grouped once per sync: a
+Deployment its ReplicaSets, a ReplicaSet its pods (by owner uid), a Service its namespace's pods.
+Handing every controller every object made a sync O(N^2) (``bench scale`` at N = 500: a quarter of
+the sandbox's CPU); the pure controllers filter the same way, so the writes are the same.
 """
 
 from __future__ import annotations
@@ -46,18 +51,21 @@ class ControllerManager:
     async def sync(self) -> None:
         deployments = await self.api.list("/apis/apps/v1/deployments")
         replicasets = await self.api.list("/apis/apps/v1/replicasets")
+        owned_sets = _by_owner(replicasets)
         for deployment in deployments:
             try:
                 now = self.clock.now()
-                writes = ctl.reconcile_deployment(deployment, replicasets, now, self.config.speedup)
+                mine = owned_sets.get(_uid(deployment), [])
+                writes = ctl.reconcile_deployment(deployment, mine, now, self.config.speedup)
             except ValueError as err:
                 logger.warning("deployment %s: %s", deployment.get("metadata", {}).get("name"), err)
                 continue
             await self._apply(writes)
         replicasets = await self.api.list("/apis/apps/v1/replicasets")
         pods = await self.api.list("/api/v1/pods")
+        owned_pods = _by_owner(pods)
         for rs in replicasets:
-            await self._apply(ctl.reconcile_replicaset(rs, pods))
+            await self._apply(ctl.reconcile_replicaset(rs, owned_pods.get(_uid(rs), [])))
         await self._sync_endpoints()
 
     async def _apply(self, writes: Iterable[ctl.Write]) -> None:
@@ -70,8 +78,11 @@ class ControllerManager:
         existing = {_key(e): e for e in await self.api.list("/api/v1/endpoints")}
         slices = {_key(s): s for s in await self.api.list("/apis/discovery.k8s.io/v1/endpointslices")}
         wanted: set[tuple[str, str]] = set()
-        for service in services:
-            desired = ctl.endpoints_for(service, pods)
+        by_namespace: dict[str, list[Mapping[str, Any]]] = {}
+        for pod in pods:
+            by_namespace.setdefault(_key(pod)[0], []).append(pod)
+        for service in services:  # a Service selects the pods of its own namespace
+            desired = ctl.endpoints_for(service, by_namespace.get(_key(service)[0], []))
             if desired is None:
                 continue
             endpoints, endpoint_slice = desired
@@ -108,6 +119,20 @@ class ControllerManager:
 
 
 MANAGED_LABEL = "endpoints.kubernetes.io/managed-by"
+
+
+def _uid(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid", ""))
+
+
+def _by_owner(objs: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Objects by the uid of each owner they reference, in their listed order."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for obj in objs:
+        refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
+        for uid in dict.fromkeys(str(ref["uid"]) for ref in refs if ref.get("uid")):
+            out.setdefault(uid, []).append(obj)
+    return out
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
