@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -49,9 +49,13 @@ class ControllerManager:
             await self.wakeup.wait(self.config.resync_s)
 
     async def sync(self) -> None:
+        """One pass of the three controllers. A collection is listed again only when the pass wrote
+        what it holds (the ReplicaSets after the Deployment controller wrote, the pods after the
+        ReplicaSet controller did): each list is the whole cluster's, encoded and decoded."""
         deployments = await self.api.list("/apis/apps/v1/deployments")
         replicasets = await self.api.list("/apis/apps/v1/replicasets")
         owned_sets = _by_owner(replicasets)
+        wrote = False
         for deployment in deployments:
             try:
                 now = self.clock.now()
@@ -60,21 +64,29 @@ class ControllerManager:
             except ValueError as err:
                 logger.warning("deployment %s: %s", deployment.get("metadata", {}).get("name"), err)
                 continue
-            await self._apply(writes)
-        replicasets = await self.api.list("/apis/apps/v1/replicasets")
+            wrote = await self._apply(writes) or wrote
+        if wrote:
+            replicasets = await self.api.list("/apis/apps/v1/replicasets")
         pods = await self.api.list("/api/v1/pods")
         owned_pods = _by_owner(pods)
+        wrote = False
         for rs in replicasets:
-            await self._apply(ctl.reconcile_replicaset(rs, owned_pods.get(_uid(rs), [])))
-        await self._sync_endpoints()
+            wrote = await self._apply(ctl.reconcile_replicaset(rs, owned_pods.get(_uid(rs), []))) or wrote
+        await self._sync_endpoints(None if wrote else pods)
 
-    async def _apply(self, writes: Iterable[ctl.Write]) -> None:
+    async def _apply(self, writes: Iterable[ctl.Write]) -> bool:
+        """Apply ``writes``; whether there was any."""
+        wrote = False
         for write in writes:
             await self.api.apply(write)
+            wrote = True
+        return wrote
 
-    async def _sync_endpoints(self) -> None:
+    async def _sync_endpoints(self, pods: Sequence[Mapping[str, Any]] | None = None) -> None:
+        """``pods``: the pods as just listed (None: list them)."""
         services = await self.api.list("/api/v1/services")
-        pods = await self.api.list("/api/v1/pods")
+        if pods is None:
+            pods = await self.api.list("/api/v1/pods")
         existing = {_key(e): e for e in await self.api.list("/api/v1/endpoints")}
         slices = {_key(s): s for s in await self.api.list("/apis/discovery.k8s.io/v1/endpointslices")}
         wanted: set[tuple[str, str]] = set()
