@@ -219,7 +219,7 @@ class _ListingApi:
         self.applied.append(write)
 
 
-async def test_a_services_endpoints_hold_only_the_pods_of_its_own_namespace() -> None:
+async def test_a_services_endpoints_hold_only_the_selected_pods_of_its_own_namespace() -> None:
     from prefixtune.sandbox.controller_manager import ControllerManager
     from prefixtune.sandbox.kubelet import KubeletConfig
 
@@ -229,7 +229,9 @@ async def test_a_services_endpoints_hold_only_the_pods_of_its_own_namespace() ->
     }
     elsewhere = _pod("b", ready=True, ip="127.9.0.2")
     elsewhere["metadata"]["namespace"] = "other"  # the same labels in another namespace
-    api = _ListingApi({"/api/v1/services": [service], "/api/v1/pods": [_pod("a", ready=True), elsewhere]})
+    other = _pod("c", ready=True, ip="127.9.0.3", labels={"app": "other"})  # not selected
+    pods = [_pod("a", ready=True), elsewhere, other]
+    api = _ListingApi({"/api/v1/services": [service], "/api/v1/pods": pods})
     await ControllerManager(api, KubeletConfig())._sync_endpoints()  # type: ignore[arg-type]
     endpoints = next(w.body for w in api.applied if w.body["kind"] == "Endpoints")
     assert [a["ip"] for s in endpoints["subsets"] for a in s["addresses"]] == ["127.9.0.1"]

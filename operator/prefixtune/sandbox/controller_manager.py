@@ -4,7 +4,8 @@ ReplicaSets, Pods, Services) wakes a full resync, and a periodic resync catches 
 ``controllers.py`` computes the writes (a functional core); this module reads, applies and loops.
 
 Each controller is handed only the objects that can concern it, grouped once per sync: a
-Deployment its ReplicaSets, a ReplicaSet its pods (by owner uid), a Service its namespace's pods.
+Deployment its ReplicaSets, a ReplicaSet its pods (by owner uid), a Service the pods of its
+namespace that carry its selector's rarest label.
 Handing every controller every object made a sync O(N^2) (``bench scale`` at N = 500: a quarter of
 the sandbox's CPU); the pure controllers filter the same way, so the writes are the same.
 """
@@ -90,11 +91,9 @@ class ControllerManager:
         existing = {_key(e): e for e in await self.api.list("/api/v1/endpoints")}
         slices = {_key(s): s for s in await self.api.list("/apis/discovery.k8s.io/v1/endpointslices")}
         wanted: set[tuple[str, str]] = set()
-        by_namespace: dict[str, list[Mapping[str, Any]]] = {}
-        for pod in pods:
-            by_namespace.setdefault(_key(pod)[0], []).append(pod)
-        for service in services:  # a Service selects the pods of its own namespace
-            desired = ctl.endpoints_for(service, by_namespace.get(_key(service)[0], []))
+        by_label = _by_label(pods)
+        for service in services:
+            desired = ctl.endpoints_for(service, _candidates(service, by_label))
             if desired is None:
                 continue
             endpoints, endpoint_slice = desired
@@ -145,6 +144,30 @@ def _by_owner(objs: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, 
         for uid in dict.fromkeys(str(ref["uid"]) for ref in refs if ref.get("uid")):
             out.setdefault(uid, []).append(obj)
     return out
+
+
+_LabelKey = tuple[str, str, str]  # (namespace, label, value)
+
+
+def _by_label(pods: Iterable[Mapping[str, Any]]) -> dict[_LabelKey, list[Mapping[str, Any]]]:
+    """Pods by each of their labels, per namespace, in their listed order."""
+    out: dict[_LabelKey, list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        ns = _key(pod)[0]
+        for label, value in ((pod.get("metadata") or {}).get("labels") or {}).items():
+            out.setdefault((ns, str(label), str(value)), []).append(pod)
+    return out
+
+
+def _candidates(
+    service: Mapping[str, Any], by_label: Mapping[_LabelKey, list[Mapping[str, Any]]]
+) -> list[Mapping[str, Any]]:
+    """The pods that may match a Service's selector (a plain map): those of its namespace with the
+    rarest of its labels (``endpoints_for`` checks the rest); none for a Service without one."""
+    selector = (service.get("spec") or {}).get("selector") or {}
+    ns = _key(service)[0]
+    found = [by_label.get((ns, str(k), str(v)), []) for k, v in selector.items()]
+    return min(found, key=len) if found else []
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
