@@ -57,6 +57,11 @@ TICK_S = 5.0  # the operator's default (prefixtune run --tick)
 WARMUP = "10s"
 MEASURE = "60s"
 STAGGER_S = 70.0  # the creates are spread over about one trial (warm-up + window)
+# The sandbox's controllers and kubelet resync the whole cluster (lists of every Deployment,
+# ReplicaSet, pod, Service) at most this often: at N = 500 a 2 s floor kept them at a third of the
+# sandbox's CPU on a 2-core machine, slowing every answer the operator waits for. A rollout still
+# reaches its pod within two floors, far inside a trial's warm-up and window.
+SYNC_FLOOR_S = 5.0
 
 
 def resource(i: int, warmup: str = WARMUP, measure: str = MEASURE) -> dict[str, Any]:
@@ -309,6 +314,7 @@ async def run_one(
     measure: str = MEASURE,
     settle_trials: float = 0.0,
     stagger_s: float = STAGGER_S,
+    sync_floor_s: float = SYNC_FLOOR_S,
 ) -> dict[str, Any]:
     from prefixtune.api.crd import build_crd
     from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
@@ -316,8 +322,9 @@ async def run_one(
     from prefixtune.sandbox.up import SandboxOptions, sandbox
 
     cfg = KubeletConfig(
-        stand_in=True, startup_delay_s=2.0, probe_period_s=10.0, dcgm_port=None, resync_s=5.0, min_sync_s=2.0
-    )
+        stand_in=True, startup_delay_s=2.0, probe_period_s=10.0, dcgm_port=None, resync_s=5.0,
+        min_sync_s=sync_floor_s,
+    )  # fmt: skip
     opts = SandboxOptions(speedup=1.0, crds=[build_crd()], config=cfg, load=False)
     async with sandbox(opts) as sb:
         await sb.api.create(
@@ -398,6 +405,12 @@ def main(argv: Sequence[str]) -> int:
         "--stagger", type=float, default=STAGGER_S, help="spread the creates over this many seconds"
     )
     p.add_argument("--tick", type=float, default=TICK_S, help="the operator's --tick, seconds")
+    p.add_argument(
+        "--sync-floor",
+        type=float,
+        default=SYNC_FLOOR_S,
+        help="seconds between the sandbox's full resyncs (controllers, kubelet), at least",
+    )
     p.add_argument("--warmup", default=WARMUP, help="each resource's spec.tuning.trial.warmup")
     p.add_argument("--measure", default=MEASURE, help="each resource's spec.tuning.trial.measure")
     p.add_argument("--log-dir", default=None, help="keep the operator's logs here (default: a temporary dir)")
@@ -410,8 +423,8 @@ def main(argv: Sequence[str]) -> int:
     except ValueError:
         print(f"bench scale: --n must be a comma list of integers, got {ns.n!r}", file=sys.stderr)
         return 2
-    if not counts or min(counts) < 1 or not ns.duration >= 2 or ns.settle < 0:
-        print("bench scale: --n >= 1, --duration >= 2, --settle >= 0", file=sys.stderr)
+    if not counts or min(counts) < 1 or not ns.duration >= 2 or ns.settle < 0 or not ns.sync_floor >= 0:
+        print("bench scale: --n >= 1, --duration >= 2, --settle >= 0, --sync-floor >= 0", file=sys.stderr)
         return 2
     load_before = list(os.getloadavg())
     rows = []
@@ -430,6 +443,7 @@ def main(argv: Sequence[str]) -> int:
                     measure=ns.measure,
                     settle_trials=ns.settle_trials,
                     stagger_s=ns.stagger,
+                    sync_floor_s=ns.sync_floor,
                 )
             )
             print(f"bench scale: {json.dumps(row)}", file=sys.stderr, flush=True)
@@ -442,6 +456,7 @@ def main(argv: Sequence[str]) -> int:
             "settle_trials": ns.settle_trials,
             "stagger_s": ns.stagger,
             "tick_s": ns.tick,
+            "sandbox_sync_floor_s": ns.sync_floor,
             "resource": f"vllm, 1 replica, warm-up {ns.warmup}, measure {ns.measure}, minInterval 0s, scrape",
             "pods": "stand-ins: a recorded vLLM exposition (sandbox/standin.py), one aiohttp server",
             "operator": "prefixtune run, its own process, on the sandbox clock",
