@@ -38,7 +38,9 @@ class _Meter(Meter):
         self.engines = list(engines)
         self.t = 0.0
 
-    async def _scrape(self, spec: Any, pods: Sequence[PodView]) -> tuple[dict[str, Snapshot], list[str]]:
+    async def _scrape(
+        self, spec: Any, pods: Sequence[PodView], only: frozenset[str] | None = None
+    ) -> tuple[dict[str, Snapshot], list[str]]:
         wanted = {p.name for p in pods}
         return {
             e.pod: parse(e.exposition().decode(), target=e.pod, t=self.t)

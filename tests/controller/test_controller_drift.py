@@ -126,6 +126,32 @@ def test_deployment_drift_names_the_deployment_of_each_role() -> None:
     ]
 
 
+def test_a_deployment_at_rest_is_judged_once_and_again_at_a_new_version(monkeypatch: Any) -> None:
+    want, scale = Desired(baseline=CONFIG), Scale(baseline=2, canary=0)
+    live = {"baseline": _as_served(_rendered())}
+    memo = execute.DriftMemo()
+    rendered: list[str] = []
+    render = execute.render_engine_deployment
+
+    def counting(*args: Any) -> dict[str, Any]:
+        rendered.append(args[3])
+        return render(*args)
+
+    monkeypatch.setattr(execute, "render_engine_deployment", counting)
+    assert execute.deployment_drift(OWNER, SPEC, want, scale, live, memo) == []
+    assert execute.deployment_drift(OWNER, SPEC, want, scale, live, memo) == []
+    assert rendered == ["baseline"]  # the same live version and rendering: the verdict reused
+    live["baseline"]["spec"]["replicas"] = 0  # kubectl scale: a new version
+    live["baseline"]["metadata"]["resourceVersion"] = "8"
+    found = [Drift("Deployment", "rag", ("spec.replicas",))]
+    assert execute.deployment_drift(OWNER, SPEC, want, scale, live, memo) == found
+    assert execute.deployment_drift(OWNER, SPEC, want, scale, live, memo) == found  # still drift
+    assert execute.deployment_drift(OWNER, SPEC, want, Scale(baseline=1, canary=0), live, memo) != found
+    assert rendered == ["baseline"] * 3  # judged again for the new version and the new replicas
+    memo.forget("team", ["rag"])
+    assert memo.verdicts == {}
+
+
 class _Client:
     def __init__(self, obj: dict[str, Any]) -> None:
         self.obj = obj

@@ -189,6 +189,62 @@ def test_decisions_run_on_their_own_bounded_pool() -> None:
     assert reconcile.DECISION_POOL._max_workers == reconcile.DECISION_WORKERS == 2
 
 
+async def test_only_a_step_that_asks_the_optimizer_leaves_the_event_loop(monkeypatch: Any) -> None:
+    import threading
+
+    from prefixtune.controller import reconcile
+
+    ran: list[tuple[str, str]] = []
+
+    def fake_step(state: Any, obs: Any, now: float, suggester: Any = None) -> tuple[Any, list[Any]]:
+        ran.append((obs, threading.current_thread().name))
+        if obs == "decide" and suggester is not None:  # the policy asks its injected suggester
+            suggester(None, [], 0, None)
+        return f"{state}+{obs}", []
+
+    monkeypatch.setattr(reconcile, "step", fake_step)
+    assert await reconcile._advance("s", "tick", 0.0, []) == "s+tick"
+    assert await reconcile._advance("s", "decide", 0.0, []) == "s+decide"
+    loop = threading.current_thread().name
+    assert ran[0] == ("tick", loop)  # no fit: on the loop, no thread hop
+    assert ran[1] == ("decide", loop)  # refused by the loop's suggester...
+    assert ran[2][0] == "decide" and ran[2][1].startswith("prefixtune-decision")  # ...run in the pool
+    assert len(ran) == 3
+
+
+def test_watch_lag_is_the_time_from_a_write_to_the_watch_delivering_it_or_later() -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from prefixtune.controller.selfmetrics import WatchLag
+
+    now = [100.0]
+    hist = Histogram("lag", "lag", buckets=(0.1, 0.5, 1.0), registry=CollectorRegistry())
+    lag = WatchLag(hist, clock=lambda: now[0])
+
+    def body(version: str) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": version}}
+
+    def observed() -> list[float]:
+        return [s.value for m in hist.collect() for s in m.samples if s.name == "lag_bucket"]
+
+    lag.wrote("ns/a", body("7"))
+    lag.wrote("ns/a", body("9"))
+    now[0] = 100.3
+    lag.seen("ns/a", body("6"))  # an older version: not yet
+    lag.seen("ns/b", body("8"))  # another resource
+    assert observed() == [0.0, 0.0, 0.0, 0.0]
+    lag.seen("ns/a", body("8"))  # a later version holds the write of 7 (batched by kopf)
+    assert observed() == [0.0, 1.0, 1.0, 1.0]
+    now[0] = 101.2
+    lag.seen("ns/a", body("9"))
+    assert observed() == [0.0, 1.0, 1.0, 2.0]
+    lag.wrote("ns/a", body("x1"))  # not an integer: only the same version counts
+    lag.seen("ns/a", body("x2"))
+    lag.forget("ns/a")
+    lag.seen("ns/a", body("x1"))
+    assert observed() == [0.0, 1.0, 1.0, 2.0]
+
+
 def test_aggregate_phase_counts_follow_moves_without_a_recount() -> None:
     m = SelfMetrics()
     for name in ("a", "b", "c"):

@@ -116,6 +116,15 @@ class _Index(dict[tuple[str, str], list[dict[str, Any]]]):
     """A stand-in for a kopf.Index: keys to stores (iterables) of values."""
 
 
+def test_an_index_entry_is_a_copy_that_later_changes_to_the_watched_body_do_not_reach() -> None:
+    owner_labels = {LABEL_RESOURCE: "fleet", LABEL_MANAGED_BY: MANAGER}
+    body: dict[str, Any] = {"metadata": {"name": "p"}, "status": {"conditions": [{"type": "Ready"}]}}
+    entry = index_entry("default", owner_labels, body)[("default", "fleet")]
+    body["metadata"]["name"] = "changed"
+    body["status"]["conditions"].append({"type": "PodScheduled"})
+    assert entry == {"metadata": {"name": "p"}, "status": {"conditions": [{"type": "Ready"}]}}
+
+
 async def test_children_come_from_the_indexes_and_a_written_deployment_from_the_api_server() -> None:
     owner_labels = {LABEL_RESOURCE: "fleet", LABEL_MANAGED_BY: MANAGER}
     entry = index_entry("default", owner_labels, {"metadata": {"name": "fleet"}, "spec": {}, "x": 1})

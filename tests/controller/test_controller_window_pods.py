@@ -29,7 +29,9 @@ class _Meter(Meter):
         super().__init__(born=born)
         self.serving: dict[str, Snapshot] = {}
 
-    async def _scrape(self, spec: Any, pods: Sequence[PodView]) -> tuple[dict[str, Snapshot], list[str]]:
+    async def _scrape(
+        self, spec: Any, pods: Sequence[PodView], only: frozenset[str] | None = None
+    ) -> tuple[dict[str, Snapshot], list[str]]:
         return {p.name: self.serving[p.name] for p in pods if p.name in self.serving}, []
 
 

@@ -34,7 +34,9 @@ class _Meter(Meter):
         self.faults = MetricsFaults()
         self.now = 0.0
 
-    async def _scrape(self, spec: Any, pods: Sequence[PodView]) -> tuple[dict[str, Snapshot], list[str]]:
+    async def _scrape(
+        self, spec: Any, pods: Sequence[PodView], only: frozenset[str] | None = None
+    ) -> tuple[dict[str, Snapshot], list[str]]:
         self.engine.tick(self.now)
         text = self.faults.transform("b1", self.engine.exposition().decode())
         assert text is not None

@@ -33,3 +33,29 @@ def test_a_slimmed_window_reads_the_same_signals_as_the_whole_scrapes(engine: En
     slim = window_signals(rec, {"p": [slim_start, slim_end]}, slo=slo)
     assert slim.signals == whole.signals
     assert slim.signals.requests_per_s is not None and slim.signals.requests_per_s > 0
+
+
+@pytest.mark.parametrize("engine", [EngineName.VLLM, EngineName.SGLANG, EngineName.TRTLLM])
+def test_parsing_only_a_windows_samples_gives_the_slimmed_scrape(engine: EngineName) -> None:
+    recorded = json.loads((DATA / f"standin-{engine.value}.json").read_text())
+    kept = for_engine(engine).sample_names()
+    for text in (recorded["start"], recorded["end"]):
+        whole = parse(text, target="p", t=0.0).only(kept)
+        only = parse(text, target="p", t=0.0, only=kept)
+        assert only.values == whole.values and only.cumulative == whole.cumulative
+        assert only.identity and set(only.identity) <= set(whole.identity)  # ours, and the start time
+        assert all(n == "process_start_time_seconds" or n.endswith("_created") for (n, _), _ in only.identity)
+
+
+def test_a_restart_shows_in_the_identity_of_a_scrape_parsed_for_a_window() -> None:
+    text = (
+        "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 100\n"
+        "# TYPE req counter\nreq_total 5\nreq_created 100\n"
+        "# TYPE other counter\nother_total 1\nother_created 7\n"
+    )
+    only = frozenset({"req_total"})
+    before = parse(text, target="p", t=0.0, only=only)
+    assert {n for (n, _), _ in before.identity} == {"process_start_time_seconds", "req_created"}
+    assert set(before.values) == {("req_total", frozenset())} and before.cumulative == {"req_total"}
+    after = parse(text.replace("req_created 100", "req_created 200"), target="p", t=1.0, only=only)
+    assert after.restarted_since(before)

@@ -66,4 +66,5 @@ def test_a_small_fleet_runs_and_reports_every_figure(tmp_path: Path) -> None:
     assert scale._operator_requests(row["api_requests_by_agent"]) > 0
     assert row["rss_mb"] > 0 and row["operator_cpu_s"] >= 0
     assert row["reconcile_p99_s"] is not None and row["decision_p50_s"] is not None
+    assert row["watch_lag_events"] > 0 and row["watch_lag_p99_s"] is not None  # status writes seen
     assert row["handled_s"] >= row["create_s"]  # the window began after every resource was handled

@@ -391,7 +391,9 @@ class _ScriptedMeter(Meter):
         super().__init__(time_scale=1.0, born=0.0)
         self.texts = texts
 
-    async def _scrape(self, spec: Any, pods: Any) -> tuple[dict[str, Snapshot], list[str]]:
+    async def _scrape(
+        self, spec: Any, pods: Any, only: frozenset[str] | None = None
+    ) -> tuple[dict[str, Snapshot], list[str]]:
         text = self.texts.pop(0)
         return {"pod-a": parse(text, target="pod-a", t=-float(len(self.texts)))}, []  # later scrapes, later t
 

@@ -555,6 +555,34 @@ async def test_dependent_created_after_its_owner_is_gone_is_collected(em: Realis
     assert {item["metadata"]["name"] for item in listing["items"]} == {"other", "one-owner-left"}
 
 
+async def test_a_dependent_that_dropped_its_owner_reference_outlives_it(em: RealisticEmulator) -> None:
+    owner = await make_cm(em, "owner")
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
+    await make_cm(em, "released", ownerReferences=[ref])
+    status, _ = await call(
+        em, "PATCH", f"{CMS}/released", json={"metadata": {"ownerReferences": None}}, headers=MERGE
+    )
+    assert status == 200
+    await call(em, "DELETE", f"{CMS}/owner")
+    await em.settle()
+    _, listing = await call(em, "GET", CMS)
+    assert {item["metadata"]["name"] for item in listing["items"]} == {"released"}
+
+
+async def test_an_owner_recreated_under_its_name_does_not_keep_the_old_ones_dependents(
+    em: RealisticEmulator,
+) -> None:
+    first = await make_cm(em, "owner")
+    await call(em, "DELETE", f"{CMS}/owner")
+    await em.settle()
+    await make_cm(em, "owner")  # the same name, a new uid
+    old_ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": first["metadata"]["uid"]}
+    await make_cm(em, "late", ownerReferences=[old_ref])
+    await em.settle()
+    _, listing = await call(em, "GET", CMS)
+    assert {item["metadata"]["name"] for item in listing["items"]} == {"owner"}
+
+
 async def test_events_with_generate_name_are_stored(em: RealisticEmulator) -> None:
     for path in ("/api/v1/namespaces/default/events", "/apis/events.k8s.io/v1/namespaces/default/events"):
         for _ in range(2):

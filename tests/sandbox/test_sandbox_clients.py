@@ -345,3 +345,30 @@ async def test_kubectl_get_explain_apply_and_logs_without_validate_false(tmp_pat
         assert pods[1].split()[:3] == ["p", "0/1", "Pending"]
         logs.write(uid, "c", "2026-01-01T00:00:00Z", "hello from the twin")
         assert (await run("logs", "p")) == "hello from the twin\n"
+
+
+async def test_inside_a_requests_task_the_request_log_reads_as_that_request_alone() -> None:
+    from types import SimpleNamespace
+
+    from prefixtune.sandbox import up
+
+    log = up._InFlightRequests()
+    watch, get = SimpleNamespace(id=0), SimpleNamespace(id=1)
+    log.append(watch)  # an open watch stays in flight
+    log.append(get)
+    assert list(log) == [watch, get] and len(log) == 2  # outside any request: all in flight
+
+    async def serve(request: object) -> list[object]:
+        token = up._SERVING.set(request)
+        try:
+            seen = list(log)
+            remapped = SimpleNamespace(id=1)
+            log[log.index(request)] = remapped  # the emulator's namespace remap
+            return [*seen, *log]
+        finally:
+            up._SERVING.reset(token)
+
+    assert await asyncio.create_task(serve(get)) == [get, log[1]]  # itself, then its remapped self
+    assert up._SERVING.get() is None and list(log) == [watch, log[1]]
+    log.done(0)
+    assert list(log) == [log[0]] and len(log) == 2

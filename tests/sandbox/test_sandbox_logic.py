@@ -205,6 +205,38 @@ def test_endpoints_list_ready_and_not_ready_pods_with_named_target_ports() -> No
     assert ctl.endpoints_for({"metadata": {"name": "x"}, "spec": {}}, pods) is None
 
 
+class _ListingApi:
+    """The controller manager's API client over fixed listings; records what it writes."""
+
+    def __init__(self, listings: dict[str, list[dict[str, Any]]]) -> None:
+        self.listings = listings
+        self.applied: list[Any] = []
+
+    async def list(self, path: str) -> list[dict[str, Any]]:
+        return self.listings.get(path, [])
+
+    async def apply(self, write: Any) -> None:
+        self.applied.append(write)
+
+
+async def test_a_services_endpoints_hold_only_the_selected_pods_of_its_own_namespace() -> None:
+    from prefixtune.sandbox.controller_manager import ControllerManager
+    from prefixtune.sandbox.kubelet import KubeletConfig
+
+    service = {
+        "metadata": {"name": "web", "namespace": "default", "uid": "svc"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+    }
+    elsewhere = _pod("b", ready=True, ip="127.9.0.2")
+    elsewhere["metadata"]["namespace"] = "other"  # the same labels in another namespace
+    other = _pod("c", ready=True, ip="127.9.0.3", labels={"app": "other"})  # not selected
+    pods = [_pod("a", ready=True), elsewhere, other]
+    api = _ListingApi({"/api/v1/services": [service], "/api/v1/pods": pods})
+    await ControllerManager(api, KubeletConfig())._sync_endpoints()  # type: ignore[arg-type]
+    endpoints = next(w.body for w in api.applied if w.body["kind"] == "Endpoints")
+    assert [a["ip"] for s in endpoints["subsets"] for a in s["addresses"]] == ["127.9.0.1"]
+
+
 @pytest.mark.parametrize(
     ("command", "args", "image", "engine"),
     [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import aiohttp
 
 from prefixtune.controller import applied
@@ -32,6 +34,30 @@ def test_split_families_keeps_headers_with_their_samples() -> None:
         ("a_total", "counter", ["# HELP a_total A.", "# TYPE a_total counter"], ["a_total 1.0"]),
         ("g", "gauge", ["# HELP g G.", "# TYPE g gauge"], ["g 2.0"]),
     ]
+
+
+def test_a_pods_gauges_are_rendered_once_per_command_and_differ_only_in_the_start_time() -> None:
+    from prefixtune.sandbox import standin
+
+    def created(text: str) -> list[float]:
+        lines = [line for line in text.splitlines() if "_created" in line.split(" ")[0]]
+        return [float(line.rsplit(" ", 1)[1]) for line in lines]
+
+    def others(text: str) -> list[str]:
+        return [line for line in text.splitlines() if "_created" not in line.split(" ")[0]]
+
+    for engine in ("vllm", "sglang", "trtllm"):
+        rec, parsed = Recording.load(engine), _parsed(engine, 32)
+        for started in (0.0, 1764873600.25, 1e-3):
+            before = time.time()
+            cached = standin.gauge_text(rec, parsed, started)
+            rendered = standin._render_gauges(rec, parsed, started)
+            assert others(cached) == others(rendered)
+            assert len(created(cached)) == len(created(rendered)) and min(created(cached)) >= before
+        text = standin.gauge_text(rec, parsed, 1764873600.25)
+        (start,) = [line for line in text.splitlines() if line.startswith("process_start_time_seconds ")]
+        assert float(start.split(" ")[1]) == 1764873600.25
+        assert (rec, repr(parsed)) in standin._AT_ZERO
 
 
 async def test_one_server_answers_each_pod_on_its_address_with_its_own_config() -> None:

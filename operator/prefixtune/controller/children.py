@@ -17,6 +17,11 @@ operator; their index entries are as recent as the watch.
 
 Without indexes (a reconcile called outside kopf: tests, the reliability harness) the children are
 read from the API server as before.
+
+An index entry is the operator's own copy, made once per watch event (``index_entry``), and a tick
+reads it as it is, typed read-only (``Mapping``): copying every pod and Deployment on every tick
+instead cost ~8% of the operator's CPU at N = 500 (``bench scale``), for objects that change far
+less often than they are read.
 """
 
 from __future__ import annotations
@@ -52,7 +57,9 @@ def index_entry(
         return {}
     return {
         (namespace, owner): {
-            k: body[k] for k in ("apiVersion", "kind", "metadata", "spec", "status") if k in body
+            k: copy.deepcopy(body[k])
+            for k in ("apiVersion", "kind", "metadata", "spec", "status")
+            if k in body
         }
     }
 
@@ -101,15 +108,12 @@ class Indexes:
     deployments: IndexView
     pods: IndexView
 
-    def _values(self, index: IndexView, key: IndexKey) -> list[dict[str, Any]]:
-        return [copy.deepcopy(dict(v)) for v in (index.get(key) or ())]
+    def deployments_of(self, namespace: str, owner: str) -> dict[str, Mapping[str, Any]]:
+        """The resource's indexed Deployments by name (the index's own entries: read, never write)."""
+        return {str(d["metadata"]["name"]): d for d in self.deployments.get((namespace, owner)) or ()}
 
-    def deployments_of(self, namespace: str, owner: str) -> dict[str, dict[str, Any]]:
-        """The resource's indexed Deployments by name (copies: the index is kopf's)."""
-        return {str(d["metadata"]["name"]): d for d in self._values(self.deployments, (namespace, owner))}
-
-    def pods_of(self, namespace: str, owner: str) -> list[dict[str, Any]]:
-        return self._values(self.pods, (namespace, owner))
+    def pods_of(self, namespace: str, owner: str) -> list[Mapping[str, Any]]:
+        return list(self.pods.get((namespace, owner)) or ())
 
 
 def indexes_from(kwargs: Mapping[str, Any]) -> Indexes | None:

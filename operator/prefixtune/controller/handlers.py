@@ -4,6 +4,8 @@
 - a daemon per resource, ticking every ``tick_s``: the tuning loop's clock (observe, decide,
   persist, apply). It ends once the resource is gone.
 - delete (optional, no finalizer): forget the in-memory window start.
+- every event of a ServingDeployment: stamp when the operator's own status writes reach its view
+  (``selfmetrics.WatchLag``, the watch-event lag).
 - two indexes: the operator's own Deployments and pods, watched, so that a tick reads its children
   from memory (``children.py``).
 
@@ -97,6 +99,10 @@ def build_registry(tick_s: float = 5.0) -> kopf.OperatorRegistry:
         ctx.meter.forget(str(uid or ""))
         ctx.metrics.forget(str(namespace or "default"), str(name))
 
+    async def on_event(memo: Any, namespace: str | None, name: str | None, body: kopf.Body, **_: Any) -> None:
+        # Every event kopf hands over (after its batching): when the operator's writes reach its view.
+        _ctx(memo).metrics.watch_lag.seen(f"{namespace or 'default'}/{name}", body)
+
     def index_child(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> Any:
         return index_entry(namespace, labels, body)
 
@@ -113,10 +119,12 @@ def build_registry(tick_s: float = 5.0) -> kopf.OperatorRegistry:
     kopf.daemon(*resource, registry=registry, id=TUNE_ID, cancellation_timeout=CANCEL_TIMEOUT_S)(tune)
     _no_finalizer(registry, TUNE_ID)
     kopf.on.delete(*resource, registry=registry, id="forget", optional=True)(on_delete)
+    kopf.on.event(*resource, registry=registry, id=WATCH_LAG_ID)(on_event)
     return registry
 
 
 TUNE_ID = "tune"
+WATCH_LAG_ID = "watch-lag"  # an event handler: measures the watch's lag (``selfmetrics.WatchLag``)
 CANCEL_TIMEOUT_S = 10.0
 
 

@@ -101,17 +101,18 @@ class Meter:
         }
 
     async def _scrape(
-        self, spec: ServingDeploymentSpec, pods: Sequence[PodView]
+        self, spec: ServingDeploymentSpec, pods: Sequence[PodView], only: frozenset[str] | None = None
     ) -> tuple[dict[str, Snapshot], list[str]]:
         """The pods' snapshots and the short errors of the scrapes that failed (this resource's
-        only: the Meter is shared by every resource, so nothing of one scrape is kept on it)."""
+        only: the Meter is shared by every resource, so nothing of one scrape is kept on it).
+        ``only``: parse just these samples (a window's: ``_kept``)."""
         targets = self._targets(spec, pods)
         if not targets:
             return {}, []
         source = ScrapeSource(
             spec.engine, targets, timeout_s=self.timeout_s, clock=self._clock, names=_names(spec)
         )
-        snaps = await source.snapshot()
+        snaps = await source.snapshot(only)
         return snaps, list(source.errors)
 
     @staticmethod
@@ -230,7 +231,7 @@ class Meter:
                 return TrialInvalidated(
                     reason="the operator restarted during the measurement window (its start scrape is lost)",
                 )
-            snaps, errors = await self._scrape(spec, everyone)
+            snaps, errors = await self._scrape(spec, everyone, _kept(spec))
             if not snaps:
                 return MetricsUnavailable(
                     reason=self._unanswered("no ready pod answered a metrics scrape", errors),
@@ -252,7 +253,7 @@ class Meter:
         )
         if not (full or partial_due):
             return None
-        end, errors = await self._scrape(spec, everyone)
+        end, errors = await self._scrape(spec, everyone, _kept(spec))
         subject: DeploymentRole = "canary" if "canary" in groups else "baseline"
         gaps = _gaps(start.snaps, end, everyone) or ([_empty(end)] if _empty(end) else [])
         if gaps:

@@ -40,6 +40,7 @@ from prefixtune.controller.drift import Drift, drift_actions
 from prefixtune.controller.execute import (
     APPS,
     Children,
+    DriftMemo,
     Ensured,
     deployment_drift,
     ensure_children,
@@ -76,9 +77,11 @@ from prefixtune.controller.status import (
 )
 from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.tuning.actions import Action, EmitEvent
+from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.phases import ROLLOUT_STEPS, Phase
 from prefixtune.tuning.policy import initial_state, step
 from prefixtune.tuning.settings import TuningSettings
+from prefixtune.tuning.space import SearchSpace
 from prefixtune.tuning.state import (
     Approved,
     Observation,
@@ -125,6 +128,8 @@ class OperatorContext:
     fresh: Freshness = field(default_factory=Freshness)
     # When each resource's router metrics were last scraped (status.routing; ``routing_status``).
     router_scraped: dict[str, float] = field(default_factory=dict)
+    # A cache, not state: the last drift verdict of each engine Deployment (``DriftMemo``).
+    drift_memo: DriftMemo = field(default_factory=DriftMemo)
 
     def lock(self, key: str) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
@@ -210,11 +215,30 @@ DECISION_WORKERS = 2
 DECISION_POOL = ThreadPoolExecutor(max_workers=DECISION_WORKERS, thread_name_prefix="prefixtune-decision")
 
 
+class _FitNeeded(BaseException):
+    """Raised by ``_no_fit``: this step asks the optimizer, so it runs again in the decision pool.
+    A BaseException, so that no ``except Exception`` in the policy can take it for a failure."""
+
+
+def _no_fit(
+    space: SearchSpace, history: list[TrialResult], seed: int, settings: TuningSettings
+) -> Suggestion:
+    raise _FitNeeded
+
+
 async def _advance(state: PolicyState, obs: Observation, now: float, actions: list[Action]) -> PolicyState:
-    # The policy is pure but may fit a Gaussian process: keep kopf's event loop responsive.
+    """One policy step. Most steps (a tick inside a window, a rollout still loading) take
+    milliseconds and never ask the optimizer: they run here, on the event loop, with a suggester
+    that refuses. A step that asks for a suggestion (a Gaussian-process fit, 0.04-0.2 s of CPU) is
+    run again from the same inputs in the decision pool, so that kopf's event loop stays responsive;
+    the policy is pure, so the second run is the step the first one would have been. (Every step in
+    the pool made the cheap ones queue behind the fits: ``bench scale`` at N = 500.)"""
     began = time.perf_counter()
     try:
-        new, acts = await asyncio.get_running_loop().run_in_executor(DECISION_POOL, step, state, obs, now)
+        try:
+            new, acts = step(state, obs, now, _no_fit)
+        except _FitNeeded:
+            new, acts = await asyncio.get_running_loop().run_in_executor(DECISION_POOL, step, state, obs, now)
     finally:
         spent = _POLICY_SECONDS.get(None)
         if spent is not None:
@@ -289,6 +313,7 @@ async def _reconcile(
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         ctx.seen_version.pop(ref, None)
         ctx.fresh.forget(namespace, [deployment_name(name, role) for role in ROLES])
+        ctx.drift_memo.forget(namespace, [deployment_name(name, role) for role in ROLES])
         uid = str(((body or {}).get("metadata") or {}).get("uid", ""))
         ctx.meter.forget(uid)
         ctx.metrics.forget(namespace, name)
@@ -342,7 +367,7 @@ async def _reconcile(
     # became ready since changes the rendering, which reads as an update in flight, not drift).
     has_canary = children.deployments.get("canary") is not None
     ensured_scale = scale_plan(spec, ensured_want, children.pods, has_canary)
-    drift = deployment_drift(owner, spec, ensured_want, ensured_scale, children.deployments)
+    drift = deployment_drift(owner, spec, ensured_want, ensured_scale, children.deployments, ctx.drift_memo)
     drift += [d for d in ctx.drift.pop(uid, []) if d not in drift]
     if state.phase == Phase.PENDING:
         # The policy's clock starts once the baseline serves: warm-up must not run on loading pods.
@@ -486,6 +511,7 @@ async def _write_status(
             return None
         raise
     _saw(ctx, ref, written)
+    ctx.metrics.watch_lag.wrote(ref, written)
     return written
 
 

@@ -5,6 +5,13 @@ number of resources in each phase, decision latency. Per-resource series (``name
 labels, the best score) list every tenant's resources to whoever can reach the port, so they are
 served only with ``--metrics-per-resource`` (the chart's ``metrics.perResource``).
 
+``prefixtune_watch_lag_seconds`` (``WatchLag``): how far the operator's view of its resources runs
+behind the API server, measured where both ends are the operator's own: from a status write's
+response (the version it created) to the moment kopf hands the operator's event handler that version
+or a later one. It spans the API server's fan-out to the watch, the stream, kopf's queueing and its
+batching window, and a busy event loop; a tick whose watched body is not yet at the version it wrote
+reads the resource again (``reconcile.current_body``), so this lag is also what such reads cost.
+
 ``/healthz`` answers 200 while the event loop makes progress: a heartbeat coroutine that also passes
 through the default thread pool (where the policy's decisions run) stamps it every few seconds; when
 the stamp is older than ``stale_after_s`` the answer is 503, and the kubelet restarts the pod. (The
@@ -17,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -40,6 +48,50 @@ LATENCY_BUCKETS = (
     0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
 )  # fmt: skip
 STALE_AFTER_S = 60.0
+
+
+PENDING_WRITES = 16  # per resource: writes not yet seen (more: the oldest is dropped, not measured)
+
+
+def _reached(seen: str, written: str) -> bool:
+    """Whether a watched version holds a write: the same version, or a later one where both are
+    integers (etcd's revisions and the sandbox's are; the API calls them opaque, so any other
+    version counts only when equal)."""
+    if seen == written:
+        return True
+    return seen.isdigit() and written.isdigit() and int(seen) > int(written)
+
+
+class WatchLag:
+    """The operator's writes of each resource not yet seen by its watch, and the histogram of the
+    seconds until they were (see the module docstring). Only the event loop calls it."""
+
+    def __init__(self, histogram: Histogram, clock: Any = time.monotonic) -> None:
+        self.histogram = histogram
+        self.clock = clock
+        self._pending: dict[str, deque[tuple[str, float]]] = {}
+
+    def wrote(self, key: str, body: Mapping[str, Any] | None) -> None:
+        version = _version(body)
+        if version:
+            self._pending.setdefault(key, deque(maxlen=PENDING_WRITES)).append((version, self.clock()))
+
+    def seen(self, key: str, body: Mapping[str, Any]) -> None:
+        pending, version = self._pending.get(key), _version(body)
+        if not pending or not version:
+            return
+        now = self.clock()
+        while pending and _reached(version, pending[0][0]):
+            self.histogram.observe(now - pending.popleft()[1])
+        if not pending:
+            del self._pending[key]
+
+    def forget(self, key: str) -> None:
+        self._pending.pop(key, None)
+
+
+def _version(body: Mapping[str, Any] | None) -> str:
+    return str(((body or {}).get("metadata") or {}).get("resourceVersion") or "")
 
 
 class Liveness:
@@ -111,6 +163,15 @@ class SelfMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.watch_lag = WatchLag(
+            Histogram(
+                "prefixtune_watch_lag_seconds",
+                "Time from the operator's status write of a resource to its watch handing the operator "
+                "that version (or a later one).",
+                buckets=LATENCY_BUCKETS,
+                registry=self.registry,
+            )
+        )
         self.reconcile_errors = Counter(
             "prefixtune_reconcile_errors",
             "Reconciles that failed and will be retried.",
@@ -159,6 +220,7 @@ class SelfMetrics:
                 self.phase.labels(p).set(float(self._counts[p]))
 
     def forget(self, namespace: str, name: str) -> None:
+        self.watch_lag.forget(f"{namespace}/{name}")
         before = self._phases.pop((namespace, name), None)
         if not self.per_resource:
             self._move(before, None)

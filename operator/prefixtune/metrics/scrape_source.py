@@ -243,8 +243,8 @@ def compose(
 Fetch = Callable[[str], Awaitable[str]]
 
 
-def _parse(text: str, target: str, t: float) -> Snapshot:
-    return parse(text, target=target, t=t)
+def _parse(text: str, target: str, t: float, only: frozenset[str] | None = None) -> Snapshot:
+    return parse(text, target=target, t=t, only=only)
 
 
 class ScrapeSource:
@@ -284,7 +284,7 @@ class ScrapeSource:
     async def _fetch_url(self, url: str) -> str:
         return await bounded.fetch(url, deadline_s=self.timeout_s, max_bytes=self.max_bytes)
 
-    async def _scrape(self, target: str, url: str) -> Snapshot | None:
+    async def _scrape(self, target: str, url: str, only: frozenset[str] | None = None) -> Snapshot | None:
         sent = self.clock()
         try:
             text = await self._fetch(url)
@@ -295,15 +295,16 @@ class ScrapeSource:
         t = (sent + self.clock()) / 2
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(bounded.PARSE_POOL, _parse, text, target, t)
+            return await loop.run_in_executor(bounded.PARSE_POOL, _parse, text, target, t, only)
         except ValueError:
             self.errors.append(f"scrape of {target} failed: not a valid Prometheus text exposition")
             return None
 
-    async def snapshot(self) -> dict[str, Snapshot]:
-        """Scrape every target once, concurrently; failed targets are absent (see ``errors``)."""
+    async def snapshot(self, only: frozenset[str] | None = None) -> dict[str, Snapshot]:
+        """Scrape every target once, concurrently; failed targets are absent (see ``errors``).
+        ``only``: keep just these samples of each (``exposition.only_lines``)."""
         names = sorted(self.targets)
-        got = await asyncio.gather(*(self._scrape(n, self.targets[n]) for n in names))
+        got = await asyncio.gather(*(self._scrape(n, self.targets[n], only) for n in names))
         return {n: s for n, s in zip(names, got, strict=True) if s is not None}
 
     async def dcgm_snapshot(self) -> list[Snapshot]:

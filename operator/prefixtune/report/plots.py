@@ -331,8 +331,8 @@ def _key(value: Any) -> Any:
 
 
 def scale_plot(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Reconcile and decision latency (p50, p99) against the number of resources (``bench scale``):
-    ``rows`` of ``n`` and the four figures in seconds (None: not measured)."""
+    """Reconcile, decision and watch-event latency (p50, p99) against the number of resources
+    (``bench scale``): ``rows`` of ``n`` and the six figures in seconds (None: not measured)."""
     fig = Figure(figsize=SIZE, dpi=DPI)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
@@ -342,6 +342,8 @@ def scale_plot(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         ("reconcile_p99_s", "reconcile p99", "o--"),
         ("decision_p50_s", "decision p50", "s-"),
         ("decision_p99_s", "decision p99", "s--"),
+        ("watch_lag_p50_s", "watch-event lag p50", "^-"),
+        ("watch_lag_p99_s", "watch-event lag p99", "^--"),
     ):
         points = [
             (n, v) for n, v in zip(ns, (number(r.get(key)) for r in rows), strict=True) if v is not None

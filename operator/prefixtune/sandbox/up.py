@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import logging
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -93,6 +94,12 @@ class _InFlightRequests(list[Any]):
     few hundred). Matching needs only the request at hand, so the log keeps the requests in flight.
     ``len()`` still counts every request because kmock numbers requests by it. Request-counting
     assertions need the full log: tests that count requests use their own emulator.
+
+    Even the requests in flight were too many to filter for each new one: every open watch is one,
+    and at N = 500 (``bench scale``) a few dozen requests at once made the reactions' filters a
+    quarter of the sandbox's CPU. Inside a request's own task (``_SERVING``, a context variable
+    that ``SandboxEmulator._handle`` sets) the log reads as that request alone: all that kmock asks
+    of it there is whether the request at hand passes a reaction's filters.
     """
 
     def __init__(self) -> None:
@@ -112,6 +119,21 @@ class _InFlightRequests(list[Any]):
     def __len__(self) -> int:
         return self.total
 
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """The emulator replaces a request by its remapped self (``RealisticEmulator._handle``):
+        that one is then the request served."""
+        if isinstance(index, int) and _SERVING.get() is list.__getitem__(self, index):
+            _SERVING.set(value)
+        super().__setitem__(index, value)
+
+    def __iter__(self) -> Iterator[Any]:
+        serving = _SERVING.get()
+        return iter((serving,)) if serving is not None else list.__iter__(self)
+
+
+# The request that the current task serves (``_InFlightRequests``); None outside a request's task.
+_SERVING: contextvars.ContextVar[Any] = contextvars.ContextVar("prefixtune_sandbox_serving", default=None)
+
 
 class SandboxEmulator(RealisticEmulator):
     """The emulator with a request log that does not grow (see ``_InFlightRequests``)."""
@@ -128,9 +150,11 @@ class SandboxEmulator(RealisticEmulator):
         headers = getattr(request, "headers", None) or {}
         agent = next((str(v) for k, v in headers.items() if str(k).lower() == "user-agent"), "")
         self.requests_by_agent[agent.split("/", 1)[0] or "unknown"] += 1
+        token = _SERVING.set(request)
         try:
             return await super()._handle(request)
         finally:
+            _SERVING.reset(token)
             log = self._requests
             if isinstance(log, _InFlightRequests):
                 log.done(int(request.id))

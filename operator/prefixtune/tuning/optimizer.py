@@ -167,6 +167,7 @@ class Feasibility:
             if space.contains(cfg):
                 xs.append(self._features(cfg))
                 ys.append(0 if t.value is None else 1)
+        self._known: dict[KnobConfig, bool] = {}  # known_infeasible's answers
         self._clf: Any = None
         if len(set(ys)) == 2:
             from sklearn.linear_model import LogisticRegression
@@ -225,6 +226,14 @@ class Feasibility:
         return out
 
     def known_infeasible(self, cfg: KnobConfig) -> bool:
+        """Whether ``cfg`` is known to fail (memoized: a decision asks it of every candidate twice,
+        and the answer depends only on the history this model was built from)."""
+        known = self._known.get(cfg)
+        if known is None:
+            known = self._known[cfg] = self._infeasible(cfg)
+        return known
+
+    def _infeasible(self, cfg: KnobConfig) -> bool:
         cfg = self.space.normalize(cfg)
         if cfg in self.exact or _measured(cfg, list(self.exact)):
             return True
