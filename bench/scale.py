@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.twin import cpu_share, machine_busy
+from prefixtune.api.durations import DurationError, parse_duration
 
 TARGETS = {"decision_p99_s": 1.0, "reconcile_p99_s": 2.0, "rss_mb": 300.0}  # at N = 500
 SDEP = "/apis/prefixtune.io/v1alpha1"
@@ -386,6 +387,8 @@ def verdict(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     row = next((r for r in rows if r["n"] == 500), None)
     if row is None:
         return {"n": 500, "measured": False, "targets": TARGETS}
+    if not row.get("trials_finished"):  # latency of a fleet that decided nothing says nothing
+        return {"n": 500, "measured": False, "targets": TARGETS, "why": "no trial finished in the window"}
     met = {k: row.get(k) is not None and row[k] < limit for k, limit in TARGETS.items()}
     return {"n": 500, "measured": True, "targets": TARGETS, "met": met, "all_met": all(met.values())}
 
@@ -426,6 +429,12 @@ def main(argv: Sequence[str]) -> int:
     if not counts or min(counts) < 1 or not ns.duration >= 2 or ns.settle < 0 or not ns.sync_floor >= 0:
         print("bench scale: --n >= 1, --duration >= 2, --settle >= 0, --sync-floor >= 0", file=sys.stderr)
         return 2
+    for flag, value in (("--warmup", ns.warmup), ("--measure", ns.measure)):
+        try:
+            parse_duration(value)
+        except DurationError as e:
+            print(f"bench scale: {flag}: {e}", file=sys.stderr)
+            return 2
     load_before = list(os.getloadavg())
     rows = []
     with tempfile.TemporaryDirectory(prefix="prefixtune-scale-") as scratch:

@@ -68,3 +68,22 @@ def test_a_small_fleet_runs_and_reports_every_figure(tmp_path: Path) -> None:
     assert row["reconcile_p99_s"] is not None and row["decision_p50_s"] is not None
     assert row["watch_lag_events"] > 0 and row["watch_lag_p99_s"] is not None  # status writes seen
     assert row["handled_s"] >= row["create_s"]  # the window began after every resource was handled
+
+
+def test_a_fleet_that_finished_no_trial_is_never_judged_to_meet_the_targets() -> None:
+    quiet = {"n": 500, "decision_p99_s": 0.005, "reconcile_p99_s": 0.005, "rss_mb": 183.0}
+    assert scale.verdict([{**quiet, "trials_finished": 0}]) == {
+        "n": 500,
+        "measured": False,
+        "targets": scale.TARGETS,
+        "why": "no trial finished in the window",
+    }
+    assert scale.verdict([{**quiet, "trials_finished": 431}])["all_met"] is True
+
+
+def test_a_trial_duration_that_is_no_duration_is_refused_before_anything_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert scale.main(["--n", "2", "--warmup", "30", "--measure", "300s"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench scale: --warmup: '30' is not a duration")
