@@ -551,7 +551,7 @@ async def test_a_list_of_text_prompts_gets_one_choice_each_and_shared_text_hits(
         serving("sglang", MODEL, GPU, (), ServeOptions(speedup=SPEEDUP)) as url,
         aiohttp.ClientSession() as http,
     ):
-        status, first = await post(http, url, {"model": MODEL, "prompt": shared + "first", "max_tokens": 2})
+        status, _ = await post(http, url, {"model": MODEL, "prompt": shared + "first", "max_tokens": 2})
         assert status == 200
         status, batch = await post(
             http, url, {"model": MODEL, "prompt": [shared + "second", shared + "third"], "max_tokens": 2}
