@@ -17,7 +17,20 @@ endpoints are re-read from the Service's Endpoints object as they change. With n
 request fails as a refused connection would. Requests use the twin's ``/v1/completions`` with token
 ids and the output-identity extension (``prefixtune.twin.loadgen.completion_body``).
 
-Pure parts: ``declared_workload`` (which workload for which Service) and ``pick_target``.
+Through a router: when a router Service (its selector picks ``app.kubernetes.io/component: router``
+pods) fronts the Service, the requests go to the router's endpoints instead, as clients would once
+a router is deployed; the same generator goes on (its sessions continue) when the router comes or
+goes. A router Service fronts an engine Service when both have the same ServingDeployment owner, or
+when it is named ``<service>-router``. Through a router the requests carry text (the routers' prefix
+trees need text; ``chat.ids_text``: 4 ASCII characters per token, so prompts keep the prefixes their
+token ids share, and a session's next turn repeats the previous turn's text), the served model's
+name (sglang-router requires ``model``; read from an engine pod's ``/v1/models``), the output-identity
+extension in the twin's ids of that text (the routers pass unknown fields through), and the session
+in ``X-Session-ID`` (vllm-router's ``consistent_hash`` key; sglang-router ignores it). A router
+Service whose workload is declared only through its owner gets no generator of its own.
+
+Pure parts: ``declared_workload`` (which workload for which Service), ``fronting_router``,
+``text_completion_body`` and ``pick_target``.
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ from prefixtune.sandbox import controllers as ctl
 from prefixtune.sandbox.client import ApiClient, ApiStatusError
 from prefixtune.sandbox.clock import SandboxClock
 from prefixtune.sandbox.tasks import Wakeup, stop_task
+from prefixtune.twin.chat import ids_text, text_ids
 from prefixtune.twin.loadgen import Record, completion_body
 from prefixtune.twin.openai_api import error_message
 from prefixtune.twin.request import Request
@@ -107,6 +121,50 @@ def declared_workload(
     return None
 
 
+COMPONENT_LABEL = "app.kubernetes.io/component"
+SESSION_HEADER = "X-Session-ID"  # vllm-router's consistent_hash key (its first choice)
+
+
+def is_router_service(service: Mapping[str, Any]) -> bool:
+    """The Service selects router pods (``app.kubernetes.io/component: router``)."""
+    selector = (service.get("spec") or {}).get("selector") or {}
+    return bool(selector.get(COMPONENT_LABEL) == "router")
+
+
+def _owner_uids(obj: Mapping[str, Any]) -> set[str]:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return {str(r.get("uid")) for r in refs if r.get("kind") == "ServingDeployment" and r.get("uid")}
+
+
+def fronting_router(service: Mapping[str, Any], services: Sequence[Mapping[str, Any]]) -> str | None:
+    """The name of the router Service in front of ``service`` (see the module docstring), if any."""
+    if is_router_service(service):
+        return None
+    meta = service.get("metadata") or {}
+    ns, name, owners = meta.get("namespace", "default"), meta.get("name"), _owner_uids(service)
+    for other in services:
+        ometa = other.get("metadata") or {}
+        if ometa.get("namespace", "default") != ns or not is_router_service(other):
+            continue
+        if (owners and owners & _owner_uids(other)) or ometa.get("name") == f"{name}-router":
+            return str(ometa.get("name"))
+    return None
+
+
+def text_completion_body(req: Request, model: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The ``/v1/completions`` body and headers of ``req`` sent through a router: a text prompt
+    (``ids_text``), the output identity in the twin's ids of that text, the session header."""
+    tokens = req.seq.to_tokens()
+    prompt, output = tokens[: req.prompt_len], tokens[req.prompt_len : req.prompt_len + req.output_len]
+    body: dict[str, Any] = {"prompt": ids_text(prompt), "max_tokens": req.output_len}
+    if model is not None:
+        body["model"] = model
+    if len(output) == req.output_len:
+        body["prefixtune"] = {"output_token_ids": text_ids(output)}
+    headers = {SESSION_HEADER: str(req.session)} if req.session is not None else {}
+    return body, headers
+
+
 def pick_target(targets: Sequence[str], rng: random.Random) -> str | None:
     """A backend per request, uniformly at random (kube-proxy's default, no session affinity)."""
     return rng.choice(list(targets)) if targets else None
@@ -168,15 +226,32 @@ class ServiceLoad:
         # (no burst of late requests), as the twins' simulated time does.
         self.clock = clock or SandboxClock()
         self.targets: list[str] = []
+        self.via: str | None = None  # the router Service the requests go through (None: this one)
+        self.model: str | None = None  # the served model's name (read when sending via a router)
         self.stats = LoadStats()
         self.error = ""
         self._rng = random.Random(self.seed)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def refresh_targets(self) -> None:
-        endpoints = await self.api.get(f"/api/v1/namespaces/{self.namespace}/endpoints/{self.name}")
-        pairs = ctl.endpoint_targets(endpoints or {})
-        self.targets = sorted(f"http://{ip}:{port}" for ip, port in pairs)
+    async def refresh_targets(self, via: str | None = None) -> None:
+        self.via = via
+        own = await self._endpoints(self.name)
+        if via is not None and self.model is None and own:
+            self.model = await self._served_model(own[0])
+        self.targets = await self._endpoints(via) if via is not None else own
+
+    async def _endpoints(self, service: str) -> list[str]:
+        endpoints = await self.api.get(f"/api/v1/namespaces/{self.namespace}/endpoints/{service}")
+        return sorted(f"http://{ip}:{port}" for ip, port in ctl.endpoint_targets(endpoints or {}))
+
+    async def _served_model(self, engine: str) -> str | None:
+        try:
+            limit = aiohttp.ClientTimeout(total=10)
+            async with self.session.get(f"{engine}/v1/models", timeout=limit) as resp:
+                data = await resp.json(content_type=None)
+            return str(data["data"][0]["id"])
+        except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, IndexError, TypeError):
+            return None  # asked again at the next refresh
 
     def _window(self, index: int) -> list[Request]:
         from prefixtune.twin.workloads import generate
@@ -234,8 +309,13 @@ class ServiceLoad:
         sent = time.monotonic()
         status, error = 0, ""
         usage: dict[str, Any] = {}
+        headers: dict[str, str] = {}
+        if self.via is not None:
+            body, headers = text_completion_body(req, self.model)
+        else:
+            body = completion_body(req, None)
         try:
-            async with self.session.post(f"{target}/v1/completions", json=completion_body(req, None)) as resp:
+            async with self.session.post(f"{target}/v1/completions", json=body, headers=headers) as resp:
                 status = resp.status
                 data = await resp.json(content_type=None)
                 if isinstance(data, dict):
@@ -335,6 +415,9 @@ class LoadManager:
                 declared = None
             if declared is None:
                 continue
+            if is_router_service(service) and not declared.source.startswith("Service "):
+                continue  # its owner's workload goes through it from the engine Service's generator
+            via = fronting_router(service, services)
             seen.add(key)
             current = self.loads.get(key)
             if current is not None and current[0].declared != declared:
@@ -351,11 +434,11 @@ class LoadManager:
                     seed=self.seed,
                     clock=self.clock,
                 )
-                await load.refresh_targets()
+                await load.refresh_targets(via)
                 task = asyncio.get_running_loop().create_task(load.run(), name=f"load {key[0]}/{key[1]}")
                 self.loads[key] = (load, task)
             else:
-                await current[0].refresh_targets()
+                await current[0].refresh_targets(via)
         for key in [k for k in self.loads if k not in seen]:
             await self._stop(key)
 
@@ -375,5 +458,8 @@ __all__ = [
     "LoadStats",
     "ServiceLoad",
     "declared_workload",
+    "fronting_router",
+    "is_router_service",
     "pick_target",
+    "text_completion_body",
 ]
