@@ -67,6 +67,7 @@ import contextlib
 import hashlib
 import heapq
 import json
+import logging
 import signal
 import sys
 import time
@@ -105,6 +106,18 @@ DEFAULT_MAX_TOKENS = 16  # vLLM's default for /v1/completions
 # tokens; the engines would run to the model's end-of-turn token (or the context limit).
 CHAT_ANSWER_TOKENS = 128
 TICK_S = 0.005  # wall seconds between background advances
+
+
+class _Http2PrefaceFilter(logging.Filter):
+    """Drops aiohttp's traceback for an HTTP/2 connection preface (``PRI * HTTP/2.0``): sglang-router
+    tries gRPC first when it registers a worker, then HTTP; the engines log one line for it at most."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        return not (err is not None and type(err).__name__ == "BadHttpMessage" and "PRI" in str(err))
+
+
+_PREFACE_FILTER = _Http2PrefaceFilter()
 
 
 def oom_startup_prefix(engine: str) -> str:
@@ -355,6 +368,9 @@ class TwinServer:
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> str:
+        server_log = logging.getLogger("aiohttp.server")
+        if _PREFACE_FILTER not in server_log.filters:
+            server_log.addFilter(_PREFACE_FILTER)
         app = web.Application(client_max_size=64 * 1024**2)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
