@@ -22,7 +22,7 @@ from prefixtune.sandbox.load import (
     fronting_router,
     text_completion_body,
 )
-from prefixtune.sandbox.router import RouterLaunchError, port_of, resolve, router_of, with_host
+from prefixtune.sandbox.router import RouterLaunchError, RouterProcess, port_of, resolve, router_of, with_host
 from prefixtune.sandbox.up import Sandbox, SandboxOptions, sandbox
 from prefixtune.sandbox.waiting import wait_until
 from prefixtune.twin.chat import text_tokens
@@ -218,6 +218,14 @@ async def test_the_load_goes_through_the_router_service_with_text_and_the_engine
         (generator,) = [g for (_, name), (g, _) in load.loads.items() if name == "chat"]
         answered = [r for r in generator.stats.recent if r.status == 200]
         assert sum(r.cached_tokens for r in answered) > 0  # sessions' turns hit behind the router
+        # Deleting the router's Deployment deletes its pod, which stops the router's process.
+        (pid,) = [w.server.pid for w, _ in sb.kubelet.workers.values() if isinstance(w.server, RouterProcess)]
+        await sb.api.delete(f"{DEPLOYMENTS}/chat-router")
+
+        async def stopped() -> bool:
+            return not _alive(pid)
+
+        await until(sb, stopped, 30.0, "the router's process to stop with its pod")
 
 
 def _alive(pid: int) -> bool:
