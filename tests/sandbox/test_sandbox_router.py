@@ -22,6 +22,7 @@ from prefixtune.sandbox.load import (
     fronting_router,
     text_completion_body,
 )
+from prefixtune.sandbox.pods import is_ready
 from prefixtune.sandbox.router import RouterLaunchError, RouterProcess, port_of, resolve, router_of, with_host
 from prefixtune.sandbox.up import Sandbox, SandboxOptions, sandbox
 from prefixtune.sandbox.waiting import wait_until
@@ -89,11 +90,7 @@ def service(name: str, selector: dict[str, str], port: int, **annotations: str) 
 async def ready_ips(sb: Sandbox, selector: str, n: int) -> list[str]:
     async def check() -> list[str] | None:
         pods = await sb.api.list(f"/api/v1/namespaces/default/pods?labelSelector={selector}")
-        ips = [
-            str(p["status"]["podIP"])
-            for p in pods
-            if any(c.get("type") == "Ready" and c.get("status") == "True" for c in p["status"]["conditions"])
-        ]
+        ips = [str(p["status"]["podIP"]) for p in pods if is_ready(p)]
         return sorted(ips) if len(ips) == n else None
 
     return await until(sb, check, 120.0, f"{n} ready pods {selector}")
