@@ -559,6 +559,8 @@ class Kubelet:
             if worker.namespace != namespace or worker.name != name or worker.server is None:
                 continue
             server = worker.server
+            if oom and isinstance(server, RouterProcess):
+                return False  # a router holds no KV cache: it cannot run out of GPU memory
             if oom:
                 server.on_oom(message or "CUDA out of memory (injected fault)")
             else:
