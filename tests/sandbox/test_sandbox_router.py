@@ -19,8 +19,9 @@ from prefixtune.sandbox.load import (
     RATE_ANNOTATION,
     SESSION_HEADER,
     WORKLOAD_ANNOTATION,
-    fronting_router,
+    Declared,
     text_completion_body,
+    user_facing,
 )
 from prefixtune.sandbox.pods import is_ready
 from prefixtune.sandbox.router import RouterLaunchError, RouterProcess, port_of, resolve, router_of, with_host
@@ -131,18 +132,16 @@ def test_commands_resolve_to_this_environments_router_and_others_are_refused() -
         resolve(["nginx", "-g", "daemon off;"])
 
 
-def test_a_router_service_fronts_the_engine_service_of_its_owner_or_its_name() -> None:
-    engines = {"metadata": {"name": "chat", "namespace": "ml"}, "spec": {"selector": {"app": "chat"}}}
-    router = service("chat-router", {"app.kubernetes.io/component": "router", "app": "x"}, 1)
-    router["metadata"]["namespace"] = "ml"
-    assert fronting_router(engines, [engines, router]) == "chat-router"
-    assert fronting_router(router, [engines, router]) is None
-    owned = {**router, "metadata": {**router["metadata"], "name": "gw"}}
-    owned["metadata"]["ownerReferences"] = [{"kind": "ServingDeployment", "uid": "u1"}]
-    engines["metadata"]["ownerReferences"] = [{"kind": "ServingDeployment", "uid": "u1"}]
-    assert fronting_router(engines, [engines, owned]) == "gw"
-    engines["metadata"]["ownerReferences"] = [{"kind": "ServingDeployment", "uid": "u2"}]
-    assert fronting_router(engines, [engines, owned]) is None
+def test_a_resources_workload_goes_to_its_user_facing_service_only() -> None:
+    def svc(name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "ml"}}
+
+    mine = Declared("chatbot", None, "ServingDeployment ml/chat", owner="chat")
+    assert user_facing(svc("chat"), [svc("chat"), svc("chat-engines")], mine)
+    assert not user_facing(svc("chat-engines"), [svc("chat"), svc("chat-engines")], mine)
+    assert user_facing(svc("chat-engines"), [svc("chat-engines")], mine)  # no user-facing one: as before
+    on_service = Declared("chatbot", None, "Service ml/chat-engines")
+    assert user_facing(svc("chat-engines"), [svc("chat"), svc("chat-engines")], on_service)
 
 
 def test_through_a_router_a_sessions_next_turn_repeats_its_previous_turn_as_text() -> None:
@@ -190,31 +189,38 @@ async def test_a_router_pod_runs_the_real_router_which_discovers_the_engine_pods
     assert not _alive(pids[0]), "the router process outlived its sandbox"
 
 
-async def test_the_load_goes_through_the_router_service_with_text_and_the_engines_serve_it() -> None:
+async def test_the_load_follows_its_service_to_the_router_with_text_and_its_sessions_go_on() -> None:
     async with sandbox(SandboxOptions(speedup=10.0, config=config())) as sb:
         await sb.api.create(DEPLOYMENTS, engine_deployment("chat", 2))
         await sb.api.create(
             DEPLOYMENTS, router_deployment("chat-router", "chat", "vllm-router", "consistent_hash")
         )
-        router_selector = {"app": "chat-router", "app.kubernetes.io/component": "router"}
-        await sb.api.create(SERVICES, service("chat-router", router_selector, ROUTER_PORT))
         workload = {WORKLOAD_ANNOTATION: "chatbot", RATE_ANNOTATION: "2"}
         await sb.api.create(SERVICES, service("chat", {"app": "chat"}, 30000, **workload))
+        engines = {f"http://{ip}:30000" for ip in await ready_ips(sb, "app%3Dchat", 2)}
         (router_ip,) = await ready_ips(sb, "app%3Dchat-router", 1)
+        router_url = f"http://{router_ip}:{ROUTER_PORT}"
         assert sb.load is not None
         load = sb.load
 
-        async def served() -> dict[str, Any] | None:
-            stats = load.stats().get("default/chat", {})
-            return stats if stats.get("ok", 0) >= 20 else None
+        def answered(targets: set[str], n: int) -> Callable[[], Awaitable[int | None]]:
+            async def check() -> int | None:
+                by_target = load.stats().get("default/chat", {}).get("by_target", {})
+                got = sum(v for t, v in by_target.items() if t in targets)
+                return got if got >= n else None
 
-        stats = await until(sb, served, 120.0, "20 answers through the router")
-        router_url = f"http://{router_ip}:{ROUTER_PORT}"
-        assert set(stats["by_target"]) == {router_url}  # every request went to the router
-        assert "default/chat-router" not in load.stats()  # no second generator on the router's Service
-        (generator,) = [g for (_, name), (g, _) in load.loads.items() if name == "chat"]
-        answered = [r for r in generator.stats.recent if r.status == 200]
-        assert sum(r.cached_tokens for r in answered) > 0  # sessions' turns hit behind the router
+            return check
+
+        await until(sb, answered(engines, 10), 120.0, "10 requests to the engine pods")
+        (generator, task) = load.loads[("default", "chat")]
+        # The operator's switch: the user-facing Service now selects the router pods.
+        await sb.api.patch(f"{SERVICES}/chat", {"spec": {"selector": {"app": "chat-router"}, "ports": [
+            {"port": 80, "targetPort": ROUTER_PORT}]}})  # fmt: skip
+        await until(sb, answered({router_url}, 20), 120.0, "20 requests through the router")
+        assert load.loads[("default", "chat")] == (generator, task)  # one generator all along
+        assert generator.routed and generator.model == MODEL
+        through = [r for r in generator.stats.recent if r.target == router_url and r.status == 200]
+        assert sum(r.cached_tokens for r in through) > 0  # sessions' turns hit behind the router
         # Deleting the router's Deployment deletes its pod, which stops the router's process.
         (pid,) = [w.server.pid for w, _ in sb.kubelet.workers.values() if isinstance(w.server, RouterProcess)]
         await sb.api.delete(f"{DEPLOYMENTS}/chat-router")

@@ -17,19 +17,20 @@ endpoints are re-read from the Service's Endpoints object as they change. With n
 request fails as a refused connection would. Requests use the twin's ``/v1/completions`` with token
 ids and the output-identity extension (``prefixtune.twin.loadgen.completion_body``).
 
-Through a router: when a router Service (its selector picks ``app.kubernetes.io/component: router``
-pods) fronts the Service, the requests go to the router's endpoints instead, as clients would once
-a router is deployed; the same generator goes on (its sessions continue) when the router comes or
-goes. A router Service fronts an engine Service when both have the same ServingDeployment owner, or
-when it is named ``<service>-router``. Through a router the requests carry text (the routers' prefix
-trees need text; ``chat.ids_text``: 4 ASCII characters per token, so prompts keep the prefixes their
-token ids share, and a session's next turn repeats the previous turn's text), the served model's
-name (sglang-router requires ``model``; read from an engine pod's ``/v1/models``), the output-identity
-extension in the twin's ids of that text (the routers pass unknown fields through), and the session
-in ``X-Session-ID`` (vllm-router's ``consistent_hash`` key; sglang-router ignores it). A router
-Service whose workload is declared only through its owner gets no generator of its own.
+Through a router: the operator's user-facing Service (the resource's name) selects the router pods
+once a router runs (``routing/render.py``), so the same generator goes on through it (its sessions
+continue) when a router comes or goes. While a Service's ready endpoints are router pods (label
+``app.kubernetes.io/component: router``), its requests carry text (the routers' prefix trees need
+text; ``chat.ids_text``: 4 ASCII characters per token, so prompts keep the prefixes their token ids
+share, and a session's next turn repeats the previous turn's text), the served model's name
+(sglang-router requires ``model``: the first the router's ``/v1/models`` names, else the resource's
+``spec.model``), the output-identity extension in the twin's ids of that text (the routers pass
+unknown fields through), and the session in ``X-Session-ID`` (vllm-router's ``consistent_hash`` key;
+sglang-router ignores it). Of the Services a ServingDeployment owns, only the one with its name gets
+its owner's workload when there is one (not ``<name>-engines``, the engines' own Service beside a
+router: one load per resource).
 
-Pure parts: ``declared_workload`` (which workload for which Service), ``fronting_router``,
+Pure parts: ``declared_workload`` (which workload for which Service), ``user_facing``,
 ``text_completion_body`` and ``pick_target``.
 """
 
@@ -50,6 +51,7 @@ import aiohttp
 from prefixtune.sandbox import controllers as ctl
 from prefixtune.sandbox.client import ApiClient, ApiStatusError
 from prefixtune.sandbox.clock import SandboxClock
+from prefixtune.sandbox.router import COMPONENT_LABEL, ROUTER_COMPONENT
 from prefixtune.sandbox.tasks import Wakeup, stop_task
 from prefixtune.twin.chat import ids_text, text_ids
 from prefixtune.twin.loadgen import Record, completion_body
@@ -71,13 +73,16 @@ class Declared:
     workload: str
     rate: float | None  # requests per sandbox second; None: the workload's own rate
     source: str  # where it was declared (for messages)
+    owner: str | None = None  # the ServingDeployment it was declared on (None: the Service itself)
+    model: str | None = None  # that resource's spec.model
 
 
 def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return ((obj or {}).get("metadata") or {}).get("annotations") or {}
 
 
-def _declared_on(obj: Mapping[str, Any] | None, source: str) -> Declared | None:
+def _declared_on(obj: Mapping[str, Any] | None, source: str, resource: bool) -> Declared | None:
+    """The workload the annotations of ``obj`` declare (``resource``: a ServingDeployment's)."""
     notes = _annotations(obj)
     workload = str(notes.get(WORKLOAD_ANNOTATION, "")).strip()
     if not workload:
@@ -93,7 +98,11 @@ def _declared_on(obj: Mapping[str, Any] | None, source: str) -> Declared | None:
             ) from None
         if not rate > 0:
             raise ValueError(f"{source}: annotation {RATE_ANNOTATION} must be > 0, got {raw_rate!r}")
-    return Declared(workload, rate, source)
+    if not resource:
+        return Declared(workload, rate, source)
+    meta, spec = (obj or {}).get("metadata") or {}, (obj or {}).get("spec") or {}
+    model = spec.get("model")
+    return Declared(workload, rate, source, str(meta.get("name")), str(model) if model else None)
 
 
 def declared_workload(
@@ -102,7 +111,7 @@ def declared_workload(
     """The workload declared for ``service`` (see the module docstring for the order); None if none."""
     meta = service.get("metadata") or {}
     ns, name = meta.get("namespace", "default"), meta.get("name")
-    found = _declared_on(service, f"Service {ns}/{name}")
+    found = _declared_on(service, f"Service {ns}/{name}", resource=False)
     if found is not None:
         return found
     owners = {
@@ -111,44 +120,34 @@ def declared_workload(
     for sdep in serving_deployments:
         smeta = sdep.get("metadata") or {}
         if smeta.get("uid") in owners:
-            found = _declared_on(sdep, f"ServingDeployment {ns}/{smeta.get('name')}")
+            found = _declared_on(sdep, f"ServingDeployment {ns}/{smeta.get('name')}", resource=True)
             if found is not None:
                 return found
     for sdep in serving_deployments:
         smeta = sdep.get("metadata") or {}
         if smeta.get("namespace", "default") == ns and smeta.get("name") == name:
-            return _declared_on(sdep, f"ServingDeployment {ns}/{name}")
+            return _declared_on(sdep, f"ServingDeployment {ns}/{name}", resource=True)
     return None
 
 
-COMPONENT_LABEL = "app.kubernetes.io/component"
 SESSION_HEADER = "X-Session-ID"  # vllm-router's consistent_hash key (its first choice)
 
 
-def is_router_service(service: Mapping[str, Any]) -> bool:
-    """The Service selects router pods (``app.kubernetes.io/component: router``)."""
-    selector = (service.get("spec") or {}).get("selector") or {}
-    return bool(selector.get(COMPONENT_LABEL) == "router")
-
-
-def _owner_uids(obj: Mapping[str, Any]) -> set[str]:
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
-    return {str(r.get("uid")) for r in refs if r.get("kind") == "ServingDeployment" and r.get("uid")}
-
-
-def fronting_router(service: Mapping[str, Any], services: Sequence[Mapping[str, Any]]) -> str | None:
-    """The name of the router Service in front of ``service`` (see the module docstring), if any."""
-    if is_router_service(service):
-        return None
+def user_facing(service: Mapping[str, Any], peers: Sequence[Mapping[str, Any]], declared: Declared) -> bool:
+    """Whether ``service`` gets the generator of ``declared``: a workload declared on the Service
+    itself, always; one of a ServingDeployment, on the Service with the resource's name when the
+    resource has one (its other Services, such as the engines' own beside a router, get none)."""
+    if declared.owner is None:
+        return True
     meta = service.get("metadata") or {}
-    ns, name, owners = meta.get("namespace", "default"), meta.get("name"), _owner_uids(service)
-    for other in services:
-        ometa = other.get("metadata") or {}
-        if ometa.get("namespace", "default") != ns or not is_router_service(other):
-            continue
-        if (owners and owners & _owner_uids(other)) or ometa.get("name") == f"{name}-router":
-            return str(ometa.get("name"))
-    return None
+    if meta.get("name") == declared.owner:
+        return True
+    ns = meta.get("namespace", "default")
+    return not any(
+        (o.get("metadata") or {}).get("name") == declared.owner
+        and (o.get("metadata") or {}).get("namespace", "default") == ns
+        for o in peers
+    )
 
 
 def text_completion_body(req: Request, model: str | None) -> tuple[dict[str, Any], dict[str, str]]:
@@ -226,32 +225,36 @@ class ServiceLoad:
         # (no burst of late requests), as the twins' simulated time does.
         self.clock = clock or SandboxClock()
         self.targets: list[str] = []
-        self.via: str | None = None  # the router Service the requests go through (None: this one)
-        self.model: str | None = None  # the served model's name (read when sending via a router)
+        self.routed = False  # the Service's ready endpoints are router pods: text, model, session
+        self.model: str | None = None  # the served model's name (read once routed)
         self.stats = LoadStats()
         self.error = ""
         self._rng = random.Random(self.seed)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def refresh_targets(self, via: str | None = None) -> None:
-        self.via = via
-        own = await self._endpoints(self.name)
-        if via is not None and self.model is None and own:
-            self.model = await self._served_model(own[0])
-        self.targets = await self._endpoints(via) if via is not None else own
+    async def refresh_targets(self) -> None:
+        endpoints = await self.api.get(f"/api/v1/namespaces/{self.namespace}/endpoints/{self.name}")
+        pairs = ctl.endpoint_targets(endpoints or {})
+        self.targets = sorted(f"http://{ip}:{port}" for ip, port in pairs)
+        routers = await self.api.list(
+            f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={COMPONENT_LABEL}%3D{ROUTER_COMPONENT}"
+        )
+        router_ips = {str((p.get("status") or {}).get("podIP")) for p in routers}
+        self.routed = bool(pairs) and all(ip in router_ips for ip, _ in pairs)
+        if self.routed and self.model is None:
+            self.model = await self._served_model(self.targets[0]) or self.declared.model
 
-    async def _endpoints(self, service: str) -> list[str]:
-        endpoints = await self.api.get(f"/api/v1/namespaces/{self.namespace}/endpoints/{service}")
-        return sorted(f"http://{ip}:{port}" for ip, port in ctl.endpoint_targets(endpoints or {}))
-
-    async def _served_model(self, engine: str) -> str | None:
+    async def _served_model(self, base: str) -> str | None:
+        """The first model ``base`` (a router) names in ``/v1/models`` (None: none, or "unknown", what
+        sglang-router says of a worker that does not describe itself)."""
         try:
             limit = aiohttp.ClientTimeout(total=10)
-            async with self.session.get(f"{engine}/v1/models", timeout=limit) as resp:
+            async with self.session.get(f"{base}/v1/models", timeout=limit) as resp:
                 data = await resp.json(content_type=None)
-            return str(data["data"][0]["id"])
+            name = str(data["data"][0]["id"])
         except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, IndexError, TypeError):
-            return None  # asked again at the next refresh
+            return None
+        return None if name == "unknown" else name
 
     def _window(self, index: int) -> list[Request]:
         from prefixtune.twin.workloads import generate
@@ -310,7 +313,7 @@ class ServiceLoad:
         status, error = 0, ""
         usage: dict[str, Any] = {}
         headers: dict[str, str] = {}
-        if self.via is not None:
+        if self.routed:
             body, headers = text_completion_body(req, self.model)
         else:
             body = completion_body(req, None)
@@ -415,9 +418,8 @@ class LoadManager:
                 declared = None
             if declared is None:
                 continue
-            if is_router_service(service) and not declared.source.startswith("Service "):
-                continue  # its owner's workload goes through it from the engine Service's generator
-            via = fronting_router(service, services)
+            if not user_facing(service, services, declared):
+                continue  # the resource's user-facing Service carries its load
             seen.add(key)
             current = self.loads.get(key)
             if current is not None and current[0].declared != declared:
@@ -434,11 +436,11 @@ class LoadManager:
                     seed=self.seed,
                     clock=self.clock,
                 )
-                await load.refresh_targets(via)
+                await load.refresh_targets()
                 task = asyncio.get_running_loop().create_task(load.run(), name=f"load {key[0]}/{key[1]}")
                 self.loads[key] = (load, task)
             else:
-                await current[0].refresh_targets(via)
+                await current[0].refresh_targets()
         for key in [k for k in self.loads if k not in seen]:
             await self._stop(key)
 
@@ -458,8 +460,7 @@ __all__ = [
     "LoadStats",
     "ServiceLoad",
     "declared_workload",
-    "fronting_router",
-    "is_router_service",
     "pick_target",
     "text_completion_body",
+    "user_facing",
 ]
