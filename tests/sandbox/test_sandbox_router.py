@@ -3,7 +3,6 @@ against the emulated API server, the load generator sending through them, and no
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -257,4 +256,26 @@ async def test_nothing_but_the_router_runs_in_a_router_pod_whose_command_is_not_
 
         last = await until(sb, terminated, 60.0, "the container to fail")
         assert last["exitCode"] == 127 and "not a router" in last["message"]
-        await asyncio.sleep(0)
+
+
+async def test_a_router_that_refuses_its_flags_fails_its_pod_with_its_own_message_in_the_log() -> None:
+    async with sandbox(SandboxOptions(speedup=10.0, config=config(), load=False)) as sb:
+        bad = router_deployment("gw", "chat", "vllm-router", policy="nonsense")
+        await sb.api.create(DEPLOYMENTS, bad)
+
+        async def terminated() -> tuple[str, dict[str, Any]] | None:
+            for pod in await sb.api.list("/api/v1/namespaces/default/pods?labelSelector=app%3Dgw"):
+                for cs in pod.get("status", {}).get("containerStatuses") or ():
+                    last = (cs.get("lastState") or {}).get("terminated")
+                    if last:
+                        return str(pod["metadata"]["name"]), dict(last)
+            return None
+
+        name, last = await until(sb, terminated, 60.0, "the router to exit")
+        assert last["exitCode"] == 2 and "exited with code 2" in last["message"]
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{sb.url}/api/v1/namespaces/default/pods/{name}/log?previous=true") as resp,
+        ):
+            log = await resp.text()
+        assert "invalid choice: 'nonsense'" in log  # argparse's own words, from the router's process
