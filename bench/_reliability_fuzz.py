@@ -54,6 +54,7 @@ from prefixtune.engines.base import (
     EngineName,
     KnobSpec,
 )
+from prefixtune.engines.knobs import ENGINE_KNOB_NAMES
 from prefixtune.sandbox.waiting import PROGRESS_CAP, wait_until
 from prefixtune.tuning.policy import initial_state
 
@@ -154,7 +155,7 @@ def valid_spec(draw: st.DrawFn, engine: str | None = None, max_replicas: int = 8
         spec["extraArgs"] = [token for item in options for token in item]
     # Extra args may narrow what the engine starts with (SGLang's priority scheduling: fcfs, lof).
     knobs = narrowed_choices(adapter, spec.get("extraArgs", []))
-    single = [k for k in KNOB_NAMES if k not in BATCH_LIMITS]
+    single = [k for k in ENGINE_KNOB_NAMES if k not in BATCH_LIMITS]  # spec.config: the engine knobs
     spec["config"] = draw(_optional({_CAMEL[k]: _knob_value(knobs[k]) for k in single}))
     strategies = [RolloutStrategy.ROLLING.value] + ([RolloutStrategy.CANARY.value] if replicas >= 2 else [])
     space: dict[str, st.SearchStrategy[Any]] = {

@@ -490,8 +490,9 @@ def call_of(method: str, path: str) -> tuple[str, str, str]:
 
 async def observed_calls() -> set[tuple[str, str, str]]:
     """Every (group, resource, verb) the operator's reconcile calls, through the sandbox: a
-    TensorRT-LLM resource (option ConfigMaps) with the ServiceMonitor CRD installed; its children
-    created, patched after a change, an owned canary deleted."""
+    TensorRT-LLM resource (option ConfigMaps) of two replicas (a router in front: its Deployment,
+    Services, ServiceAccount, Role, RoleBinding) with the ServiceMonitor CRD installed; its children
+    created, patched after a change, an owned canary deleted, the router deleted with kube-proxy."""
     import copy
 
     seen: set[tuple[str, str, str]] = set()
@@ -526,8 +527,15 @@ async def observed_calls() -> set[tuple[str, str, str]]:
             f"{CORE}/namespaces/default/configmaps/rec-options",
             f"{CORE}/namespaces/default/services/rec",
             "/apis/monitoring.coreos.com/v1/namespaces/default/servicemonitors/rec",
+            f"{CORE}/namespaces/default/serviceaccounts/rec-router",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles/rec-router",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings/rec-router",
         ):
             await h.api.patch(path, {"metadata": {"annotations": {"prefixtune.io/rendered-hash": "changed"}}})
+        h.ctx.ensured.clear()
+        await h.reconcile("rec")
+        path = f"{SDEP}/namespaces/default/servingdeployments/rec"
+        await h.api.patch(path, {"spec": {"routing": {"policy": "kube-proxy"}}})  # the router goes
         h.ctx.ensured.clear()
         await h.reconcile("rec")
         await h.apply(resource("bad", {"engine": "vllm", "model": MODEL, "replicas": 0}))

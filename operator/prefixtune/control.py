@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prefixtune.api.models import APPROVE_ANNOTATION
-from prefixtune.engines.knobs import api_text
+from prefixtune.api.models import APPROVE_ANNOTATION, RoutingSpec
+from prefixtune.engines.knobs import ENGINE_KNOBS, ROUTER_KNOBS, api_text
 
 OK_OUTCOME = "ok"
 
@@ -116,12 +116,18 @@ def pin_change(resource: Mapping[str, Any], trial: int | None) -> Change:
     else:
         config = _trial_config(status, trial, what)
         label = f"trial {trial}'s config"
+    # The engine knobs go to spec.config, the router's to their fields of spec.routing.
+    engine = {k.camel: config[k.camel] for k in ENGINE_KNOBS if k.camel in config}
+    routing = {RoutingSpec.field_of(k.name): config[k.camel] for k in ROUTER_KNOBS if k.camel in config}
     old = spec.get("config")
-    cleared = {k: None for k in (old if isinstance(old, Mapping) else {}) if k not in config}
-    patch = _guarded(meta, {"spec": {"config": {**cleared, **dict(config)}, "tuning": {"mode": "off"}}})
+    cleared = {k: None for k in (old if isinstance(old, Mapping) else {}) if k not in engine}
+    changes: dict[str, Any] = {"config": {**cleared, **engine}, "tuning": {"mode": "off"}}
+    if routing:
+        changes["routing"] = routing
+    where = "spec.config, spec.routing" if routing else "spec.config"
     return Change(
-        patch,
-        f'{what}: pinned {label} [{api_text(config)}] (spec.config, tuning.mode "off"): it runs '
+        _guarded(meta, {"spec": changes}),
+        f'{what}: pinned {label} [{api_text(config)}] ({where}, tuning.mode "off"): it runs '
         "until tuning is turned on again",
     )
 

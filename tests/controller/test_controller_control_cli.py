@@ -169,13 +169,24 @@ async def test_a_resource_changed_since_it_was_read_is_not_overwritten(cluster: 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
 def test_a_pinned_trial_config_parses_back_to_the_trials_config(engine: str) -> None:
-    """The operator names the pinned trial in its Pinned Event by comparing spec.config with the
-    trials' configs: the status's camelCase config must parse back to the very same knobs."""
+    """The operator names the pinned trial in its Pinned Event by comparing the spec's knob config
+    with the trials' configs: the pinned status config must parse back to the very same knobs, the
+    engine's from spec.config and the router's from spec.routing."""
     from prefixtune.api import parse_spec
+    from prefixtune.control import pin_change
     from prefixtune.engines import get_adapter
     from prefixtune.engines.knobs import to_api
 
     base = get_adapter(engine).default_config()
-    for config in (base, base.with_(memory_fraction=0.8125), base.with_(prefix_caching=False)):
-        pinned = {"engine": engine, "model": "meta-llama/Llama-3.1-8B-Instruct", "config": to_api(config)}
+    routed = base.with_(routing_policy="round_robin", cache_threshold=0.5, balance_rel_threshold=2.0)
+    for config in (base, base.with_(memory_fraction=0.8125), base.with_(prefix_caching=False), routed):
+        spec = {"engine": engine, "model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 2}
+        resource = {
+            "metadata": {"name": "chat", "namespace": "default", "resourceVersion": "7"},
+            "spec": spec,
+            "status": {"bestConfig": {"config": to_api(config)}},
+        }
+        patch = pin_change(resource, None).patch
+        assert patch is not None
+        pinned = {**spec, **{k: v for k, v in patch["spec"].items() if k != "tuning"}}
         assert parse_spec(pinned).knob_config() == config

@@ -27,6 +27,7 @@ from prefixtune.controller.reconcile import deployment_key
 from prefixtune.controller.render import Owner
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.engines import get_adapter
+from prefixtune.routing.render import router_name, settings_for
 from prefixtune.tuning.policy import initial_state
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,10 +75,16 @@ def test_each_example_renders_valid_objects_whose_deployment_runs_the_adapters_c
     assert err == ""
     (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
     spec = parse_spec(doc["spec"])
-    objects = _by_kind(list(yaml.safe_load_all(out)))
+    rendered = list(yaml.safe_load_all(out))
+    router = [o for o in rendered if o["metadata"]["name"] == router_name(doc["metadata"]["name"])]
+    objects = _by_kind([o for o in rendered if o not in router])
     adapter = get_adapter(spec.engine)
     assert set(objects) == {"Deployment", "Service"} | ({"ConfigMap"} if spec.engine == "trtllm" else set())
-    for body in objects.values():
+    routed = settings_for(spec, spec.knob_config()).routed
+    assert {o["kind"] for o in router} == (
+        {"Deployment", "ServiceAccount", "Role", "RoleBinding"} if routed else set()
+    )
+    for body in [*objects.values(), *router]:
         kubernetes_validate.validate(body, KUBE, strict=True)
         meta = body["metadata"]
         assert meta["namespace"] == doc["metadata"]["namespace"]
@@ -179,7 +186,9 @@ def test_the_service_monitor_only_with_the_flag() -> None:
 
 def test_a_canary_spec_renders_only_the_baseline_at_full_replicas() -> None:
     objects, _ = render_objects(_doc(replicas=3, tuning={"rollout": {"strategy": "canary"}}))
-    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    (deployment,) = [
+        o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] != "rag-router"
+    ]
     assert deployment["metadata"]["name"] == "rag" and deployment["spec"]["replicas"] == 3
 
 

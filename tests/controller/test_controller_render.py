@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 import pytest
@@ -121,6 +123,28 @@ def test_config_hash_is_stable_and_distinguishes_configs() -> None:
     assert R.config_hash(a) == R.config_hash(KnobConfig(0.9, 16, True, "fcfs"))
     assert R.config_hash(a) != R.config_hash(a.with_(block_size=32))
     assert len(R.config_hash(a)) == 10
+
+
+def test_a_routing_knob_leaves_the_engine_pods_hash_and_annotation_as_they_were() -> None:
+    spec = _spec(replicas=2)
+    config = spec.knob_config()
+    routed = config.with_(routing_policy="round_robin", cache_threshold=0.7, balance_abs_threshold=4)
+    assert R.config_hash(routed) == R.config_hash(config)
+    assert R.render_deployment(OWNER, spec, routed, "baseline", 2) == R.render_deployment(
+        OWNER, spec, config, "baseline", 2
+    )
+
+
+def test_the_config_hash_of_a_config_at_the_routers_defaults_is_the_one_before_routing_knobs() -> None:
+    # The hash main rendered for this config (engine knobs only): an operator upgrade restarts nothing.
+    config = KnobConfig(0.9, 16, True, "fcfs")
+    before = {
+        "memory_fraction": 0.9, "block_size": 16, "prefix_caching": True, "schedule_policy": "fcfs",
+        "max_batched_tokens": 0, "max_running": 0,
+    }  # fmt: skip
+    assert (
+        R.config_hash(config) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:10]
+    )
 
 
 def test_service_monitor_selects_the_service() -> None:

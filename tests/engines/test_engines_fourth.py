@@ -44,7 +44,6 @@ from prefixtune.engines._common import (
 )
 from prefixtune.engines.base import (
     BLOCK_SIZE,
-    KNOB_NAMES,
     MAX_BATCHED_TOKENS,
     MAX_RUNNING,
     SCHEDULE_POLICY,
@@ -57,6 +56,7 @@ from prefixtune.engines.base import (
     ParsedCommand,
     RenderedCommand,
 )
+from prefixtune.engines.knobs import ENGINE_KNOB_NAMES
 from prefixtune.twin import models
 from prefixtune.twin.cache import KVCache, VllmCache
 from prefixtune.twin.catalog import GpuHardware
@@ -224,7 +224,7 @@ def _values(spec: KnobSpec) -> st.SearchStrategy[object]:
 @st.composite
 def _commands(draw: st.DrawFn) -> tuple[KnobConfig, tuple[str, ...], int, int]:
     knobs = StubAdapter().knobs()
-    config = KnobConfig.from_dict({knob: draw(_values(knobs[knob])) for knob in KNOB_NAMES})
+    config = KnobConfig.from_dict({knob: draw(_values(knobs[knob])) for knob in ENGINE_KNOB_NAMES})
     extra = ("--seed", str(draw(st.integers(-5, 512)))) if draw(st.booleans()) else ()
     return config, extra, draw(st.integers(1, 8)), draw(st.integers(1, 65535))
 

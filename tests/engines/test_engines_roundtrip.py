@@ -6,8 +6,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from prefixtune.engines import EngineAdapter, KnobConfig, get_adapter
-from prefixtune.engines.base import KNOB_NAMES
-from prefixtune.engines.knobs import BY_NAME
+from prefixtune.engines.knobs import BY_NAME, ENGINE_KNOB_NAMES
 
 ENGINES = ("vllm", "sglang", "trtllm")
 
@@ -56,7 +55,7 @@ def knob_values(adapter: EngineAdapter, knob: str) -> st.SearchStrategy[object]:
 @st.composite
 def commands(draw: st.DrawFn, engine: str) -> tuple[KnobConfig, tuple[str, ...], dict[str, object], int, int]:
     adapter = get_adapter(engine)
-    config = KnobConfig.from_dict({knob: draw(knob_values(adapter, knob)) for knob in KNOB_NAMES})
+    config = KnobConfig.from_dict({knob: draw(knob_values(adapter, knob)) for knob in ENGINE_KNOB_NAMES})
     assume(not adapter.validate(config))  # vLLM: token budget >= running cap
     indices = draw(st.lists(st.integers(0, len(EXTRA[engine]) - 1), max_size=4, unique=True))
     picked = [EXTRA[engine][i] for i in indices]

@@ -626,4 +626,4 @@ async def test_the_operators_own_rbac_entries_are_exactly_the_calls_it_makes() -
     seen = await _reliability_tenant.observed_calls()
     listed = {(c.group, c.resource, v) for c in API_CALLS if c.by == "operator" for v in c.verbs}
     assert seen == listed
-    assert all(c.by in ("operator", "kopf") for c in API_CALLS)
+    assert all(c.by in ("operator", "kopf", "grant") for c in API_CALLS)

@@ -32,7 +32,9 @@ from prefixtune.api.rules import knob_field
 from prefixtune.api.schema import structural_schema
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import EngineName, KnobSpec
-from prefixtune.engines.knobs import BY_NAME
+from prefixtune.engines.knobs import BY_NAME, ROUTING_POLICY, Restarts
+from prefixtune.routing.policy import ROUTER_POLICIES, Router, RoutingPolicy
+from prefixtune.routing.settings import ENGINE_ROUTER
 
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
 CRD_FILE = f"crds/{CRD_NAME}.yaml"
@@ -153,6 +155,51 @@ def _integer_range_rules(engine: str, knob: str, spec: KnobSpec) -> list[dict[st
     )
 
 
+def _router_expr() -> str:
+    """CEL for the resource's router: spec.routing.router, else the engine's (``ENGINE_ROUTER``)."""
+    base = ENGINE_ROUTER[EngineName.VLLM]
+    default = _cel_literal(base.value)
+    for engine, router in ENGINE_ROUTER.items():
+        if router is not base:
+            default = (
+                f"(self.engine == {_cel_literal(engine.value)} ? {_cel_literal(router.value)} : {default})"
+            )
+    return f"(has(self.routing) && has(self.routing.router) ? self.routing.router : {default})"
+
+
+def routing_rules() -> list[dict[str, Any]]:
+    """A policy that not every router has (vllm-router's consistent_hash) needs a router that has it,
+    in spec.routing.policy and in spec.tuning.space.routingPolicy (``ROUTER_POLICIES``)."""
+    router = _router_expr()
+    rules: list[dict[str, Any]] = []
+    for policy in RoutingPolicy:
+        having = [r.value for r in Router if policy in ROUTER_POLICIES[r]]
+        if policy is RoutingPolicy.KUBE_PROXY or len(having) == len(Router):
+            continue
+        routers = ", ".join(_cel_literal(r) for r in having)
+        needs = f"{router} in [{routers}]"
+        p = _cel_literal(policy.value)
+        shown = " or ".join(having)
+        rules.append(
+            {
+                "rule": f"{_guard('routing', 'policy')} || self.routing.policy != {p} || {needs}",
+                "message": f"routing.policy {policy.value} needs routing.router {shown}",
+                "fieldPath": ".routing.policy",
+            }
+        )
+        space = f"self.tuning.space.{knob_field(ROUTING_POLICY)}"
+        rules.append(
+            {
+                "rule": f"{_guard('tuning', 'space', knob_field(ROUTING_POLICY))} || "
+                f"!{space}.exists(v, v == {p}) || {needs}",
+                "message": f"tuning.space.{knob_field(ROUTING_POLICY)} has {policy.value}, which needs "
+                f"routing.router {shown}",
+                "fieldPath": f".tuning.space.{knob_field(ROUTING_POLICY)}",
+            }
+        )
+    return rules
+
+
 def _flag_regex(flags: Sequence[str]) -> str:
     """RE2 alternation of the flags, '-' and '_' interchangeable after the leading dashes."""
     names = set()
@@ -182,6 +229,8 @@ def spec_rules() -> list[dict[str, Any]]:
     for engine in EngineName:
         adapter = get_adapter(engine)
         for knob, spec in sorted(adapter.knobs().items()):
+            if BY_NAME[knob].restarts is Restarts.ROUTER:
+                continue  # not in spec.config; the same on every engine (spec.routing's own rules)
             if spec.continuous:
                 rules += _range_rules(engine.value, knob, spec)
             elif spec.open_range:
@@ -189,6 +238,7 @@ def spec_rules() -> list[dict[str, Any]]:
             elif set(spec.choices) != {True, False}:
                 rules += _choice_rules(engine.value, knob, spec)
         rules.append(_extra_args_rule(engine.value, adapter.tuned_flags()))
+    rules += routing_rules()
     rules.append(
         {
             "rule": "!has(self.tuning) || !has(self.tuning.rollout) || !has(self.tuning.rollout.strategy) "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -61,7 +61,19 @@ from prefixtune.api.enums import (
 )
 from prefixtune.api.secret_flags import is_secret_env_name
 from prefixtune.engines.base import EngineName, KnobConfig, KnobSpec
-from prefixtune.engines.knobs import KNOBS, Knob, KnobKind
+from prefixtune.engines.knobs import (
+    BALANCE_ABS_THRESHOLD,
+    BALANCE_REL_THRESHOLD,
+    BY_NAME,
+    CACHE_THRESHOLD,
+    ENGINE_KNOBS,
+    KNOBS,
+    ROUTER_DEFAULTS,
+    ROUTING_POLICY,
+    Knob,
+    KnobKind,
+)
+from prefixtune.routing.policy import AUTO_POLICY, Router, RoutingPolicy
 
 API_GROUP = "prefixtune.io"
 API_VERSION = "v1alpha1"
@@ -263,11 +275,13 @@ _SET: JsonDict = {"x-kubernetes-list-type": "set"}  # scalar list without duplic
 
 
 class _KnobFields(_Model):
-    """A model with one field per registry knob (added by ``_knob_model``)."""
+    """A model with one field per registry knob of ``knob_fields`` (added by ``_knob_model``)."""
+
+    knob_fields: ClassVar[tuple[Knob, ...]] = KNOBS
 
     def knob_values(self) -> dict[str, Any]:
         """{knob name: field value} in registry order (None where a knob is omitted)."""
-        return {knob.name: getattr(self, knob.name) for knob in KNOBS}
+        return {knob.name: getattr(self, knob.name) for knob in self.knob_fields}
 
     def to_knob_config(self) -> KnobConfig:
         """The KnobConfig of a filled-in config (every validated spec has one)."""
@@ -281,11 +295,15 @@ class _KnobFields(_Model):
 
     @classmethod
     def from_knob_config(cls, config: KnobConfig) -> Self:
-        return cls.model_validate(config.to_dict())
+        values = config.to_dict()
+        return cls.model_validate({knob.name: values[knob.name] for knob in cls.knob_fields})
 
 
 class _ConfigSpec(_KnobFields):
     """The baseline configuration of the tuned knobs. Omitted knobs take the engine's default."""
+
+    # The engines' knobs; the router's (routing policy, thresholds) have their baseline in spec.routing.
+    knob_fields: ClassVar[tuple[Knob, ...]] = ENGINE_KNOBS
 
 
 class _SearchSpaceSpec(_Model):
@@ -307,6 +325,7 @@ _VALUE_TYPE: dict[KnobKind, Any] = {
     KnobKind.INTEGER: BlockSize,
     KnobKind.SWITCH: StrictBool,
     KnobKind.NAME: PolicyName,
+    KnobKind.NUMBER: StrictFloat,
 }
 
 
@@ -314,6 +333,8 @@ def _value_type(knob: Knob) -> Any:
     """One value of ``knob``: its kind's type, an integer within the knob's own bounds."""
     if knob.kind is KnobKind.INTEGER and knob.low is not None and knob.high is not None:
         return Annotated[StrictInt, Field(ge=knob.low, le=knob.high)]
+    if knob.kind is KnobKind.NUMBER and knob.low is not None and knob.high is not None:
+        return Annotated[StrictFloat, Field(ge=knob.low, le=knob.high)]
     return _VALUE_TYPE[knob.kind]
 
 
@@ -328,7 +349,8 @@ def _space_type(knob: Knob) -> Any:
 
 def _knob_model(base: type[_Model], field: Callable[[Knob], tuple[Any, Any]]) -> Any:
     """``base`` with one field per registry knob, in registry order (names, docs and types from it)."""
-    fields: dict[str, Any] = {knob.name: field(knob) for knob in KNOBS}
+    knobs: tuple[Knob, ...] = base.knob_fields if issubclass(base, _KnobFields) else KNOBS
+    fields: dict[str, Any] = {knob.name: field(knob) for knob in knobs}
     name = base.__name__.lstrip("_")
     return create_model(name, __base__=base, __module__=__name__, __doc__=base.__doc__, **fields)
 
@@ -894,6 +916,87 @@ class AdoptSpec(_Model):
     )
 
 
+# --- routing (replicas >= 2): the router in front of the engines --------------------------------
+
+_ROUTING_POLICIES: tuple[str, ...] = (AUTO_POLICY, *(p.value for p in RoutingPolicy))
+
+
+def _check_routing_policy(value: str) -> str:
+    if value not in _ROUTING_POLICIES:
+        raise ValueError(f"unknown routing policy {value!r}; allowed: {', '.join(_ROUTING_POLICIES)}")
+    return value
+
+
+def _bounded(knob: str) -> Any:
+    """A routing knob's value type, with the registry's bounds (``prefixtune.engines.knobs``)."""
+    return _value_type(BY_NAME[knob])
+
+
+class RoutingSpec(_Model):
+    """The router in front of the engine pods (replicas >= 2), and its settings.
+
+    The policy and the three thresholds are the baseline of the routing knobs: a trial may change
+    them, restarting only the router (spec.tuning.space.routingPolicy etc. put them in the search).
+    """
+
+    policy: Annotated[
+        str,
+        AfterValidator(_check_routing_policy),
+        WithJsonSchema({"type": "string", "enum": list(_ROUTING_POLICIES)}),
+    ] = Field(
+        AUTO_POLICY,
+        description="kube-proxy (no router: the Service spreads connections over the pods), a policy of "
+        "the router (random, round_robin, power_of_two, cache_aware; vllm-router also consistent_hash), "
+        "or auto: cache_aware when spec.replicas >= 2 and prefix caching is on (the engines reuse shared "
+        "prefixes, so sending a prefix back to the pod that cached it pays), else kube-proxy.",
+    )
+    router: Router | None = _omittable(
+        "sglang-router or vllm-router. Default by engine: SGLang -> sglang-router, vLLM and "
+        "TensorRT-LLM -> vllm-router (trtllm-serve speaks the OpenAI API as vLLM does)."
+    )
+    image: (
+        Annotated[
+            str,
+            Field(min_length=1, max_length=512),
+            AfterValidator(_check_image),
+            WithJsonSchema(
+                {"type": "string", "minLength": 1, "maxLength": 512, "pattern": references.IMAGE_PATTERN}
+            ),
+        ]
+        | None
+    ) = _omittable("The router's container image (it runs the router's wheel); default by router.")
+    replicas: StrictInt = Field(1, ge=1, le=100, description="Router replicas.")
+    cache_threshold: _bounded(CACHE_THRESHOLD) = Field(  # type: ignore[valid-type]
+        ROUTER_DEFAULTS.cache_threshold, description=BY_NAME[CACHE_THRESHOLD].config_doc
+    )
+    balance_abs_threshold: _bounded(BALANCE_ABS_THRESHOLD) = Field(  # type: ignore[valid-type]
+        ROUTER_DEFAULTS.balance_abs_threshold, description=BY_NAME[BALANCE_ABS_THRESHOLD].config_doc
+    )
+    balance_rel_threshold: _bounded(BALANCE_REL_THRESHOLD) = Field(  # type: ignore[valid-type]
+        ROUTER_DEFAULTS.balance_rel_threshold, description=BY_NAME[BALANCE_REL_THRESHOLD].config_doc
+    )
+    max_tree_size: Annotated[StrictInt, Field(ge=1, le=1 << 40)] | None = _omittable(
+        "cache_aware: the router's approximate radix tree, in characters per worker. Default: the "
+        "engines' KV pool in characters (its tokens as the engine reports them x 4 characters a token, "
+        "at most the router's own default) once a pod has reported it, so that the router does not "
+        "remember prefixes the engines have evicted; before that, the router's own default."
+    )
+
+    def knob_values(self) -> dict[str, object]:
+        """The routing knobs' baseline, by knob name (``ROUTER_KNOBS``)."""
+        return {
+            ROUTING_POLICY: self.policy,
+            CACHE_THRESHOLD: self.cache_threshold,
+            BALANCE_ABS_THRESHOLD: self.balance_abs_threshold,
+            BALANCE_REL_THRESHOLD: self.balance_rel_threshold,
+        }
+
+    @classmethod
+    def field_of(cls, knob: str) -> str:
+        """The camelCase field of spec.routing that holds a routing knob's baseline."""
+        return "policy" if knob == ROUTING_POLICY else to_camel(knob)
+
+
 class ServingDeploymentSpec(_Model):
     """A GPU serving deployment of one model on one engine, and how to tune it."""
 
@@ -925,6 +1028,9 @@ class ServingDeploymentSpec(_Model):
         description="Extra engine arguments, one token per item; may not set flags the operator owns.",
     )
     config: ConfigSpec = _section(ConfigSpec, "Baseline knob values (engine defaults when omitted).")
+    routing: RoutingSpec = _section(
+        RoutingSpec, "The router in front of the engine pods (replicas >= 2) and its settings."
+    )
     tuning: TuningSpec = _section(TuningSpec, "Online tuning.")
     api_key_secret: SecretKeyRef | None = _omittable(
         "The engine's API key, from a Secret (never in extraArgs): vLLM reads it as VLLM_API_KEY, "
@@ -957,8 +1063,9 @@ class ServingDeploymentSpec(_Model):
         return self
 
     def knob_config(self) -> KnobConfig:
-        """spec.config as a KnobConfig (engine defaults filled in)."""
-        return self.config.to_knob_config()
+        """spec.config as a KnobConfig (engine defaults filled in), with the routing knobs' baseline
+        from spec.routing."""
+        return self.config.to_knob_config().with_(**self.routing.knob_values())
 
     def effective_rollout(self) -> RolloutStrategy:
         assert self.tuning.rollout.strategy is not None  # filled in by validation
@@ -1095,6 +1202,41 @@ class Recommendation(_Model):
     score: StrictFloat | None = Field(None, description="Expected objective value (measured or the twin's).")
 
 
+class RouterWorker(_Model):
+    """One engine worker as the router counts it."""
+
+    worker: Annotated[str, Field(max_length=512)] = Field(
+        description="The engine pod (its name; the router's worker URL where the pod is not known)."
+    )
+    requests: Annotated[StrictFloat, Field(ge=0)] = Field(description="Requests the router sent it.")
+    share: Ratio = Field(description="Its share of the requests the router sent.")
+
+
+class RoutingStatus(_Model):
+    """The router in front of the engines and what it did (its own metrics, summed over its pods,
+    since they started; refreshed about once a minute)."""
+
+    policy: Annotated[str, Field(max_length=64)] = Field(
+        description="The policy running (auto resolved): kube-proxy when no router runs."
+    )
+    router: Router | None = _omittable("The router, when one runs.")
+    requests: Annotated[StrictFloat, Field(ge=0)] | None = _omittable("Requests the router sent.")
+    workers: Annotated[list[RouterWorker], Field(max_length=32)] = Field(
+        default_factory=list, description="Per-worker request share, largest first (at most 32)."
+    )
+    other_workers: Annotated[StrictInt, Field(ge=0)] | None = _omittable("Workers beyond those listed.")
+    cache_aware_decisions: Annotated[StrictFloat, Field(ge=0)] | None = _omittable(
+        "Requests routed by the prefix tree (to the worker holding the prefix, or the smallest tree); "
+        "omitted when the router exports no such metric (sglang-router 0.3.2)."
+    )
+    load_balanced_decisions: Annotated[StrictFloat, Field(ge=0)] | None = _omittable(
+        "Requests sent to the least-loaded worker instead (the load was imbalanced)."
+    )
+    message: Annotated[str, Field(max_length=1024)] = Field(
+        "", description="Why something above is missing (no router pod ready, a scrape failed)."
+    )
+
+
 class ServingDeploymentStatus(_Model):
     phase: Phase = Phase.PENDING
     observed_generation: Annotated[StrictInt, Field(ge=0)] | None = _omittable()
@@ -1107,6 +1249,7 @@ class ServingDeploymentStatus(_Model):
     budget: TrialBudget | None = _omittable("The trial budget spent by the current tuning run.")
     trials: list[TrialRecord] = Field(default_factory=list)
     diagnosis: DiagnosisStatus | None = _omittable("What limits the deployment now.")
+    routing: RoutingStatus | None = _omittable("The router in front of the engines (spec.routing).")
     recommendation: Recommendation | None = _omittable("Observe mode: what would be rolled out.")
     replicas: Annotated[StrictInt, Field(ge=0)] | None = _omittable(
         "Engine pods that exist (baseline and canary Deployments' status.replicas, ready or not): the "

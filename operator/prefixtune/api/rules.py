@@ -21,8 +21,10 @@ from prefixtune.api.enums import RolloutStrategy, TuningMode
 from prefixtune.api.secret_flags import secret_flag_problems
 from prefixtune.engines import get_adapter
 from prefixtune.engines._argv import looks_like_flag
-from prefixtune.engines.base import KNOB_NAMES, EngineAdapter, Hardware, KnobConfig, KnobSpec
-from prefixtune.engines.knobs import BY_NAME, KNOBS, KnobKind
+from prefixtune.engines.base import EngineAdapter, Hardware, KnobConfig, KnobSpec
+from prefixtune.engines.knobs import BY_NAME, ENGINE_KNOBS, KNOBS, ROUTING_POLICY, KnobKind
+from prefixtune.routing.policy import AUTO_POLICY, DEFAULT_ROUTER_IMAGE, RoutingPolicy
+from prefixtune.routing.settings import ENGINE_ROUTER, policy_problem
 
 if TYPE_CHECKING:
     from prefixtune.api.models import ServingDeploymentSpec
@@ -60,7 +62,7 @@ def allowed_text(spec: KnobSpec) -> str:
     if spec.open_range:
         unset = BY_NAME[spec.name].unset
         auto = f" (or {unset}: the engine's own default)" if unset is not None else ""
-        return f"an integer in {spec.range_text()}{auto}"
+        return f"{'an integer' if spec.integer else 'a number'} in {spec.range_text()}{auto}"
     return ", ".join(show(c) if isinstance(c, bool) else str(c) for c in spec.choices)
 
 
@@ -93,6 +95,7 @@ def check_spec(spec: ServingDeploymentSpec) -> list[Problem]:
     problems += secret_flag_problems(spec.extra_args)
     problems += _check_secret_ref(spec)
     problems += _check_pod(adapter, spec)
+    problems += _check_routing(spec)
     return problems
 
 
@@ -104,9 +107,14 @@ def fill_defaults(spec: ServingDeploymentSpec) -> None:
         spec.image = adapter.default_image
     config = spec.config
     filled = filled_config(adapter, spec)
-    for knob in KNOBS:
+    for knob in config.knob_fields:
         if getattr(config, knob.name) is None:
             setattr(config, knob.name, filled.get(knob.name))
+    routing = spec.routing
+    if routing.router is None:
+        routing.router = ENGINE_ROUTER[spec.engine]
+    if routing.image is None:
+        routing.image = DEFAULT_ROUTER_IMAGE[routing.router]
     rollout = spec.tuning.rollout
     if rollout.strategy is None:
         rollout.strategy = RolloutStrategy.CANARY if spec.replicas >= 2 else RolloutStrategy.ROLLING
@@ -283,8 +291,7 @@ def _check_config(adapter: EngineAdapter, spec: ServingDeploymentSpec) -> list[P
     knobs = adapter.knobs()
     given = spec.config.knob_values()
     flagged: set[str] = set()
-    for knob in KNOB_NAMES:
-        value = given[knob]
+    for knob, value in given.items():
         if value is None:
             continue
         message = knob_problem(adapter.name, knobs[knob], value)
@@ -424,7 +431,7 @@ def _instead(adapter: EngineAdapter, flag: str) -> str:
             best, overlap = knob, common
     if best:
         return f"use spec.config.{knob_field(best)} (and spec.tuning.space.{knob_field(best)}) instead"
-    fields = ", ".join(f"spec.config.{knob_field(k)}" for k in KNOB_NAMES)
+    fields = ", ".join(f"spec.config.{knob_field(k.name)}" for k in ENGINE_KNOBS)
     return f"the operator renders it itself (the tuned knobs are {fields})"
 
 
@@ -548,6 +555,32 @@ def _refused_index(
         except ValueError:
             return i
     return found[0] if found else None
+
+
+def _check_routing(spec: ServingDeploymentSpec) -> list[Problem]:
+    """A policy the resource's router lacks (spec.routing.router, else the engine's), in
+    spec.routing.policy or spec.tuning.space.routingPolicy, is refused with those it has."""
+    router = spec.routing.router or ENGINE_ROUTER[spec.engine]
+    problems: list[Problem] = []
+    if spec.routing.policy != AUTO_POLICY:
+        problem = policy_problem(RoutingPolicy(spec.routing.policy), router)
+        if problem is not None:
+            problems.append(("routing.policy", problem))
+        elif spec.adopt is not None and spec.routing.policy != RoutingPolicy.KUBE_PROXY:
+            problems.append(
+                (
+                    "routing.policy",
+                    "an adopting resource gets no router (the adopted Deployment's pods are its team's); "
+                    "allowed with spec.adopt: auto or kube-proxy",
+                )
+            )
+    listed = spec.tuning.space.listed().get(ROUTING_POLICY) or []
+    for i, value in enumerate(listed):
+        if value in {p.value for p in RoutingPolicy}:
+            problem = policy_problem(RoutingPolicy(value), router)
+            if problem is not None:
+                problems.append((f"tuning.space.{knob_field(ROUTING_POLICY)}[{i}]", problem))
+    return problems
 
 
 def _check_rollout(spec: ServingDeploymentSpec) -> list[Problem]:

@@ -15,7 +15,9 @@ class ApiCall:
     resource: str  # plural, with "/status" for a subresource
     verbs: tuple[str, ...]
     why: str
-    by: str = "operator"  # "operator": the controller's own calls (require() guards each); "kopf"
+    # "operator": the controller's own calls (require() guards each); "kopf"; "grant": not called,
+    # held so that the operator may grant it to the router's Role (RBAC's escalation check)
+    by: str = "operator"
 
 
 # Exactly the calls made (issue #17): the operator's are recorded through the sandbox by a test
@@ -33,6 +35,17 @@ API_CALLS: tuple[ApiCall, ...] = (
             "the engine Deployment and the canary Deployment (deleted after a trial)"),
     ApiCall("apps", "deployments", ("list",), "each reconcile reads its Deployments by their resource label"),
     ApiCall("", "services", ("get", "create", "patch"), "the Service in front of the engine pods"),
+    ApiCall("", "services", ("delete",), "the engines' own Service when the router goes"),
+    # The router in front of the engines (spec.routing): its Deployment (above), its ServiceAccount,
+    # and the Role and RoleBinding that let its service discovery get/list/watch pods.
+    ApiCall("", "serviceaccounts", ("get", "create", "patch", "delete"), "the router's ServiceAccount"),
+    ApiCall("rbac.authorization.k8s.io", "roles", ("get", "create", "patch", "delete"),
+            "the router's Role (get/list/watch pods in its namespace)"),
+    ApiCall("rbac.authorization.k8s.io", "rolebindings", ("get", "create", "patch", "delete"),
+            "the router's RoleBinding to its ServiceAccount"),
+    ApiCall("", "pods", ("get",),
+            "held to grant it: RBAC lets the operator create the router's Role (get/list/watch pods) only "
+            "with every rule it grants, as it holds no escalate or bind", "grant"),
     ApiCall("", "configmaps", ("get", "create", "patch", "delete"), "TensorRT-LLM option files"),
     ApiCall("", "pods", ("list",), "readiness, restarts, crash loops and pod IPs to scrape"),
     ApiCall("apps", "deployments", ("list", "watch"),

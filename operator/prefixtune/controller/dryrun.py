@@ -30,10 +30,12 @@ from prefixtune.controller.render import (
     Owner,
     render_configmap,
     render_deployment,
+    render_routed,
     render_service,
     render_service_monitor,
 )
 from prefixtune.engines.base import ArgsError
+from prefixtune.routing.render import settings_for
 
 UID_PLACEHOLDER = "<uid of the ServingDeployment: set by the API server>"
 
@@ -92,7 +94,11 @@ def render_objects(
             objects.append(render_deployment(owner, spec, config, "baseline", scale.baseline))
     except ArgsError as err:  # validation runs the adapter's checks; this is the last word
         return [], [f"spec: the {spec.engine} adapter cannot render it: {err}"]
-    objects.append(render_service(owner, spec))
+    settings = settings_for(spec, config)
+    if settings.routed:  # the router's objects; its Service selects the engines until it is ready
+        objects += render_routed(owner, spec, settings, router_ready=False, monitoring=monitoring)
+    else:
+        objects.append(render_service(owner, spec))
     if monitoring:
         objects.append(render_service_monitor(owner, spec))
     return [annotated(body)[0] for body in objects], []

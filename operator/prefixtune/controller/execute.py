@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +33,13 @@ from prefixtune.controller.render import (
     Owner,
     configmap_name,
     render_configmap,
+    render_routed,
     render_service,
     render_service_monitor,
     selector_labels,
 )
 from prefixtune.controller.status import iso
+from prefixtune.routing.render import engines_service_name, router_name, settings_for
 from prefixtune.tuning.actions import EmitEvent
 
 logger = logging.getLogger(__name__)
@@ -45,6 +47,8 @@ logger = logging.getLogger(__name__)
 APPS = "/apis/apps/v1"
 CORE = "/api/v1"
 MONITORING = "/apis/monitoring.coreos.com/v1"
+RBAC_GROUP = "rbac.authorization.k8s.io"
+RBAC = f"/apis/{RBAC_GROUP}/v1"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 SERVICEMONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 COMPONENT = "prefixtune-operator"
@@ -243,6 +247,10 @@ async def _apply(
     if have == digest and relation is Claim.OURS and not drifted:
         return None, None
     patch: dict[str, Any] = {k: body[k] for k in ("spec", "data") if k in body}
+    if body["kind"] == "Service":  # a selector key the rendering dropped (router <-> engines): null
+        theirs = ((existing.get("spec") or {}).get("selector")) or {}
+        mine = patch["spec"].get("selector") or {}
+        patch["spec"] = {**patch["spec"], "selector": {**{k: None for k in theirs if k not in mine}, **mine}}
     template = (patch.get("spec") or {}).get("template")
     if isinstance(template, dict) and isinstance(template.get("spec"), dict):
         patch["spec"] = {**patch["spec"], "template": with_removals(template, existing)}
@@ -295,6 +303,7 @@ async def ensure_children(
     scale: Scale,
     *,
     monitoring: bool = False,
+    pool_tokens: int | None = None,
 ) -> Ensured:
     """Make the children match ``want`` at the replicas of ``scale`` (``observe.scale_plan``: canary
     up first); objects of our names that are not ours are left alone and reported in
@@ -322,8 +331,8 @@ async def ensure_children(
             return  # the adopted Deployment was edited since the read: rendered over it next time
         if change:
             done.changes.append(change)
-            if resource == "deployments":
-                done.written.append(str(body["metadata"]["name"]))
+            if resource == "deployments" and body["metadata"]["name"] != router_name(owner.name):
+                done.written.append(str(body["metadata"]["name"]))  # an engine Deployment
         if drift is not None:
             done.drift.append(drift)
 
@@ -333,7 +342,7 @@ async def ensure_children(
             done.foreign.append(result)
         elif result:
             done.changes.append(f"deleted {kind} {path.rsplit('/', 1)[-1]}")
-            if resource == "deployments":
+            if resource == "deployments" and path.rsplit("/", 1)[-1] != router_name(owner.name):
                 done.written.append(path.rsplit("/", 1)[-1])
 
     for role in ROLES:
@@ -355,7 +364,7 @@ async def ensure_children(
         replicas = scale.canary if role == "canary" else scale.baseline
         deployment = render_engine_deployment(owner, spec, config, role, replicas, adopted)
         await apply(dep_path, deployment, "apps", "deployments", adopted if role == "baseline" else None)
-    await apply(ns_path(CORE, ns, "services"), render_service(owner, spec), "", "services")
+    await _ensure_routing(client, owner, spec, want, monitoring, pool_tokens, apply, delete)
     if monitoring:
         try:
             await apply(
@@ -367,6 +376,63 @@ async def ensure_children(
         except KubeError as err:  # the CRD went away, or no RBAC for it: not fatal for serving
             logger.warning("ServiceMonitor %s/%s not applied: %s", ns, owner.name, err)
     return done
+
+
+Apply = Callable[[str, dict[str, Any], str, str], Awaitable[None]]
+Delete = Callable[[str, str, str, str], Awaitable[None]]
+
+
+async def _ensure_routing(
+    client: KubeClient,
+    owner: Owner,
+    spec: ServingDeploymentSpec,
+    want: Desired,
+    monitoring: bool,
+    pool_tokens: int | None,
+    apply: Apply,
+    delete: Delete,
+) -> None:
+    """The user-facing Service, and the router's objects when the routing resolves to a router (the
+    baseline config's routing knobs: the fleet's; a routing knob's change re-renders only these).
+    Without a router, the router's objects are deleted if its Deployment exists (they are created
+    and deleted together; an unrouted resource costs one GET here)."""
+    ns = owner.namespace
+    settings = settings_for(spec, want.baseline, pool_tokens)
+    services = ns_path(CORE, ns, "services")
+    name = router_name(owner.name)
+    require("apps", "deployments", "get")
+    live = await client.get(ns_path(APPS, ns, "deployments", name))
+    if settings.routed:
+        ready = live is not None and claim(live, owner) is Claim.OURS and _ready_replicas(live) > 0
+        for body in render_routed(owner, spec, settings, router_ready=ready, monitoring=monitoring):
+            group, resource = _COLLECTIONS[str(body["kind"])]
+            await apply(ns_path(_API[group], ns, resource), body, group, resource)
+        if not monitoring:
+            await delete(f"{services}/{engines_service_name(owner.name)}", "", "services", "Service")
+        return
+    await apply(services, render_service(owner, spec), "", "services")
+    if live is None:
+        return
+    await delete(f"{services}/{engines_service_name(owner.name)}", "", "services", "Service")
+    await delete(ns_path(APPS, ns, "deployments", name), "apps", "deployments", "Deployment")
+    for kind in ("RoleBinding", "Role", "ServiceAccount"):
+        group, resource = _COLLECTIONS[kind]
+        await delete(ns_path(_API[group], ns, resource, name), group, resource, kind)
+
+
+# The router's object kinds: (API group, resource), and each group's API path.
+_COLLECTIONS: dict[str, tuple[str, str]] = {
+    "ServiceAccount": ("", "serviceaccounts"),
+    "Role": (RBAC_GROUP, "roles"),
+    "RoleBinding": (RBAC_GROUP, "rolebindings"),
+    "Deployment": ("apps", "deployments"),
+    "Service": ("", "services"),
+}
+_API: dict[str, str] = {"": CORE, "apps": APPS, RBAC_GROUP: RBAC}
+
+
+def _ready_replicas(deployment: Mapping[str, Any]) -> int:
+    return int((deployment.get("status") or {}).get("readyReplicas") or 0)
 
 
 def ready_condition(

@@ -60,6 +60,7 @@ from prefixtune.controller.observe import (
 )
 from prefixtune.controller.ownership import Foreign, name_errors
 from prefixtune.controller.render import ROLES, Owner, config_hash, deployment_name
+from prefixtune.controller.routing_status import routing_status
 from prefixtune.controller.selfmetrics import SelfMetrics
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.controller.status import (
@@ -121,6 +122,8 @@ class OperatorContext:
     seen_version: dict[str, str] = field(default_factory=dict)
     # The Deployments this process wrote whose index entries have not caught up yet (``children.py``).
     fresh: Freshness = field(default_factory=Freshness)
+    # When each resource's router metrics were last scraped (status.routing; ``routing_status``).
+    router_scraped: dict[str, float] = field(default_factory=dict)
 
     def lock(self, key: str) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
@@ -382,6 +385,14 @@ async def _reconcile(
         valid_spec=adopted.raw if adopted is not None else body.get("spec"),
         scale=scale_status(name, children.deployments), notes=gpu_notes(spec),
     )  # fmt: skip
+    routing, scraped = await routing_status(
+        client, owner, spec, ensured_want.baseline, children.pods,
+        (previous or {}).get("routing"), ctx.router_scraped.get(uid), now,
+    )  # fmt: skip
+    if scraped:
+        ctx.router_scraped[uid] = now
+    if routing is not None or (previous or {}).get("routing") is not None:
+        status["routing"] = routing  # None removes it (a merge patch's null)
     outcome = Reconciled(phase=state.phase, actions=actions)
     written = body
     if patch_changes(previous, status):  # nothing changed (most ticks): no write, no watch event
@@ -400,7 +411,8 @@ async def _reconcile(
     key = f"{generation}/{want}/{scale}/{sorted(k for k, v in children.deployments.items() if v is not None)}"
     last = ctx.ensured.get(uid)
     if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found or drift:
-        ensured = await _ensure(ctx, owner, spec, want, scale)
+        pool = next((t.kv_tokens for t in reversed(state.trials) if t.kv_tokens), None)
+        ensured = await _ensure(ctx, owner, spec, want, scale, pool)
         outcome.changes = ensured.changes
         ctx.ensured[uid] = (key, now)
         seen = {(d.kind, d.name) for d in drift}
@@ -424,10 +436,18 @@ async def _reconcile(
 
 
 async def _ensure(
-    ctx: OperatorContext, owner: Owner, spec: ServingDeploymentSpec, want: Desired, scale: Scale
+    ctx: OperatorContext,
+    owner: Owner,
+    spec: ServingDeploymentSpec,
+    want: Desired,
+    scale: Scale,
+    pool_tokens: int | None = None,
 ) -> Ensured:
-    """``ensure_children``, with the Deployments it wrote marked for a fresh read (``Freshness``)."""
-    ensured = await ensure_children(ctx.client, owner, spec, want, scale, monitoring=bool(ctx.monitoring))
+    """``ensure_children``, with the Deployments it wrote marked for a fresh read (``Freshness``).
+    ``pool_tokens``: the engines' KV pool as last reported (the router's tree mirrors it)."""
+    ensured = await ensure_children(
+        ctx.client, owner, spec, want, scale, monitoring=bool(ctx.monitoring), pool_tokens=pool_tokens
+    )
     for name in ensured.written:
         if name != owner.adopted:  # read by its name every time (``read_children``)
             ctx.fresh.wrote(owner.namespace, name)

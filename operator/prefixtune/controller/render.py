@@ -21,6 +21,9 @@ from prefixtune.api.models import GROUP_VERSION, KIND, ServingDeploymentSpec
 from prefixtune.controller import engine_pod, pod_overrides, podspec
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig, RenderedCommand
+from prefixtune.engines.knobs import engine_dict
+from prefixtune.routing import render as routing_render
+from prefixtune.routing.settings import RoutingSettings
 
 DeploymentRole = Literal["baseline", "canary"]
 ROLES: tuple[DeploymentRole, ...] = ("baseline", "canary")
@@ -38,6 +41,7 @@ GPU_PRODUCT_LABEL = owned.GPU_PRODUCT_LABEL  # GPU feature discovery's node labe
 GPU_RESOURCE = owned.GPU_RESOURCE
 OPTIONS_VOLUME = owned.OPTIONS_VOLUME
 MANAGER = "prefixtune"
+SERVING = "serving"  # app.kubernetes.io/component of the engines' objects and pods
 CONTAINER = "engine"
 PORT_NAME = "http"
 # On an engine Deployment: the pod label and annotation keys spec.pod gave (JSON {"labels": [...],
@@ -103,8 +107,9 @@ class Owner:
 
 
 def config_hash(config: KnobConfig) -> str:
-    """A short stable hash of a knob config (a label value: 10 hex characters)."""
-    text = json.dumps(config.to_dict(), sort_keys=True)
+    """A short stable hash of a config's engine knobs (a label value: 10 hex characters): a routing
+    knob's change restarts the router, never the engine pods (``engine_dict``)."""
+    text = json.dumps(engine_dict(config), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
@@ -148,7 +153,7 @@ def common_labels(owner: Owner, spec: ServingDeploymentSpec) -> dict[str, str]:
     return {
         LABEL_NAME: str(spec.engine),
         LABEL_INSTANCE: owner.name,
-        LABEL_COMPONENT: "serving",
+        LABEL_COMPONENT: SERVING,
         LABEL_MANAGED_BY: MANAGER,
         LABEL_RESOURCE: owner.name,
     }
@@ -247,7 +252,7 @@ def render_deployment(
     labels = {**common_labels(owner, spec), LABEL_ROLE: role, LABEL_CONFIG_HASH: digest}
     pod_annotations = {
         **dict(zip(owned.PROMETHEUS_ANNOTATIONS, ("true", str(port), adapter.metrics_path), strict=True)),
-        ANNOTATION_CONFIG: json.dumps(config.to_dict(), sort_keys=True),
+        ANNOTATION_CONFIG: json.dumps(engine_dict(config), sort_keys=True),
     }
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -299,8 +304,9 @@ def render_deployment(
     }
 
 
-def render_service(owner: Owner, spec: ServingDeploymentSpec) -> dict[str, Any]:
-    """One Service over both roles: a canary pod takes its share of the same traffic."""
+def render_service(owner: Owner, spec: ServingDeploymentSpec, name: str | None = None) -> dict[str, Any]:
+    """One Service over both roles: a canary pod takes its share of the same traffic. ``name``: the
+    engines' own Service beside a router (``routing.render.engines_service_name``)."""
     adapter = get_adapter(spec.engine)
     annotations = {
         "prometheus.io/scrape": "true",
@@ -310,7 +316,7 @@ def render_service(owner: Owner, spec: ServingDeploymentSpec) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(owner, service_name(owner.name), common_labels(owner, spec), annotations),
+        "metadata": _meta(owner, name or service_name(owner.name), common_labels(owner, spec), annotations),
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(owner.name),
@@ -329,7 +335,15 @@ def render_service_monitor(owner: Owner, spec: ServingDeploymentSpec) -> dict[st
         "kind": "ServiceMonitor",
         "metadata": _meta(owner, owner.name, common_labels(owner, spec)),
         "spec": {
-            "selector": {"matchLabels": {LABEL_RESOURCE: owner.name, LABEL_MANAGED_BY: MANAGER}},
+            # The engines' Services only (component serving): not the router's, which is the
+            # resource's user-facing Service when a router runs (``routing.render``).
+            "selector": {
+                "matchLabels": {
+                    LABEL_RESOURCE: owner.name,
+                    LABEL_MANAGED_BY: MANAGER,
+                    LABEL_COMPONENT: SERVING,
+                }
+            },
             "namespaceSelector": {"matchNames": [owner.namespace]},
             # Copied onto every series: the operator's queries can then require them
             # (--prometheus-operator-labels), so a series of a pod it does not manage never counts.
@@ -339,8 +353,52 @@ def render_service_monitor(owner: Owner, spec: ServingDeploymentSpec) -> dict[st
     }
 
 
+# --- the router in front of the engines (routing/render.py renders it; this is the glue) -----------
+
+
+def engine_selector(owner_name: str) -> dict[str, str]:
+    """The labels the router discovers the engine pods by (both roles; never its own pods)."""
+    return {LABEL_RESOURCE: owner_name, LABEL_COMPONENT: SERVING}
+
+
+def router_owner(owner: Owner, spec: ServingDeploymentSpec) -> routing_render.RouterOwner:
+    return routing_render.RouterOwner(
+        owner.namespace, owner.name, owner.reference(), common_labels(owner, spec)
+    )
+
+
+def render_routed(
+    owner: Owner,
+    spec: ServingDeploymentSpec,
+    settings: RoutingSettings,
+    *,
+    router_ready: bool,
+    monitoring: bool,
+) -> list[dict[str, Any]]:
+    """The router's objects for a routed resource, and its Services: the user-facing one (the
+    resource's name) selects the router pods once one is ready (before that, and if none ever is,
+    the engine pods: kube-proxy's spread, never an outage); the engines' own Service beside it where
+    the ServiceMonitor needs their endpoints (``monitoring``)."""
+    router = router_owner(owner, spec)
+    port = get_adapter(spec.engine).metrics_port
+    objects = [
+        routing_render.render_service_account(router, settings),
+        routing_render.render_role(router, settings),
+        routing_render.render_role_binding(router, settings),
+        routing_render.render_deployment(router, settings, engine_selector(owner.name), port, spec.replicas),
+    ]
+    front = routing_render.render_service(router, settings, port)
+    if not router_ready:
+        front["spec"]["selector"] = selector_labels(owner.name)
+    objects.append(front)
+    if monitoring:
+        objects.append(render_service(owner, spec, routing_render.engines_service_name(owner.name)))
+    return objects
+
+
 def pod_config(pod_or_template: Mapping[str, Any]) -> KnobConfig | None:
-    """The knob config a pod (or pod template) was rendered with, from its annotation."""
+    """The knob config a pod (or pod template) was rendered with, from its annotation (the engine
+    knobs; the router's read as unset: the pod does not carry them)."""
     annotations = (pod_or_template.get("metadata") or {}).get("annotations") or {}
     text = annotations.get(ANNOTATION_CONFIG)
     if not text:

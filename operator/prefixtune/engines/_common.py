@@ -25,9 +25,20 @@ from prefixtune.engines.base import (
     ParsedCommand,
     RenderedCommand,
 )
-from prefixtune.engines.knobs import BY_NAME, ENGINE_DEFAULT, KnobKind
+from prefixtune.engines.knobs import (
+    BALANCE_ABS_THRESHOLD,
+    BALANCE_REL_THRESHOLD,
+    BY_NAME,
+    CACHE_THRESHOLD,
+    ENGINE_DEFAULT,
+    ENGINE_KNOB_NAMES,
+    ROUTER_DEFAULTS,
+    ROUTING_POLICY,
+    KnobKind,
+)
 from prefixtune.engines.knobs import MAX_BATCHED_TOKENS as MAX_BATCHED_TOKENS
 from prefixtune.engines.knobs import MAX_RUNNING as MAX_RUNNING
+from prefixtune.routing.policy import RoutingPolicy
 
 # Neutral option keys in ParsedCommand.options (read by the digital twin). The batch limits are
 # knobs: their option keys are the registry's names, set where the command sets the flag (the twin
@@ -46,11 +57,64 @@ DEFAULT_HOST = "0.0.0.0"
 
 
 def knob_table(*specs: KnobSpec) -> Mapping[str, KnobSpec]:
-    """An engine's knobs by name: every neutral knob once, in KNOB_NAMES order (listings follow it)."""
+    """An engine's knobs by name: every engine knob once, in registry order, then the routing knobs
+    (``ROUTING_SPECS``, the same on every engine): every neutral knob, in KNOB_NAMES order."""
     names = tuple(spec.name for spec in specs)
-    if names != KNOB_NAMES:
-        raise ValueError(f"knob specs must be {', '.join(KNOB_NAMES)} in this order, got {', '.join(names)}")
-    return {spec.name: spec for spec in specs}
+    if names != ENGINE_KNOB_NAMES:
+        raise ValueError(
+            f"knob specs must be {', '.join(ENGINE_KNOB_NAMES)} in this order, got {', '.join(names)}"
+        )
+    table = {spec.name: spec for spec in (*specs, *ROUTING_SPECS)}
+    assert tuple(table) == KNOB_NAMES, "ROUTING_SPECS must be the router's knobs in registry order"
+    return table
+
+
+# The router's knobs: no engine flag carries them (no binding: nothing rendered, nothing parsed), so
+# they are the same on every engine; a change restarts only the router. Any policy of either router
+# is a valid value here (the API refuses one the resource's router lacks); not searched by default.
+ROUTING_SPECS: tuple[KnobSpec, ...] = (
+    KnobSpec(
+        name=ROUTING_POLICY,
+        default=BY_NAME[ROUTING_POLICY].unset,  # type: ignore[arg-type]
+        choices=tuple(policy.value for policy in RoutingPolicy),
+        searched=False,
+        flag="the router's --policy",
+        doc="kube-proxy (no router) or a policy of the router; auto: the operator chooses.",
+    ),
+    KnobSpec(
+        name=CACHE_THRESHOLD,
+        default=ROUTER_DEFAULTS.cache_threshold,
+        choices=(0.1, 0.3, 0.5, 0.7),
+        low=0.0,
+        high=1.0,
+        open_range=True,
+        searched=False,
+        flag="the router's --cache-threshold",
+        doc="Least share of the text the longest cached prefix must cover (cache_aware).",
+    ),
+    KnobSpec(
+        name=BALANCE_ABS_THRESHOLD,
+        default=ROUTER_DEFAULTS.balance_abs_threshold,
+        choices=(8, 16, 32, 64, 128),
+        low=0,
+        high=BY_NAME[BALANCE_ABS_THRESHOLD].high,
+        open_range=True,
+        searched=False,
+        flag="the router's --balance-abs-threshold",
+        doc="Load gap (requests in flight) above which cache_aware balances instead.",
+    ),
+    KnobSpec(
+        name=BALANCE_REL_THRESHOLD,
+        default=ROUTER_DEFAULTS.balance_rel_threshold,
+        choices=(1.1, 1.25, 1.5, 2.0, 4.0),
+        low=1.0,
+        high=BY_NAME[BALANCE_REL_THRESHOLD].high,
+        open_range=True,
+        searched=False,
+        flag="the router's --balance-rel-threshold",
+        doc="Load ratio (max / min) above which cache_aware balances instead.",
+    ),
+)
 
 
 UNBOUND = Binding()  # a knob no flag carries (tests' adapters)
@@ -481,6 +545,7 @@ LABEL_READERS: Mapping[KnobKind, Callable[[str], object]] = {
     KnobKind.INTEGER: label_int,
     KnobKind.SWITCH: label_bool,
     KnobKind.NAME: label_text,
+    KnobKind.NUMBER: label_number,
 }
 
 

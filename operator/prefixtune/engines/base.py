@@ -23,6 +23,7 @@ from prefixtune.engines.knobs import (
     PREFIX_CACHING,
     SCHEDULE_POLICY,
     KnobConfig,
+    KnobKind,
 )
 
 __all__ = [
@@ -111,7 +112,7 @@ class KnobSpec:
     unless ``spec.tuning.space`` lists it or the policy widens the space with it
     (``tuning/widening.py``).
 
-    ``open_range``: an integer knob whose ``choices`` are only the values searched by default (a
+    ``open_range``: an integer or number knob whose ``choices`` are only the values searched by default (a
     log-spaced ladder for the batch limits); any integer in [``low``, ``high``] is valid (a pin in
     spec.config, a listed space value, an adopted command's ``--max-num-seqs 48``).
     """
@@ -142,8 +143,10 @@ class KnobSpec:
             return None
         if self.open_range:
             assert self.low is not None and self.high is not None
-            if isinstance(value, bool) or not isinstance(value, int):
+            if self.integer and (isinstance(value, bool) or not isinstance(value, int)):
                 return f"must be an integer in {self.range_text()}; got {value!r}"
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return f"must be a number in {self.range_text()}; got {value!r}"
             if not self.low <= value <= self.high:
                 return f"must be in {self.range_text()}, got {value}"
             return None
@@ -160,9 +163,19 @@ class KnobSpec:
             return f"must be one of {allowed}; got {value!r}"
         return None
 
+    @property
+    def integer(self) -> bool:
+        """Whether the knob takes integers only (its registry kind; a test adapter's knob: by choices)."""
+        if self.name in BY_NAME:
+            return BY_NAME[self.name].kind is KnobKind.INTEGER
+        return bool(self.choices) and all(
+            isinstance(c, int) and not isinstance(c, bool) for c in self.choices
+        )
+
     def range_text(self) -> str:
         left = "(" if self.low_exclusive else "["
-        low, high = (int(v) if self.open_range and v is not None else v for v in (self.low, self.high))
+        whole = self.open_range and self.integer
+        low, high = (int(v) if whole and v is not None else v for v in (self.low, self.high))
         return f"{left}{low}, {high}]"
 
     def allows(self, value: object, narrowed: Sequence[object]) -> bool:

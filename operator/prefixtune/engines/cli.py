@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from prefixtune.engines.base import KNOB_NAMES, ArgsError, KnobConfig, KnobSpec
+from prefixtune.engines.knobs import BY_NAME, ENGINE_KNOB_NAMES, Restarts
 from prefixtune.engines.registry import ENGINE_NAMES, get_adapter
 
 
@@ -28,7 +29,9 @@ def knob_name(raw: str) -> str:
     """memory_fraction, memoryFraction and memory-fraction all name the same knob."""
     snake = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", raw.strip()).replace("-", "_").lower()
     if snake not in KNOB_NAMES:
-        raise UsageError(f"--set: unknown knob {raw!r}; known knobs: {', '.join(KNOB_NAMES)}")
+        raise UsageError(f"--set: unknown knob {raw!r}; known knobs: {', '.join(ENGINE_KNOB_NAMES)}")
+    if BY_NAME[snake].restarts is Restarts.ROUTER:
+        raise UsageError(f"--set: {raw!r} is the router's knob (spec.routing), not an engine flag")
     return snake
 
 
@@ -85,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KNOB=VALUE",
-        help=f"set a knob ({', '.join(KNOB_NAMES)}; camelCase accepted); engine defaults otherwise",
+        help=f"set a knob ({', '.join(ENGINE_KNOB_NAMES)}; camelCase accepted); engine defaults otherwise",
     )
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel degree (default 1)")
     parser.add_argument("--port", type=int, default=None, help="HTTP port (default: the engine's)")
@@ -122,7 +125,7 @@ def main(argv: Sequence[str]) -> int:
     document = {
         "engine": str(adapter.name),
         "model": ns.model,
-        "config": config.to_dict(),
+        "config": {name: value for name, value in config.to_dict().items() if name in ENGINE_KNOB_NAMES},
         "command": list(rendered.command),
         "args": list(rendered.args),
         "argv": list(rendered.argv),

@@ -19,6 +19,14 @@ The batch limits (``max_batched_tokens``, ``max_running``) are such knobs: ``uns
 flag is not rendered; the engine resolves its own default" (vLLM by device memory and name, SGLang's
 running cap from the KV pool). Where the adapter can name the engine's default for a GPU,
 ``default_config_for`` fills the real number in (``prefixtune.engines.base.Hardware``).
+
+The routing knobs (``ROUTER_KNOBS``: the router's policy and its cache-aware thresholds) are knobs like
+the others for the tuner, the status and the space, but no engine flag carries them: ``restarts`` says
+a change restarts the router, not the engines (trial pricing and the apply path read it through
+``restarts_of``). Their baseline is spec.routing, not spec.config (``ENGINE_KNOBS`` are spec.config's
+fields); their ``unset`` values are the routers' own defaults (``prefixtune.routing.policy``), the
+policy's is ``auto`` (spec.routing decides, ``prefixtune.routing.settings``). Every adapter carries
+the same routing specs, with no binding (``prefixtune.engines._common.ROUTING_SPECS``).
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 
 from pydantic.alias_generators import to_camel
+
+from prefixtune.routing.policy import AUTO_POLICY, CacheAwareThresholds
 
 Value = float | int | bool | str
 
@@ -39,6 +49,14 @@ class KnobKind(StrEnum):
     INTEGER = "integer"  # a few allowed integers: categorical
     SWITCH = "switch"  # on / off: categorical
     NAME = "name"  # a few allowed names: categorical
+    NUMBER = "number"  # a real number within bounds (not a share), a few of them searched: categorical
+
+
+class Restarts(StrEnum):
+    """What a change of the knob restarts: the engine pods, or only the router in front of them."""
+
+    ENGINE = "engine"
+    ROUTER = "router"
 
 
 @dataclass(frozen=True)
@@ -53,10 +71,12 @@ class Knob:
     <= 0 (the engine's default, no limit) are ordered only against themselves. An axis is this flag.
     ``label`` names the knob in Event messages (``memory 0.9``); ``short`` in tables (``mem 0.90``),
     empty when the value speaks for itself (a policy name).
-    ``low`` / ``high``: an integer knob's structural bounds in the API (each engine narrows them).
+    ``low`` / ``high``: an integer or number knob's structural bounds in the API (each engine narrows
+    them).
     ``unset``: the value that means "the engine's own default, flag not rendered" (None: the knob
     always has a value); a config that predates the knob reads as it.
     ``log_scale``: the knob's values are searched on a log scale (the token budget).
+    ``restarts``: what a change of the knob restarts (the engines, or only the router).
     """
 
     name: str
@@ -66,10 +86,11 @@ class Knob:
     config_doc: str  # spec.config.<camel> in the CRD
     space_doc: str  # spec.tuning.space.<camel> in the CRD
     oom_monotone: bool = False
-    low: int | None = None
-    high: int | None = None
+    low: int | float | None = None
+    high: int | float | None = None
     unset: Value | None = None
     log_scale: bool = False
+    restarts: Restarts = Restarts.ENGINE
 
     @property
     def camel(self) -> str:
@@ -81,7 +102,7 @@ class Knob:
 
     def coerce(self, value: object) -> Value:
         """The value as the knob's plain Python type (numpy scalars and ints-for-floats included)."""
-        if self.kind is KnobKind.FRACTION:
+        if self.kind in (KnobKind.FRACTION, KnobKind.NUMBER):
             return float(value)  # type: ignore[arg-type]
         if self.kind is KnobKind.INTEGER:
             return int(value)  # type: ignore[call-overload, no-any-return]
@@ -100,6 +121,8 @@ class Knob:
             shown = "auto"  # the engine's own default
         elif self.kind is KnobKind.INTEGER:
             shown = str(int(value) if short else value)  # type: ignore[call-overload]
+        elif self.kind is KnobKind.NUMBER:
+            shown = f"{float(value):g}"  # type: ignore[arg-type]
         else:
             shown = str(value)
         return f"{label} {shown}" if label else shown
@@ -113,6 +136,11 @@ SCHEDULE_POLICY = "schedule_policy"
 MAX_BATCHED_TOKENS = "max_batched_tokens"
 MAX_RUNNING = "max_running"
 ENGINE_DEFAULT = 0  # a batch limit's ``unset``: the engine resolves its own default
+ROUTING_POLICY = "routing_policy"
+CACHE_THRESHOLD = "cache_threshold"
+BALANCE_ABS_THRESHOLD = "balance_abs_threshold"
+BALANCE_REL_THRESHOLD = "balance_rel_threshold"
+ROUTER_DEFAULTS = CacheAwareThresholds()  # the routers' own defaults: the thresholds' ``unset``
 
 KNOBS: tuple[Knob, ...] = (
     Knob(
@@ -180,10 +208,65 @@ KNOBS: tuple[Knob, ...] = (
         high=1 << 16,
         unset=ENGINE_DEFAULT,
     ),
+    # The router's knobs (spec.routing; a change restarts only the router). Last: every adapter
+    # appends the same specs after its engine's own (``prefixtune.engines._common.knob_table``).
+    Knob(
+        ROUTING_POLICY,
+        KnobKind.NAME,
+        label="routing",
+        short="route",
+        config_doc="The router's policy: kube-proxy (no router), a policy of the router, or auto.",
+        space_doc="Routing policies to try (each must be one the router has).",
+        unset=AUTO_POLICY,
+        restarts=Restarts.ROUTER,
+    ),
+    Knob(
+        CACHE_THRESHOLD,
+        KnobKind.NUMBER,
+        label="cache threshold",
+        short="cache thr",
+        config_doc="cache_aware: the least share of a request's text its longest cached prefix on a "
+        "worker must cover for the request to go there (the routers' --cache-threshold).",
+        space_doc="Cache thresholds to try.",
+        low=0.0,
+        high=1.0,
+        unset=ROUTER_DEFAULTS.cache_threshold,
+        restarts=Restarts.ROUTER,
+    ),
+    Knob(
+        BALANCE_ABS_THRESHOLD,
+        KnobKind.INTEGER,
+        label="balance abs",
+        short="bal abs",
+        config_doc="cache_aware: the load gap (requests in flight, max - min) above which the "
+        "least-loaded worker takes the request when the relative threshold is also met "
+        "(--balance-abs-threshold).",
+        space_doc="Absolute balance thresholds to try.",
+        low=0,
+        high=1 << 20,
+        unset=ROUTER_DEFAULTS.balance_abs_threshold,
+        restarts=Restarts.ROUTER,
+    ),
+    Knob(
+        BALANCE_REL_THRESHOLD,
+        KnobKind.NUMBER,
+        label="balance rel",
+        short="bal rel",
+        config_doc="cache_aware: the load ratio (max / min) above which the least-loaded worker "
+        "takes the request when the absolute threshold is also met (--balance-rel-threshold).",
+        space_doc="Relative balance thresholds to try.",
+        low=1.0,
+        high=1000.0,
+        unset=ROUTER_DEFAULTS.balance_rel_threshold,
+        restarts=Restarts.ROUTER,
+    ),
 )
 KNOB_NAMES: tuple[str, ...] = tuple(knob.name for knob in KNOBS)
 BY_NAME: Mapping[str, Knob] = {knob.name: knob for knob in KNOBS}
 BY_CAMEL: Mapping[str, Knob] = {knob.camel: knob for knob in KNOBS}
+ENGINE_KNOBS: tuple[Knob, ...] = tuple(k for k in KNOBS if k.restarts is Restarts.ENGINE)  # spec.config
+ROUTER_KNOBS: tuple[Knob, ...] = tuple(k for k in KNOBS if k.restarts is Restarts.ROUTER)  # spec.routing
+ENGINE_KNOB_NAMES: tuple[str, ...] = tuple(k.name for k in ENGINE_KNOBS)  # what an engine's command carries
 OOM_AXES: tuple[Knob, ...] = tuple(knob for knob in KNOBS if knob.oom_monotone)  # the feasibility axes
 (MEMORY_KNOB,) = (knob for knob in OOM_AXES if knob.kind is KnobKind.FRACTION)  # the KV pool's axis
 
@@ -212,6 +295,10 @@ class KnobConfig:
     schedule_policy: str
     max_batched_tokens: int = ENGINE_DEFAULT
     max_running: int = ENGINE_DEFAULT
+    routing_policy: str = AUTO_POLICY
+    cache_threshold: float = ROUTER_DEFAULTS.cache_threshold
+    balance_abs_threshold: int = ROUTER_DEFAULTS.balance_abs_threshold
+    balance_rel_threshold: float = ROUTER_DEFAULTS.balance_rel_threshold
 
     def with_(self, **changes: object) -> KnobConfig:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -243,6 +330,17 @@ if tuple(f.name for f in fields(KnobConfig)) != KNOB_NAMES:  # pragma: no cover 
     raise TypeError(f"KnobConfig's fields must be the registry's knobs in order: {', '.join(KNOB_NAMES)}")
 
 
+if ENGINE_KNOBS + ROUTER_KNOBS != KNOBS:  # pragma: no cover - a registry edit
+    raise TypeError("the router's knobs come after every engine knob in KNOBS")
+
+
+def restarts_of(before: KnobConfig, after: KnobConfig) -> frozenset[Restarts]:
+    """What moving from ``before`` to ``after`` restarts: nothing, the router, the engines, or both."""
+    return frozenset(
+        k.restarts for k in KNOBS if k.coerce(getattr(before, k.name)) != k.coerce(getattr(after, k.name))
+    )
+
+
 def memory_of(config: KnobConfig) -> float:
     """The memory fraction (the KV pool's axis of the feasibility model)."""
     return float(getattr(config, MEMORY_KNOB.name))
@@ -253,9 +351,17 @@ def categorical_key(config: KnobConfig) -> tuple[Value, ...]:
     return tuple(k.coerce(value) for k, value in config.items() if k is not MEMORY_KNOB)
 
 
-def to_api(config: KnobConfig) -> dict[str, Value]:
-    """The config in the API's camelCase (``status.currentConfig``, ``status.trials[].config``)."""
-    return {k.camel: k.coerce(value) for k, value in config.items()}
+def engine_dict(config: KnobConfig) -> dict[str, Value]:
+    """The engine knobs of a config (snake_case): what an engine pod runs. A routing knob's change
+    leaves it (and so the engine pods' config hash) as it was; for a config at the router's unset
+    values it is the config's whole dict as it was before the routing knobs existed."""
+    return {k.name: k.coerce(getattr(config, k.name)) for k in ENGINE_KNOBS}
+
+
+def to_api(config: KnobConfig, knobs: tuple[Knob, ...] = KNOBS) -> dict[str, Value]:
+    """The config in the API's camelCase (``status.currentConfig``, ``status.trials[].config``); only
+    ``knobs`` (``ENGINE_KNOBS``: spec.config's fields)."""
+    return {k.camel: k.coerce(getattr(config, k.name)) for k in knobs}
 
 
 def api_text(config: Mapping[str, object] | None) -> str:

@@ -12,12 +12,17 @@ Checked against the routers' own command-line parsers (``--help`` of the PyPI wh
 - only sglang-router: ``manual`` (a routing key the client sends).
 
 ``RoutingPolicy.KUBE_PROXY`` is no router at all: the engine pods' Service spreads connections.
+``AUTO_POLICY`` is no policy either: the resource asks the operator to choose one
+(``prefixtune.routing.settings.resolve_policy``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
+
+AUTO_POLICY: Final = "auto"  # spec.routing.policy's default: the operator chooses (routing.settings)
 
 
 class RoutingPolicy(StrEnum):
@@ -45,6 +50,25 @@ ROUTER_POLICIES: dict[Router, frozenset[RoutingPolicy]] = {
     Router.SGLANG: _BOTH,
     Router.VLLM: _BOTH | {RoutingPolicy.CONSISTENT_HASH},
 }
+
+# The wheels whose command lines this module was checked against (``--help``), and the images the
+# operator renders by default: no public image of either router is pinned here, so these name images
+# built from the wheel (``pip install sglang-router==0.3.2`` / ``vllm-router==0.1.17`` on the
+# operator's own pinned Python base); spec.routing.image names another.
+ROUTER_VERSION: dict[Router, str] = {Router.SGLANG: "0.3.2", Router.VLLM: "0.1.17"}
+DEFAULT_ROUTER_IMAGE: dict[Router, str] = {
+    router: f"ghcr.io/prefixtune/{router.value}:{version}" for router, version in ROUTER_VERSION.items()
+}
+
+# How each router is started (the wheels' console scripts) and where it listens: both default to
+# --port 30000 and --prometheus-port 29000; vllm-router binds 127.0.0.1 by default (--host and
+# --prometheus-host), so the operator always renders 0.0.0.0 for both.
+ROUTER_COMMAND: dict[Router, tuple[str, ...]] = {
+    Router.SGLANG: ("sglang-router", "launch"),
+    Router.VLLM: ("vllm-router",),
+}
+ROUTER_PORT = 30000
+ROUTER_METRICS_PORT = 29000
 
 # The per-worker character budget of the approximate radix tree, each router's default.
 DEFAULT_MAX_TREE_SIZE: dict[Router, int] = {Router.SGLANG: 67_108_864, Router.VLLM: 33_554_432}

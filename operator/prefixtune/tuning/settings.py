@@ -72,6 +72,7 @@ _OVERRIDE_TYPE: dict[KnobKind, Any] = {
     KnobKind.INTEGER: tuple[int, ...],
     KnobKind.SWITCH: tuple[bool, ...],
     KnobKind.NAME: tuple[str, ...],
+    KnobKind.NUMBER: tuple[float, ...],
 }
 
 if TYPE_CHECKING:

@@ -1,0 +1,146 @@
+"""What one resource's router runs with: ``RoutingSettings``, resolved from spec.routing and the knobs.
+
+spec.routing holds the baseline (policy, router, image, replicas, thresholds, tree size); the tuned
+ones (the policy and the three cache-aware thresholds) are knobs (``prefixtune.engines.knobs``,
+``ROUTER_KNOBS``) that a trial may change, restarting only the router. ``RoutingSettings`` is the
+resolved value the router's objects render from: the policy is never ``auto`` here.
+
+``auto`` picks ``cache_aware`` when the resource has two replicas or more and its workload shares
+prefixes (``resolve_policy`` says what counts), else ``kube-proxy``: one replica needs no router.
+
+The router by engine (``ENGINE_ROUTER``): SGLang behind sglang-router, vLLM behind vllm-router, and
+TensorRT-LLM behind vllm-router: trtllm-serve speaks the OpenAI API (``/v1/completions``,
+``/v1/models``, ``/health``) as vLLM does, not SGLang's native ``/generate``, and vllm-router also has
+the session-affinity policy (``consistent_hash``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from prefixtune.engines.base import EngineName
+from prefixtune.engines.knobs import (
+    BALANCE_ABS_THRESHOLD,
+    BALANCE_REL_THRESHOLD,
+    CACHE_THRESHOLD,
+    ROUTER_KNOBS,
+    ROUTING_POLICY,
+    KnobConfig,
+)
+from prefixtune.routing.policy import (
+    AUTO_POLICY,
+    DEFAULT_MAX_TREE_SIZE,
+    ROUTER_POLICIES,
+    CacheAwareThresholds,
+    Router,
+    RoutingPolicy,
+)
+
+# The policy ``auto`` picks where a router pays (replicas >= 2, shared prefixes).
+AUTO_ROUTED = RoutingPolicy.CACHE_AWARE
+
+# The router in front of each engine unless spec.routing.router names another (module docstring).
+ENGINE_ROUTER: dict[EngineName, Router] = {
+    EngineName.SGLANG: Router.SGLANG,
+    EngineName.VLLM: Router.VLLM,
+    EngineName.TRTLLM: Router.VLLM,
+}
+
+
+def resolve_policy(requested: str, replicas: int, shares_prefixes: bool) -> RoutingPolicy:
+    """The policy a resource runs: ``requested`` unless it is ``auto``.
+
+    ``auto``: ``cache_aware`` with two replicas or more when the workload shares prefixes, else
+    ``kube-proxy`` (one replica needs no router; with no shared prefixes a router's tree buys nothing
+    over kube-proxy's spread). ``shares_prefixes`` is the caller's reading of the workload: prefix
+    caching on in the config, or a measured prefix-cache hit rate above zero.
+    """
+    if requested != AUTO_POLICY:
+        return RoutingPolicy(requested)
+    if replicas >= 2 and shares_prefixes:
+        return AUTO_ROUTED
+    return RoutingPolicy.KUBE_PROXY
+
+
+def policy_problem(policy: RoutingPolicy, router: Router) -> str | None:
+    """None when ``router`` has ``policy`` (kube-proxy needs no router), else a message naming the
+    policies it has."""
+    if policy is RoutingPolicy.KUBE_PROXY or policy in ROUTER_POLICIES[router]:
+        return None
+    has = ", ".join(sorted(p.value for p in ROUTER_POLICIES[router]))
+    return f"{router.value} has no {policy.value} policy; it has {has} (or kube-proxy: no router)"
+
+
+@dataclass(frozen=True)
+class RoutingSettings:
+    """One resource's router, resolved: what its Deployment's container runs with.
+
+    ``policy`` is never ``auto``; ``kube-proxy`` means no router (``routed`` is False). A policy the
+    router lacks is refused here, so no value of this type renders one.
+    """
+
+    policy: RoutingPolicy
+    router: Router
+    image: str
+    replicas: int = 1
+    cache_threshold: float = CacheAwareThresholds.cache_threshold
+    balance_abs_threshold: int = CacheAwareThresholds.balance_abs_threshold
+    balance_rel_threshold: float = CacheAwareThresholds.balance_rel_threshold
+    max_tree_size: int = 0  # 0: the router's own default (DEFAULT_MAX_TREE_SIZE)
+
+    def __post_init__(self) -> None:
+        problem = policy_problem(self.policy, self.router)
+        if problem is not None:
+            raise ValueError(problem)
+        if not self.image:
+            raise ValueError("routing: the router image must not be empty")
+        if self.replicas < 1:
+            raise ValueError(f"routing: replicas must be >= 1, got {self.replicas}")
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            raise ValueError(f"routing: cache threshold must be in [0, 1], got {self.cache_threshold}")
+        if self.balance_abs_threshold < 0:
+            raise ValueError(f"routing: balance abs threshold must be >= 0, got {self.balance_abs_threshold}")
+        if self.balance_rel_threshold < 1.0:
+            raise ValueError(f"routing: balance rel threshold must be >= 1, got {self.balance_rel_threshold}")
+        if self.max_tree_size < 0:
+            raise ValueError(f"routing: max tree size must be >= 0, got {self.max_tree_size}")
+
+    @property
+    def routed(self) -> bool:
+        """Whether a router runs in front of the engines (any policy but kube-proxy)."""
+        return self.policy is not RoutingPolicy.KUBE_PROXY
+
+    @property
+    def tree_size(self) -> int:
+        """The tree's per-worker character budget: the set one, else the router's default."""
+        return self.max_tree_size or DEFAULT_MAX_TREE_SIZE[self.router]
+
+    @property
+    def thresholds(self) -> CacheAwareThresholds:
+        return CacheAwareThresholds(
+            self.cache_threshold, self.balance_abs_threshold, self.balance_rel_threshold
+        )
+
+    def knob_values(self) -> dict[str, object]:
+        """The tuned settings by knob name (``ROUTER_KNOBS``), as a KnobConfig holds them."""
+        return {
+            ROUTING_POLICY: self.policy.value,
+            CACHE_THRESHOLD: self.cache_threshold,
+            BALANCE_ABS_THRESHOLD: self.balance_abs_threshold,
+            BALANCE_REL_THRESHOLD: self.balance_rel_threshold,
+        }
+
+    def with_knobs(self, config: KnobConfig, engine_replicas: int, shares_prefixes: bool) -> RoutingSettings:
+        """These settings with a config's routing knobs (the baseline's from spec.routing, or a
+        trial's), the policy resolved (``auto``: by ``engine_replicas`` and ``shares_prefixes``).
+
+        The knob config is where the tuned values live: every routing knob's value is taken from it.
+        """
+        values = {knob.name: knob.coerce(config.get(knob.name)) for knob in ROUTER_KNOBS}
+        policy = resolve_policy(str(values.pop(ROUTING_POLICY)), engine_replicas, shares_prefixes)
+        return replace(self, policy=policy, **values)  # type: ignore[arg-type]
+
+
+# Every routing knob but the policy is a field of RoutingSettings by the same name.
+if not {k.name for k in ROUTER_KNOBS} - {ROUTING_POLICY} <= set(RoutingSettings.__dataclass_fields__):
+    raise TypeError("RoutingSettings must have a field for each routing knob")  # pragma: no cover
