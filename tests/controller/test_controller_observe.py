@@ -9,6 +9,7 @@ from prefixtune.controller.observe import desired, failure_kind, pod_view, rollo
 from prefixtune.controller.render import config_hash
 from prefixtune.controller.settings import tuning_settings
 from prefixtune.engines.base import KnobConfig
+from prefixtune.routing.policy import Router
 from prefixtune.tuning.policy import initial_state
 from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.state import PolicyState, Trial
@@ -142,6 +143,31 @@ def test_spec_to_settings_maps_every_field() -> None:
     assert tuning_settings(single, "ns", "a").strategy == "rolling"
     assert tuning_settings(single, "ns", "a").paused is False
     assert tuning_settings(single, "ns", "a", ready_timeout=30).ready_timeout_s == 30
+
+
+def test_the_settings_name_the_resources_router_whose_knobs_the_search_may_tune() -> None:
+    """spec.routing.router, else the engine's (SGLang behind sglang-router, vLLM behind vllm-router);
+    with replicas >= 2 and routing listed, the space override carries the listed routing values."""
+    spec = parse_spec(
+        {
+            "engine": "vllm", "model": "m/x", "replicas": 4,
+            "tuning": {
+                "space": {"routingPolicy": ["cache_aware", "consistent_hash"], "cacheThreshold": [0.2, 0.4]}
+            },
+        }
+    )  # fmt: skip
+    s = tuning_settings(spec, "ns", "a")
+    assert s.router == Router.VLLM
+    assert (s.space.routing_policy, s.space.cache_threshold) == (
+        ("cache_aware", "consistent_hash"),
+        (0.2, 0.4),
+    )
+    sglang = parse_spec({"engine": "sglang", "model": "m/x", "replicas": 2})
+    assert tuning_settings(sglang, "ns", "a").router == Router.SGLANG
+    chosen = parse_spec(
+        {"engine": "sglang", "model": "m/x", "replicas": 2, "routing": {"router": "vllm-router"}}
+    )
+    assert tuning_settings(chosen, "ns", "a").router == Router.VLLM
 
 
 async def test_the_meter_requires_the_operators_pod_labels_only_when_the_admin_says_so() -> None:

@@ -145,6 +145,21 @@ def test_paired_goodput_follows_the_requests_each_side_was_sent() -> None:
     assert throughput.split == 1.0  # throughput is not corrected for the split
 
 
+def test_paired_goodput_behind_a_deciding_router_divides_by_the_share_it_was_given() -> None:
+    """A cache-aware router sends a new canary pod whole new sessions: three times its pods' share
+    is the router's decision, not chance. Equal goodput per request served is then a tie (the
+    random-spread bound of 2 would have left the canary 1.5x better for its share alone)."""
+    canary, baseline = (
+        sig(requests=150.0, goodput_tokens_per_s=150.0),
+        sig(requests=150.0, goodput_tokens_per_s=150.0),
+    )
+    routed = paired(canary, baseline, "goodput", SLO, 1, 1, 3, decided_split=True)
+    spread = paired(canary, baseline, "goodput", SLO, 1, 1, 3)
+    assert isinstance(routed, Paired) and isinstance(spread, Paired)
+    assert (routed.split, routed.ratio) == (pytest.approx(3.0), pytest.approx(1.0))
+    assert (spread.split, spread.ratio) == (2.0, pytest.approx(1.5))
+
+
 def test_severe_breach() -> None:
     assert severe_breach(sig(ttft_p99_s=6.5), SLO, 3.0) is not None
     assert severe_breach(sig(ttft_p99_s=5.0), SLO, 3.0) is None

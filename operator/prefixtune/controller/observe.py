@@ -75,8 +75,8 @@ def desired(state: PolicyState) -> Desired:
     operator restart is completed (not lost, not repeated) on the next reconcile."""
     trial = None if state.active is None else state.trial(state.active)
     canary_trial = (
-        state.settings.strategy == "canary"
-        and trial is not None
+        trial is not None
+        and state.strategy_of(trial) == "canary"  # a routing trial serves every pod: no canary
         and trial.role == "trial"
         and state.step in TRIAL_STEPS
     )

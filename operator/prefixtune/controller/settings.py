@@ -11,6 +11,7 @@ from prefixtune.controller.render import rolling_subset
 from prefixtune.engines import get_adapter
 from prefixtune.engines.knobs import BY_NAME, KNOB_NAMES
 from prefixtune.metrics.recipe import for_engine, missing_signals, objective_refusal
+from prefixtune.routing.settings import ENGINE_ROUTER
 from prefixtune.tuning.settings import Mode, Objective, Slo, SpaceOverride, Strategy, TuningSettings
 
 # A rollout that is not ready after this long is an infeasible trial. It is sized from the pods that
@@ -98,4 +99,5 @@ def tuning_settings(
         missing_signals=missing,
         refusal=refusal,
         verify_applied=True,
+        router=spec.routing.router or ENGINE_ROUTER[spec.engine],  # its knobs searched with replicas
     )

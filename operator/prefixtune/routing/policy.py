@@ -51,6 +51,17 @@ ROUTER_POLICIES: dict[Router, frozenset[RoutingPolicy]] = {
     Router.VLLM: _BOTH | {RoutingPolicy.CONSISTENT_HASH},
 }
 
+# Policies that keep a session's requests on one worker (the worker whose tree matches its history,
+# or the hash of its key) for as long as the load stays balanced: a canary pod added behind such a
+# router takes whole sessions (cache_aware sends what matches no tree to the smallest tree: the new
+# worker's, so new sessions; consistent_hash moves the sessions whose key now hashes to it), never
+# alternate turns of one.
+SESSION_AFFINE = frozenset({RoutingPolicy.CACHE_AWARE, RoutingPolicy.CONSISTENT_HASH})
+# Policies whose split of requests over the workers is the router's decision (prefix match, session
+# hash, load in flight), not an even (round_robin) or random (kube-proxy, random) spread: a worker's
+# share there departs from 1/N by design, not by chance.
+DECIDED_SPLIT = SESSION_AFFINE | {RoutingPolicy.POWER_OF_TWO}
+
 # The wheels whose command lines this module was checked against (``--help``), and the images the
 # operator renders by default: no public image of either router is pinned here, so these name images
 # built from the wheel (``pip install sglang-router==0.3.2`` / ``vllm-router==0.1.17`` on the

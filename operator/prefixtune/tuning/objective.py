@@ -260,6 +260,7 @@ def paired(
     min_requests: int,
     canary_pods: int = 1,
     baseline_pods: int = 1,
+    decided_split: bool = False,
 ) -> Paired | InsufficientData:
     """Score canary and baseline pods measured over the same window and compare per pod.
 
@@ -275,6 +276,15 @@ def paired(
     not corrected further: a saturated config's requests queue, and their TTFT fails the SLO, so its
     goodput shows it). Throughput keeps the per-pod ratio: at saturation the requests a pod finishes
     are its config's.
+
+    ``decided_split``: a router in front of the pods decides each side's share (a cache-aware or
+    session-hash policy, ``routing.policy.DECIDED_SPLIT``): a canary pod the router gives whole new
+    sessions, or that its load balance spares, is sent two or three times its pods' share, or a
+    third of it, by design. The requests each side served (the engines' own request counters) are
+    then its actual share, and goodput is compared per request served without the bounds (they
+    guard against chance in a random spread, not against a router's decision); a router that
+    routes a slow side's requests away has already shown it in that side's per-request goodput
+    (its requests queued and missed the SLO before the balance moved them).
     """
     if canary_pods < 1 or baseline_pods < 1:
         raise ValueError("canary_pods and baseline_pods must be >= 1")
@@ -290,7 +300,8 @@ def paired(
         ratio = g.ratio(c.value / canary_pods, b.value / baseline_pods)
         if g.per_request and math.isfinite(ratio) and c.requests > 0 and b.requests > 0:
             shares = (c.requests / canary_pods) / (b.requests / baseline_pods)
-            split = min(max(shares, LOAD_FACTOR_BOUNDS[0]), LOAD_FACTOR_BOUNDS[1])
+            low, high = LOAD_FACTOR_BOUNDS
+            split = shares if decided_split else min(max(shares, low), high)
             ratio /= split
     else:
         ratio = g.ratio(c.value, b.value)

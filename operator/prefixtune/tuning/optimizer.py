@@ -286,7 +286,7 @@ def _candidates(space: SearchSpace, seed: int, first: Sequence[KnobConfig] = ())
     from skopt.space import Space
 
     out: dict[KnobConfig, None] = dict.fromkeys(first)
-    for cfg in space.grid(N_GRID_FRACTIONS):
+    for cfg in space.candidate_grid(N_GRID_FRACTIONS):
         out.setdefault(cfg, None)
     for point in Space(space.to_skopt()).rvs(n_samples=N_RANDOM_CANDIDATES, random_state=seed):
         out.setdefault(space.to_config(point), None)

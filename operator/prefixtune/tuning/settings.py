@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from prefixtune.engines.knobs import BY_NAME, KNOB_NAMES, KNOBS, KnobKind, Value, knob
 from prefixtune.metrics.histogram import Slo as Slo  # the one Slo
+from prefixtune.routing.policy import Router
 
 Mode = Literal["off", "observe", "auto"]
 
@@ -116,6 +117,10 @@ class TuningSettings:
     # Score a window only after the engine's effective config was read back (config_checked). The
     # operator always reads it back; the offline benchmark drives the twin with the config it set.
     verify_applied: bool = False
+    # The router the resource runs in front of its engines (spec.routing's), whose knobs the search
+    # may tune with two replicas or more (``tuning/routed.py``); None: no router is known (the offline
+    # benchmark's single engine), the router's knobs are searched only where the space lists them.
+    router: Router | None = None
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, Any, tuple[str, ...]]] = [

@@ -5,7 +5,8 @@ more than one allowed value enters the space when the adapter searches it by def
 (``searched=True``), when the override lists it, or when the policy widened the epoch's space with
 it (``widen``: the batch limits where they bind); the others stay at the base config's value.
 Equivalent configurations (a cache-aware policy with caching off) are collapsed through the
-adapter's ``normalize()``: every point maps to a normalized KnobConfig, and the grid holds each
+adapter's ``normalize()`` (and, with a router, the thresholds of every policy but cache_aware:
+``tuning/routed.py``): every point maps to a normalized KnobConfig, and the grid holds each
 normalized config once.
 
 Categorical values are passed to skopt as strings (skopt's transformers and numpy do not round-trip
@@ -28,7 +29,8 @@ from prefixtune.engines.base import (
     KnobConfig,
     KnobSpec,
 )
-from prefixtune.engines.knobs import MEMORY_KNOB, Value, categorical_key, memory_of
+from prefixtune.engines.knobs import BY_NAME, MEMORY_KNOB, Restarts, Value, categorical_key, memory_of
+from prefixtune.tuning.routed import Routing, canonical_thresholds, collapse, resolved, routed_knobs
 from prefixtune.tuning.settings import SpaceOverride
 
 # Default search bounds for the memory fraction when the resource gives none: the engines accept
@@ -174,6 +176,25 @@ class SearchSpace:
             seen.setdefault(cfg, None)
         return list(seen)
 
+    def candidate_grid(self, n_fraction: int) -> list[KnobConfig]:
+        """The grid the optimizer ranks its candidates on (besides random samples and skopt's own
+        asked point, which cover the whole space): the full ``grid`` without router knobs; with
+        them, the engine knobs' grid at the base's routing and the router knobs' combinations at the
+        base's engine knobs, each over the fraction grid. The router and the engines are different
+        devices whose effects compose to first order, and the full cross product (SGLang's engine
+        combinations x 15 routing ones x 13 fractions, 17,550 configs) cost 3-5 s per decision."""
+        routed = [d for d in self.dims if not d.continuous and BY_NAME[d.name].restarts is Restarts.ROUTER]
+        if not routed:
+            return self.grid(n_fraction)
+        engine = [d for d in self.dims if not d.continuous and d not in routed]
+        seen: dict[KnobConfig, None] = {}
+        for part in (engine, routed):
+            for values in itertools.product(*(d.choices for d in part)):
+                combo = self.base.with_(**{d.name: v for d, v in zip(part, values, strict=True)})
+                for f in self.fraction_grid(n_fraction):
+                    seen.setdefault(self.normalize(combo.with_(**{MEMORY_KNOB.name: f})), None)
+        return list(seen)
+
     def grid(self, n_fraction: int = 9) -> list[KnobConfig]:
         """The discretized space: fraction grid x distinct categorical combos, normalized, deduped."""
         seen: dict[KnobConfig, None] = {}
@@ -189,6 +210,7 @@ def build_space(
     normalize: Callable[[KnobConfig], KnobConfig],
     override: SpaceOverride | None = None,
     widen: Mapping[str, Sequence[Value]] | None = None,
+    routing: Routing | None = None,
 ) -> SearchSpace:
     """The search space for one engine: adapter knob specs narrowed by the resource's override.
 
@@ -196,8 +218,15 @@ def build_space(
     exactly the listed values, as ``spec.tuning.space`` says), or when ``widen`` names it: the
     values the policy decided to search after the baseline for a knob the adapter keeps fixed by
     default (the batch limits where they bind: ``tuning/widening.py``); a knob the override names is
-    not widened."""
+    not widened.
+
+    ``routing``: the resource's router and replicas, which decide whether the router's knobs enter
+    (``tuning/routed.py``: with two replicas or more; by default when the baseline runs a router);
+    the thresholds of a policy other than cache_aware are collapsed onto one value each. None:
+    the adapter's table as it is (the router's knobs only where listed)."""
     override = override or SpaceOverride()
+    own = base  # the resource's own config: ``auto`` resolves from it (``routed.resolved``)
+    knobs = routed_knobs(knobs, base, routing, override)
     dims: list[Dimension] = []
     widened: list[str] = []
     for name in KNOB_NAMES:
@@ -232,12 +261,26 @@ def build_space(
         elif allowed[0] != getattr(base, name):
             base = base.with_(**{name: allowed[0]})
     dims_names = {d.name for d in dims}
+    if routing is not None:
+        replicas = routing.replicas
+        canonical = canonical_thresholds(base, {d.name: d.choices for d in dims})
+        normalize = _chain(_chain(normalize, lambda c: resolved(c, replicas, own)), collapse(canonical))
+
     return SearchSpace(
         base=normalize(base),
         dims=tuple(dims),
         normalize=normalize,
         widened=tuple(n for n in widened if n in dims_names),
     )
+
+
+def _chain(
+    first: Callable[[KnobConfig], KnobConfig], then: Callable[[KnobConfig], KnobConfig]
+) -> Callable[[KnobConfig], KnobConfig]:
+    def normalize(config: KnobConfig) -> KnobConfig:
+        return then(first(config))
+
+    return normalize
 
 
 def _fraction_dim(spec: KnobSpec, bounds: tuple[float, float] | None) -> Dimension | None:

@@ -19,7 +19,7 @@ from prefixtune.engines.knobs import Value, to_api
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.objective import ScoreBasis
 from prefixtune.tuning.phases import Phase, Step, TuningReason
-from prefixtune.tuning.settings import TuningSettings
+from prefixtune.tuning.settings import Strategy, TuningSettings
 
 MAX_TEXT = 512  # characters of a free-text field kept in the state (a trial's reason): bounded status
 
@@ -104,6 +104,12 @@ class Trial(_Model):
     # scored only once verified; one whose engine runs other knob values ends not_applied.
     verified: bool = False
     kv_tokens: int | None = None  # the KV pool the engine runs (tokens), where it exports it
+    # How the trial rolled out (``tuning/routed.py``: a change of the router's knobs serves every pod,
+    # so it rolls whatever the resource's strategy) and whether it restarted only the router (its
+    # rollout waits for the router's start, not for the engines' load). None / False: the settings'
+    # strategy, engines restarted (trials stored before routing was tuned).
+    strategy: Strategy | None = None
+    router_only: bool = False
 
     def to_status(self) -> dict[str, Any]:
         """The trial as the resource's ``status.trials[]`` shows it (camelCase)."""
@@ -349,6 +355,11 @@ class PolicyState(_Model):
     @classmethod
     def from_json(cls, text: str) -> PolicyState:
         return cls.model_validate_json(text)
+
+    def strategy_of(self, trial: Trial) -> Strategy:
+        """How ``trial`` rolled out: recorded at its start (a routing change rolls whatever the
+        resource's strategy: ``tuning/routed.py``), else the settings' strategy."""
+        return trial.strategy or self.settings.strategy
 
     def trial(self, trial_id: int) -> Trial:
         for t in self.trials:

@@ -195,8 +195,9 @@ class _Ctx(Core):
     def on_tick(self) -> None:
         st = self.s.step
         if st in ROLLOUT_STEPS:
-            if self.now - self.s.step_since > self.s.settings.ready_timeout_s:
-                rollout.on_failed(self, "timeout", f"not ready within {self.s.settings.ready_timeout_s:g}s")
+            timeout = self.ready_timeout_s()
+            if self.now - self.s.step_since > timeout:
+                rollout.on_failed(self, "timeout", f"not ready within {timeout:g}s")
         elif st == Step.WARMING_UP:
             if self.s.warm_until is not None and self.now >= self.s.warm_until:
                 measurement.begin_measuring(self)

@@ -18,7 +18,8 @@ from prefixtune.tuning.objective import (
 )
 from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.phases import Phase, Step
-from prefixtune.tuning.settings import SpaceOverride, TuningSettings
+from prefixtune.tuning.routed import ROUTER_READY_TIMEOUT_S, Routing
+from prefixtune.tuning.settings import SpaceOverride, Strategy, TuningSettings
 from prefixtune.tuning.space import SearchSpace, build_space
 from prefixtune.tuning.state import PolicyState, PriorPoint, Trial
 
@@ -32,18 +33,25 @@ MAX_STARVED_REPEATS = 2  # invalidations of one config for too little traffic be
 
 @lru_cache(maxsize=64)
 def _space(
-    engine: str, override: SpaceOverride, base: KnobConfig, widened: tuple[tuple[str, tuple[Value, ...]], ...]
+    engine: str,
+    override: SpaceOverride,
+    base: KnobConfig,
+    widened: tuple[tuple[str, tuple[Value, ...]], ...],
+    routing: Routing | None = None,
 ) -> SearchSpace:
     from prefixtune.engines import get_adapter
 
     adapter = get_adapter(engine)
-    return build_space(adapter.knobs(), base, adapter.normalize, override, dict(widened))
+    return build_space(adapter.knobs(), base, adapter.normalize, override, dict(widened), routing)
 
 
 def space_of(state: PolicyState) -> SearchSpace:
-    """The epoch's search space: the spec's, with the knobs the baseline widened it by."""
+    """The epoch's search space: the spec's, with the knobs the baseline widened it by, and the
+    router's knobs where the replicas allow (``tuning/routed.py``)."""
     widened = tuple((name, tuple(values)) for name, values in sorted(state.widened.items()))
-    return _space(state.engine, state.settings.space, state.spec_config, widened)
+    router = state.settings.router
+    routing = None if router is None else Routing(router, state.replicas)
+    return _space(state.engine, state.settings.space, state.spec_config, widened, routing)
 
 
 class Core:
@@ -68,6 +76,19 @@ class Core:
 
     def active(self) -> Trial | None:
         return None if self.s.active is None else self.s.trial(self.s.active)
+
+    def strategy_of(self, trial: Trial) -> Strategy:
+        """How ``trial`` rolled out: its own (a routing change rolls), else the settings'."""
+        return self.s.strategy_of(trial)
+
+    def ready_timeout_s(self) -> float:
+        """How long the rollout in flight may take to be ready: the router's start for a trial that
+        restarts only the router (``tuning/routed.py``), else the engines' budget."""
+        trial = self.active()
+        engines = self.s.settings.ready_timeout_s
+        if trial is not None and trial.router_only and self.s.step in (Step.ROLLING_OUT, Step.WAITING_READY):
+            return min(ROUTER_READY_TIMEOUT_S, engines)
+        return engines
 
     def best_trial(self) -> Trial | None:
         return None if self.s.best is None else self.s.trial(self.s.best)

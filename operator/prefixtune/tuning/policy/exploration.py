@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.signals import Signals
-from prefixtune.tuning import widening
+from prefixtune.tuning import routed, widening
 from prefixtune.tuning.optimizer import seed_from
 from prefixtune.tuning.phases import Phase, Step, TuningReason
 from prefixtune.tuning.policy import (
@@ -49,7 +49,13 @@ def decide(self: Core) -> None:
             return
         exploration.converge(self, suggestion.reason)
         return
-    rollout.start_trial(self, space.normalize(suggestion.config), suggestion.reason)
+    suggested = space.normalize(suggestion.config)
+    running = space.normalize(self.s.current)
+    config = space.normalize(routed.one_device(settings.strategy, running, suggested))
+    reason = suggestion.reason
+    if config != suggested:
+        reason += f"; its routing first (the engine knobs {config_label(suggested)} would roll every pod)"
+    rollout.start_trial(self, config, reason)
 
 
 def widen_space(self: Core, signals: Signals, config: KnobConfig) -> None:

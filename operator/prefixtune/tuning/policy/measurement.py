@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from prefixtune.metrics.signals import Signals
+from prefixtune.tuning import routed
 from prefixtune.tuning.actions import (
     RecordTrial,
 )
@@ -164,15 +165,19 @@ def on_window(self: Core, obs: WindowMeasured) -> None:
 def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
     settings = self.s.settings
     assert obs.signals is not None
-    canary = settings.strategy == "canary" and trial.role == "trial" and obs.baseline_signals is not None
+    canary = (
+        self.strategy_of(trial) == "canary" and trial.role == "trial" and obs.baseline_signals is not None
+    )
     result: Score | InsufficientData
     value: float | None = None
     terms: ValueTerms | None = None
     if canary:
         assert obs.baseline_signals is not None
+        # behind a cache-aware (or session-hash) router the canary's share is the router's decision
+        decided = routed.decided_split(settings.router, self.s.current, self.s.replicas)
         pair = paired(
             obs.signals, obs.baseline_signals, settings.objective, settings.slo, settings.min_requests,
-            obs.canary_pods, obs.baseline_pods,
+            obs.canary_pods, obs.baseline_pods, decided_split=decided,
         )  # fmt: skip
         if isinstance(pair, InsufficientData):
             result = pair

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from prefixtune.engines.base import KnobConfig
+from prefixtune.engines.knobs import Restarts
+from prefixtune.tuning import routed
 from prefixtune.tuning.actions import (
     RollBack,
     RollOut,
@@ -13,7 +15,7 @@ from prefixtune.tuning.policy import (
     measurement,
     rollout,
 )
-from prefixtune.tuning.policy._core import Core
+from prefixtune.tuning.policy._core import Core, space_of
 from prefixtune.tuning.policy.messages import config_label
 from prefixtune.tuning.state import CapacityWait, ConfigChecked, RolloutNoCapacity, RolloutReady, Trial
 
@@ -41,7 +43,7 @@ def on_ready(self: Core, obs: RolloutReady) -> None:
             self.s.measure_from = self.now
             return
         trial = self.active()
-        if trial is not None and self.s.settings.strategy == "rolling":
+        if trial is not None and self.strategy_of(trial) == "rolling":
             self.s.current = trial.config
         wait = self.s.capacity_wait
         if trial is not None and wait is not None and wait.config == trial.config:
@@ -198,9 +200,12 @@ def on_config_checked(self: Core, obs: ConfigChecked) -> None:
 
 def start_trial(self: Core, config: KnobConfig, reason: str) -> None:
     settings = self.s.settings
+    running = space_of(self.s).normalize(self.s.current)  # ``auto`` resolved: the policy it runs
+    strategy = routed.trial_strategy(settings.strategy, running, config)
+    cost = routed.price(running, config, settings.ready_timeout_s)
     t = Trial(
         id=self.s.next_trial_id, epoch=self.s.epoch, role="trial", config=config, started_at=self.now,
-        reason=reason,
+        reason=reason, strategy=strategy, router_only=not cost.engines_restart and bool(cost.restarts),
     )  # fmt: skip
     self.s.next_trial_id += 1
     self.s.trials.append(t)
@@ -208,13 +213,15 @@ def start_trial(self: Core, config: KnobConfig, reason: str) -> None:
     self.s.target = config
     self.s.last_rollout_at = self.now
     self.goto(step=Step.ROLLING_OUT)
-    self.actions.append(RollOut(config, settings.strategy, reason, trial=t.id))
+    self.actions.append(RollOut(config, strategy, reason, trial=t.id))
     best = self.best_trial()
+    routing = "" if strategy == settings.strategy else " (a routing change serves every pod)"
+    routing += f" ({cost.text()})" if Restarts.ROUTER in cost.restarts else ""
     self.event(
         "Normal",
         "TrialStarted",
         f"trial {t.id} ({self.explored()}/{settings.max_trials}): {config_label(config)} "
-        f"via {settings.strategy}; {reason}"
+        f"via {strategy}{routing}; {reason}"
         + (
             f"; best so far trial {best.id} {config_label(best.config)} value {best.value:.4g}"
             if best

@@ -113,8 +113,9 @@ def on_spec_changed(self: Core, obs: SpecChanged) -> None:
     if (new.missing_signals, new.refusal) != (old.missing_signals, old.refusal):
         self.s.settings = new
         self.signals_condition()
-    search_changed = (new.objective, new.slo, new.space, new.method, new.refusal) != (
-        old.objective, old.slo, old.space, old.method, old.refusal
+    # (the router decides which routing policies the space holds: another router, another search)
+    search_changed = (new.objective, new.slo, new.space, new.method, new.refusal, new.router) != (
+        old.objective, old.slo, old.space, old.method, old.refusal, old.router
     )  # fmt: skip
     self.s.settings = new
     in_flight = self.s.step in TRIAL_STEPS
