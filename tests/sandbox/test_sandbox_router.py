@@ -19,6 +19,7 @@ from prefixtune.sandbox.load import (
     SESSION_HEADER,
     WORKLOAD_ANNOTATION,
     Declared,
+    ids_completion_body,
     text_completion_body,
     user_facing,
 )
@@ -152,6 +153,15 @@ def test_through_a_router_a_sessions_next_turn_repeats_its_previous_turn_as_text
     # The twin's ids of turn 2's prompt start with turn 1's prompt and the output it was told to make.
     history = text_tokens(body1["prompt"]) + body1["prefixtune"]["output_token_ids"]
     assert text_tokens(body2["prompt"])[: len(history)] == history
+
+
+def test_direct_and_routed_requests_put_the_same_tokens_in_the_engines_cache() -> None:
+    # A routing change (kube-proxy <-> a router) must not empty every cache: same tokens either way.
+    for req in generate("chatbot", rate=2, duration_s=60, seed=3)[:20]:
+        routed, _ = text_completion_body(req, MODEL)
+        direct = ids_completion_body(req)
+        assert text_tokens(routed["prompt"]) == direct["prompt"]
+        assert routed["prefixtune"] == direct["prefixtune"]
 
 
 # --- in the sandbox ---------------------------------------------------------------------------

@@ -219,3 +219,4 @@ def test_ids_text_keeps_exactly_the_shared_prefix_in_characters_and_in_twin_toke
     assert common // 4 == 3  # the texts part where the ids part
     assert text_ids(a)[:3] == text_ids(b)[:3] and text_ids(a)[3] != text_ids(b)[3]
     assert len(text_ids(a)) == len(a)
+    assert text_ids(a) == text_tokens(ta)  # the table and the text agree

@@ -15,7 +15,9 @@ in windows of ``window_s`` sandbox seconds, forever) are sent open-loop at their
 without session affinity; so a canary pod and the baseline pods see the same traffic mix. The
 endpoints are re-read from the Service's Endpoints object as they change. With no ready endpoint a
 request fails as a refused connection would. Requests use the twin's ``/v1/completions`` with token
-ids and the output-identity extension (``prefixtune.twin.loadgen.completion_body``).
+ids and the output-identity extension (``ids_completion_body``); the ids are the twin's ids of the
+text a router is sent (``chat.text_ids``), so the engines cache the very same tokens whether the
+load goes through a router or not, and a routing change does not empty every cache.
 
 Through a router: the operator's user-facing Service (the resource's name) selects the router pods
 once a router runs (``routing/render.py``), so the same generator goes on through it (its sessions
@@ -31,7 +33,7 @@ its owner's workload when there is one (not ``<name>-engines``, the engines' own
 router: one load per resource).
 
 Pure parts: ``declared_workload`` (which workload for which Service), ``user_facing``,
-``text_completion_body`` and ``pick_target``.
+``ids_completion_body``, ``text_completion_body`` and ``pick_target``.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from prefixtune.sandbox.clock import SandboxClock
 from prefixtune.sandbox.router import COMPONENT_LABEL, ROUTER_COMPONENT
 from prefixtune.sandbox.tasks import Wakeup, stop_task
 from prefixtune.twin.chat import ids_text, text_ids
-from prefixtune.twin.loadgen import Record, completion_body
+from prefixtune.twin.loadgen import Record
 from prefixtune.twin.openai_api import error_message
 from prefixtune.twin.request import Request
 
@@ -148,6 +150,17 @@ def user_facing(service: Mapping[str, Any], peers: Sequence[Mapping[str, Any]], 
         and (o.get("metadata") or {}).get("namespace", "default") == ns
         for o in peers
     )
+
+
+def ids_completion_body(req: Request) -> dict[str, Any]:
+    """The ``/v1/completions`` body of ``req`` sent to an engine pod: the twin's ids of the text
+    ``text_completion_body`` sends a router (``chat.text_ids``), prompt and output identity."""
+    tokens = req.seq.to_tokens()
+    prompt, output = tokens[: req.prompt_len], tokens[req.prompt_len : req.prompt_len + req.output_len]
+    body: dict[str, Any] = {"prompt": text_ids(prompt), "max_tokens": req.output_len}
+    if len(output) == req.output_len:
+        body["prefixtune"] = {"output_token_ids": text_ids(output)}
+    return body
 
 
 def text_completion_body(req: Request, model: str | None) -> tuple[dict[str, Any], dict[str, str]]:
@@ -316,7 +329,7 @@ class ServiceLoad:
         if self.routed:
             body, headers = text_completion_body(req, self.model)
         else:
-            body = completion_body(req, None)
+            body = ids_completion_body(req)
         try:
             async with self.session.post(f"{target}/v1/completions", json=body, headers=headers) as resp:
                 status = resp.status
@@ -460,6 +473,7 @@ __all__ = [
     "LoadStats",
     "ServiceLoad",
     "declared_workload",
+    "ids_completion_body",
     "pick_target",
     "text_completion_body",
     "user_facing",

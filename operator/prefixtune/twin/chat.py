@@ -70,9 +70,16 @@ def ids_text(ids: Sequence[int]) -> str:
     return "".join(chars[t & 63] + chars[(t >> 6) & 63] + chars[(t >> 12) & 63] + "." for t in ids)
 
 
+_TEXT_IDS: list[int] = []  # id -> the twin's id of its 4-character text (built on first use)
+
+
 def text_ids(ids: Sequence[int]) -> list[int]:
-    """The token ids the twin reads from ``ids_text(ids)``."""
-    return text_tokens(ids_text(ids))
+    """The token ids the twin reads from ``ids_text(ids)`` (``text_tokens`` of it), by table: a
+    client can send these ids instead of the text and the engine caches the very same tokens."""
+    table = _TEXT_IDS
+    if not table:
+        table.extend(text_tokens(ids_text(range(VOCAB))))
+    return [table[t] for t in ids]
 
 
 @dataclass(frozen=True)
