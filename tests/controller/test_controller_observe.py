@@ -168,6 +168,8 @@ def test_the_settings_name_the_resources_router_whose_knobs_the_search_may_tune(
         {"engine": "sglang", "model": "m/x", "replicas": 2, "routing": {"router": "vllm-router"}}
     )
     assert tuning_settings(chosen, "ns", "a").router == Router.VLLM
+    adopting = parse_spec({"engine": "vllm", "model": "m/x", "replicas": 2, "adopt": {"deployment": "team"}})
+    assert tuning_settings(adopting, "ns", "a").router is None  # an adopting resource gets no router
 
 
 async def test_the_meter_requires_the_operators_pod_labels_only_when_the_admin_says_so() -> None:

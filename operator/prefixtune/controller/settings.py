@@ -11,6 +11,7 @@ from prefixtune.controller.render import rolling_subset
 from prefixtune.engines import get_adapter
 from prefixtune.engines.knobs import BY_NAME, KNOB_NAMES
 from prefixtune.metrics.recipe import for_engine, missing_signals, objective_refusal
+from prefixtune.routing.policy import Router
 from prefixtune.routing.settings import ENGINE_ROUTER
 from prefixtune.tuning.settings import Mode, Objective, Slo, SpaceOverride, Strategy, TuningSettings
 
@@ -99,5 +100,13 @@ def tuning_settings(
         missing_signals=missing,
         refusal=refusal,
         verify_applied=True,
-        router=spec.routing.router or ENGINE_ROUTER[spec.engine],  # its knobs searched with replicas
+        router=router_of(spec),
     )
+
+
+def router_of(spec: ServingDeploymentSpec) -> Router | None:
+    """The router whose knobs the search may tune (with replicas >= 2): spec.routing.router, else the
+    engine's; None for an adopting resource, which gets no router (its pods are its team's)."""
+    if spec.adopt is not None:
+        return None
+    return spec.routing.router or ENGINE_ROUTER[spec.engine]
