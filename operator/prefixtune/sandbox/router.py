@@ -193,10 +193,11 @@ class RouterProcess:
         return self._proc.pid if self._proc is not None else None
 
     async def start(self) -> None:
-        env = dict(os.environ)
+        # Never a real cluster: the router's discovery reads the sandbox's kubeconfig only (none: an
+        # empty one, so discovery fails rather than reach ~/.kube/config or an in-cluster API server).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
         env.update({"NO_COLOR": "1", "HF_HUB_OFFLINE": "1"})  # plain logs; no tokenizer downloads
-        if self.kubeconfig:
-            env["KUBECONFIG"] = self.kubeconfig  # the router's service discovery: the sandbox's API
+        env["KUBECONFIG"] = self.kubeconfig or os.devnull
         self._proc = await asyncio.create_subprocess_exec(
             *self.argv,
             stdin=asyncio.subprocess.DEVNULL,
