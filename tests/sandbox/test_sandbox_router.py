@@ -289,3 +289,25 @@ async def test_a_router_that_refuses_its_flags_fails_its_pod_with_its_own_messag
         ):
             log = await resp.text()
         assert "invalid choice: 'nonsense'" in log  # argparse's own words, from the router's process
+
+
+@pytest.mark.parametrize("router", ["sglang-router", "vllm-router"])
+async def test_a_deleted_engine_pod_leaves_the_routers_workers(router: str) -> None:
+    # The routers' discovery removes a worker when it sees the pod terminating (deletionTimestamp),
+    # never on the DELETED event: the emulator marks a pod before it deletes it, as kube does.
+    async with sandbox(SandboxOptions(speedup=10.0, config=config(), load=False)) as sb:
+        await sb.api.create(DEPLOYMENTS, engine_deployment("chat", 2))
+        await sb.api.create(DEPLOYMENTS, router_deployment("chat-router", "chat", router))
+        ips = await ready_ips(sb, "app%3Dchat", 2)
+        (router_ip,) = await ready_ips(sb, "app%3Dchat-router", 1)
+        url = f"http://{router_ip}:{ROUTER_PORT}"
+
+        async def registered(wanted: set[str]) -> bool:
+            return await workers(url) == wanted
+
+        await until(
+            sb, lambda: registered({f"http://{ip}:30000" for ip in ips}), 60.0, "both pods registered"
+        )
+        await sb.api.patch(f"{DEPLOYMENTS}/chat", {"spec": {"replicas": 1}})
+        (left,) = await ready_ips(sb, "app%3Dchat", 1)
+        await until(sb, lambda: registered({f"http://{left}:30000"}), 60.0, "the deleted pod to leave")

@@ -477,6 +477,8 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             self._objects[key].history.append(marked)
             await self._emit(res, "MODIFIED", marked, current)
             return marked
+        if not res.group and res.plural == "pods":
+            current = await self._mark_terminating(res, key, current, options, request)
         final = copy.deepcopy(current)
         final["metadata"]["resourceVersion"] = str(self._next_rv())
         await self._remove(res, key, final, orphan=orphan)
@@ -487,6 +489,31 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             "status": "Success",
             "details": {**details(res, key[2]), "uid": _meta(current).get("uid")},
         }
+
+    async def _mark_terminating(
+        self,
+        res: kmock.resource,
+        key: _Key,
+        current: dict[str, Any],
+        options: Mapping[str, Any],
+        request: rendering.Request,
+    ) -> dict[str, Any]:
+        """A pod's graceful termination, compressed: the API server first sets its
+        ``deletionTimestamp`` (watchers see it terminating: the routers' Kubernetes discovery, which
+        watches applied objects only, removes a worker on that, never on DELETED), then the twin
+        kubelet, which has no grace period, has it deleted at once."""
+        grace = options.get("gracePeriodSeconds", request.params.get("gracePeriodSeconds"))
+        if grace is None:
+            grace = (current.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        marked = copy.deepcopy(current)
+        marked["metadata"].update(
+            deletionTimestamp=_now(),
+            deletionGracePeriodSeconds=int(grace),
+            resourceVersion=str(self._next_rv()),
+        )
+        self._objects[key].history.append(marked)
+        await self._emit(res, "MODIFIED", marked, current)
+        return marked
 
     async def _remove(
         self, res: kmock.resource, key: _Key, final: dict[str, Any], orphan: bool = False
