@@ -311,3 +311,6 @@ async def test_a_deleted_engine_pod_leaves_the_routers_workers(router: str) -> N
         await sb.api.patch(f"{DEPLOYMENTS}/chat", {"spec": {"replicas": 1}})
         (left,) = await ready_ips(sb, "app%3Dchat", 1)
         await until(sb, lambda: registered({f"http://{left}:30000"}), 60.0, "the deleted pod to leave")
+        # Deleting the Deployment deletes its pods through the garbage collector: marked as well.
+        await sb.api.delete(f"{DEPLOYMENTS}/chat")
+        await until(sb, lambda: registered(set()), 60.0, "the collected pod to leave")
