@@ -5,7 +5,9 @@ generators), the operator as a separate ``prefixtune run`` process against the s
 (a process, not a thread: on a 2-core machine the twins and the operator must not share one GIL),
 creates the examples as they are written, admitted by the sandbox with demo timings (what
 ``prefixtune sandbox up --demo-timings`` does: ``sandbox/profile.py``), shows a refreshing progress
-table until every resource has converged (or the deadline), then prints baseline vs best per resource.
+table until every resource has converged (or the deadline), then prints baseline vs best per resource
+and the routers in front of the multi-replica examples (the real sglang-router / vllm-router processes
+the twin kubelet runs for router pods, with the engine pods each registered by its own discovery).
 
 Demo timings: the twins run ``--speedup`` x faster than the wall clock (default 10: an 8 s window
 is 80 simulated seconds); warm-up 2 s and measurement 8 s of sandbox time per trial, at most 5 trials;
@@ -37,6 +39,7 @@ import yaml
 from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL
 from prefixtune.engines.knobs import api_text
 from prefixtune.report.scores import baseline_record, best_record, derivation, number
+from prefixtune.routing.policy import RoutingPolicy
 from prefixtune.tuning.objective import GOALS
 from prefixtune.tuning.phases import Phase
 
@@ -139,6 +142,55 @@ def summary(objs: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def router_lines(pods: Sequence[Mapping[str, Any]], workers: Mapping[str, int | None]) -> list[str]:
+    """One line per router pod (label ``app.kubernetes.io/component: router``): its Deployment's
+    pod, the router and policy its command runs, whether it is ready, and how many engine pods it
+    registered by its own service discovery (``workers``: pod name -> count, None when unknown)."""
+    from prefixtune.sandbox.pods import is_ready
+    from prefixtune.sandbox.router import COMPONENT_LABEL, ROUTER_COMPONENT, container_command, router_of
+
+    lines = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (meta.get("labels") or {}).get(COMPONENT_LABEL) != ROUTER_COMPONENT:
+            continue
+        containers = (pod.get("spec") or {}).get("containers") or [{}]
+        argv = container_command(containers[0])
+        router = router_of(argv)
+        default = RoutingPolicy.CACHE_AWARE.value  # both routers' default --policy
+        policy = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--policy"), default)
+        count = workers.get(str(meta.get("name")))
+        lines.append(
+            f"  {meta.get('namespace')}/{meta.get('name')}: {router.value if router else argv[:1]} "
+            f"--policy {policy}, {'ready' if is_ready(pod) else 'not ready'}, "
+            f"{'?' if count is None else count} engine pods registered"
+        )
+    return lines
+
+
+async def show_routers(api: Any) -> None:
+    """The routers in front of the multi-replica examples (the real wheels' processes), and the
+    engine pods each discovered by itself."""
+    import aiohttp
+
+    from prefixtune.sandbox.router import COMPONENT_LABEL, ROUTER_COMPONENT, container_command, port_of
+
+    pods = await api.list(f"/api/v1/pods?labelSelector={COMPONENT_LABEL}%3D{ROUTER_COMPONENT}")
+    workers: dict[str, int | None] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        for pod in pods:
+            name, ip = str(pod["metadata"]["name"]), (pod.get("status") or {}).get("podIP")
+            port = port_of(container_command(((pod.get("spec") or {}).get("containers") or [{}])[0]))
+            try:
+                async with http.get(f"http://{ip}:{port}/workers") as resp:
+                    workers[name] = len((await resp.json(content_type=None)).get("workers") or ())
+            except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+                workers[name] = None
+    lines = router_lines(pods, workers)
+    print("\nrouters (sglang-router / vllm-router from their wheels, in front of the engine pods):")
+    print("\n".join(lines) if lines else "  none (every example runs kube-proxy routing)")
+
+
 async def _run(args: argparse.Namespace) -> int:
     from prefixtune.api.crd import build_crd
     from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
@@ -201,6 +253,7 @@ async def _run(args: argparse.Namespace) -> int:
                     break
             print("\nsummary (scores: the objective measured in the sandbox, per simulated second):")
             print(summary(objs))
+            await show_routers(sb.api)
             converged = sum(1 for o in objs if (o.get("status") or {}).get("phase") == Phase.CONVERGED)
             print(f"\n{converged}/{len(objs)} converged in {time.monotonic() - began:.0f}s")
             pace = sb.pace()

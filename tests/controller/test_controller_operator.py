@@ -17,7 +17,15 @@ from prefixtune.controller.operator import (
     options_from_args,
 )
 from prefixtune.controller.selfmetrics import SelfMetrics
-from prefixtune.demo import PROGRESS_CAP, next_deadline, progress_rows, progress_token, summary, table
+from prefixtune.demo import (
+    PROGRESS_CAP,
+    next_deadline,
+    progress_rows,
+    progress_token,
+    router_lines,
+    summary,
+    table,
+)
 from prefixtune.engines.base import KnobConfig
 from prefixtune.tuning.actions import RecordTrial, RollBack, RollOut
 from prefixtune.tuning.state import Trial
@@ -295,3 +303,24 @@ def test_stop_operator_terminates_and_kills_a_child_that_ignores_sigterm() -> No
     for proc in (polite, stubborn):
         assert proc.stdout is not None
         proc.stdout.close()
+
+
+def test_demo_names_each_router_pod_its_policy_readiness_and_registered_engines() -> None:
+    def pod(name: str, labels: dict[str, str], command: list[str], ready: bool) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "namespace": "default", "labels": labels},
+            "spec": {"containers": [{"name": "c", "command": command}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        }
+
+    router = {"app.kubernetes.io/component": "router"}
+    pods = [
+        pod("chat-router-1", router, ["vllm-router", "--policy", "consistent_hash"], True),
+        pod("gw-2", router, ["python3", "-m", "sglang_router.launch_router"], False),
+        pod("chat-engine-1", {"app": "chat"}, ["python3", "-m", "sglang.launch_server"], True),
+    ]
+    lines = router_lines(pods, {"chat-router-1": 4})
+    assert lines == [
+        "  default/chat-router-1: vllm-router --policy consistent_hash, ready, 4 engine pods registered",
+        "  default/gw-2: sglang-router --policy cache_aware, not ready, ? engine pods registered",
+    ]

@@ -106,7 +106,7 @@ def test_dockerignore_keeps_the_context_small_and_clean() -> None:
 _RUNTIME_ONLY = """
 import importlib, importlib.abc, pkgutil, sys
 EXTRAS_ONLY = {"kmock", "matplotlib", "pytest", "hypothesis", "helm_python", "kubernetes_validate",
-               "celpy", "jsonschema", "mypy", "ruff"}
+               "celpy", "jsonschema", "mypy", "ruff", "sglang_router", "vllm_router"}
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in EXTRAS_ONLY:

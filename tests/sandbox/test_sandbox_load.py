@@ -47,9 +47,11 @@ def test_declared_workload_precedence_service_then_owner_then_same_name() -> Non
     assert declared_workload(on_service, [owner, same]) == Declared("rag", 8.0, "Service ml/rag")
     owned = _svc(owners=[{"kind": "ServingDeployment", "uid": "u1"}])
     assert declared_workload(owned, [owner, same]) == Declared(
-        "agent", None, "ServingDeployment ml/other-name"
+        "agent", None, "ServingDeployment ml/other-name", owner="other-name"
     )
-    assert declared_workload(_svc(), [owner, same]) == Declared("chatbot", 3.0, "ServingDeployment ml/rag")
+    assert declared_workload(_svc(), [owner, same]) == Declared(
+        "chatbot", 3.0, "ServingDeployment ml/rag", owner="rag"
+    )
     assert declared_workload(_svc(), [owner]) is None
 
 

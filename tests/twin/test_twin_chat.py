@@ -12,7 +12,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixtune.twin.chat import Message, answer, parse_messages, render_chat, text_tokens
+from prefixtune.twin.chat import Message, answer, ids_text, parse_messages, render_chat, text_ids, text_tokens
 from prefixtune.twin.openai_api import error_message
 from prefixtune.twin.serve import CHAT_ANSWER_TOKENS, ServeOptions, make_server, serving
 
@@ -209,3 +209,14 @@ async def test_errors_have_each_engines_shape(engine: str) -> None:
         assert data == {"object": "error", **expected, "code": 404}
     assert "messages must be a non-empty list" in error_message(data2)
     assert "does not exist" in str(err.value)
+
+
+def test_ids_text_keeps_exactly_the_shared_prefix_in_characters_and_in_twin_tokens() -> None:
+    a, b = [5, 70_000, 128_255, 9, 9], [5, 70_000, 128_255, 10]
+    ta, tb = ids_text(a), ids_text(b)
+    assert ta.isascii() and len(ta) == 4 * len(a)
+    common = next(i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y)
+    assert common // 4 == 3  # the texts part where the ids part
+    assert text_ids(a)[:3] == text_ids(b)[:3] and text_ids(a)[3] != text_ids(b)[3]
+    assert len(text_ids(a)) == len(a)
+    assert text_ids(a) == text_tokens(ta)  # the table and the text agree

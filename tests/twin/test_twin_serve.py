@@ -543,3 +543,52 @@ async def test_stop_aborts_in_flight_requests_instead_of_waiting_for_them() -> N
         assert asyncio.get_running_loop().time() - t0 < 5
         status, data = await asyncio.wait_for(task, timeout=5)
     assert status == 503 and "shutting down" in error_message(data)
+
+
+async def test_a_list_of_text_prompts_gets_one_choice_each_and_shared_text_hits() -> None:
+    shared = "You are a helpful assistant. " * 40  # 1,160 bytes: 290 tokens of 4 bytes
+    async with (
+        serving("sglang", MODEL, GPU, (), ServeOptions(speedup=SPEEDUP)) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        status, _ = await post(http, url, {"model": MODEL, "prompt": shared + "first", "max_tokens": 2})
+        assert status == 200
+        status, batch = await post(
+            http, url, {"model": MODEL, "prompt": [shared + "second", shared + "third"], "max_tokens": 2}
+        )
+    assert status == 200
+    assert [c["index"] for c in batch["choices"]] == [0, 1]
+    assert batch["usage"]["prompt_tokens"] == 2 * 290 + 2 + 2  # "seco" "nd", "thir" "d"
+    assert batch["usage"]["prompt_tokens_details"]["cached_tokens"] >= 2 * 290
+
+
+async def test_an_empty_string_in_a_prompt_list_is_refused_naming_it() -> None:
+    async with (
+        serving("vllm", MODEL, GPU, (), ServeOptions(speedup=SPEEDUP)) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        status, data = await post(http, url, {"prompt": ["a text", ""], "max_tokens": 1})
+    assert status == 400 and "empty string" in data["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/get_server_info", "/server_info", "/get_model_info", "/model_info"])
+async def test_sglang_serves_the_information_routes_the_routers_probe(path: str) -> None:
+    async with (
+        serving("sglang", MODEL, GPU, ("--page-size", "16"), ServeOptions(speedup=SPEEDUP)) as url,
+        aiohttp.ClientSession() as http,
+        http.get(f"{url}{path}") as resp,
+    ):
+        assert resp.status == 200
+        info = await resp.json()
+    assert info["model_path"] == MODEL
+    if "server" in path:
+        assert info["page_size"] == 16 and info["tp_size"] == 1 and info["max_total_num_tokens"] > 0
+
+
+async def test_vllm_serves_no_sglang_information_routes() -> None:
+    async with (
+        serving("vllm", MODEL, GPU, (), ServeOptions(speedup=SPEEDUP)) as url,
+        aiohttp.ClientSession() as http,
+        http.get(f"{url}/get_model_info") as resp,
+    ):
+        assert resp.status == 404

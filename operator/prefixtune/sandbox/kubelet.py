@@ -39,6 +39,12 @@ Container lifecycle, in sandbox time (seconds divided by ``speedup``):
 * Logs (``podlogs.py``, served as ``pods/log``): each run's command line, the server listening, and
   the exit message; the current and the previous run, forgotten with the pod.
 
+Router pods (``router.py``): a pod labelled ``app.kubernetes.io/component: router`` runs the real
+``sglang-router`` / ``vllm-router`` as a child process from the container's own command (bound to the
+pod's address; its service discovery reads the sandbox's API server through ``Kubelet.kubeconfig``),
+probed like an engine (its readiness probe, else ``/health``), without the weights' start-up delay,
+and stopped with the pod.
+
 Fault injection (``faults.py``): ``Kubelet.crash`` kills a running engine (CUDA OOM or a crash), and
 ``Kubelet.metrics_faults`` makes the pods' metrics endpoints unreachable, empty, NaN or reset.
 """
@@ -54,6 +60,7 @@ import shlex
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -64,6 +71,7 @@ from prefixtune.sandbox.client import ApiClient, ApiStatusError
 from prefixtune.sandbox.clock import SandboxClock
 from prefixtune.sandbox.faults import MetricsFaults, install_metrics_faults
 from prefixtune.sandbox.podlogs import ContainerLogs
+from prefixtune.sandbox.router import RouterLaunchError, RouterProcess, container_command, is_router_pod
 from prefixtune.sandbox.standin import StandInPod, StandInServer
 from prefixtune.sandbox.tasks import Wakeup, log_failure, stop_task
 
@@ -294,6 +302,8 @@ class PodWorker:
         running = podlib.ContainerState(
             "running", started_at=started, restart_count=self.restarts, last_exit=last_exit
         )
+        if is_router_pod(self.pod):
+            return await self._run_router(running, started)
         try:
             configmaps = await self.kubelet.configmaps(self.namespace)
             plan = podlib.launch_plan(self.pod, configmaps, self.kubelet.node_labels)
@@ -352,6 +362,33 @@ class PodWorker:
         )
         return await self._serve_until_exit(server, running, plan.engine.value, started, "the engine exited")
 
+    async def _run_router(self, running: podlib.ContainerState, started: str) -> _Exit:
+        """A router pod (``router.py``): the real router's process, probed as an engine is."""
+        container = podlib.engine_container(self.pod)
+        self.container_name = str(container.get("name", "router"))
+        self.kubelet.logs.start(self.uid, self.container_name)
+        self.logging = True
+        argv = container_command(container)
+        self._log(f"prefixtune twin kubelet: starting {shlex.join(argv)}")
+        kubeconfig = str(self.kubelet.kubeconfig) if self.kubelet.kubeconfig else None
+        try:
+            process = RouterProcess(argv, self.ip, kubeconfig, self._log)
+        except RouterLaunchError as err:
+            reason = "StartError" if err.exit_code == 127 else "Error"
+            return _Exit(err.exit_code, reason, err.message, started)
+        await self._report(running)
+        await process.start()
+        self.server = process
+        try:
+            await self._probe_until_exit(process, running, "")
+        finally:
+            await self._stop_server()
+        if self.injected_exit:
+            message, self.injected_exit = self.injected_exit, ""
+            return _Exit(1, "Error", message, started)
+        code = process.exit_code
+        return _Exit(code or 1, "Error", f"the router exited with code {code}", started)
+
     async def _run_stand_in(self, parsed: Any, running: podlib.ContainerState, started: str) -> _Exit:
         """The container as a stand-in (``KubeletConfig.stand_in``): probed and stopped as a twin."""
         cfg = self.kubelet.config
@@ -396,9 +433,8 @@ class PodWorker:
     async def _probe_until_exit(self, server: Any, running: podlib.ContainerState, engine: str) -> None:
         """Probe readiness every period until the twin's process exits (after a runtime OOM)."""
         cfg = self.kubelet.config
-        path, period, threshold, timeout = _readiness(
-            self.pod, get_adapter(engine).health_path, cfg.probe_period_s
-        )
+        default_path = get_adapter(engine).health_path if engine else "/health"  # "": a router
+        path, period, threshold, timeout = _readiness(self.pod, default_path, cfg.probe_period_s)
         timeout_s = max(PROBE_TIMEOUT_FLOOR_S, cfg.wall(timeout))
         url = f"{server.url}{path}"
         ready = False
@@ -436,7 +472,7 @@ class PodWorker:
 
     async def _stop_server(self) -> None:
         server, self.server = self.server, None
-        if isinstance(server, StandInPod):
+        if isinstance(server, StandInPod | RouterProcess):
             await server.stop()
         elif server is not None:
             await stop_twin(server)
@@ -504,6 +540,8 @@ class Kubelet:
         self.gpus = config.gpus  # the node's nvidia.com/gpu allocatable now (set_gpus; None: no limit)
         self.stand_ins = StandInServer()  # every stand-in pod's endpoints (``KubeletConfig.stand_in``)
         self.logs = ContainerLogs()  # the containers' output, served as pods/log by the emulator
+        # The kubeconfig of the sandbox's API server: router pods' own service discovery reads it.
+        self.kubeconfig: Path | None = None
 
     async def set_gpus(self, gpus: int | None) -> None:
         """Change the node's GPU allocatable (capacity freed or taken elsewhere); Pending pods are
@@ -521,6 +559,8 @@ class Kubelet:
             if worker.namespace != namespace or worker.name != name or worker.server is None:
                 continue
             server = worker.server
+            if oom and isinstance(server, RouterProcess):
+                return False  # a router holds no KV cache: it cannot run out of GPU memory
             if oom:
                 server.on_oom(message or "CUDA out of memory (injected fault)")
             else:

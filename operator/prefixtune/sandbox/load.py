@@ -15,9 +15,25 @@ in windows of ``window_s`` sandbox seconds, forever) are sent open-loop at their
 without session affinity; so a canary pod and the baseline pods see the same traffic mix. The
 endpoints are re-read from the Service's Endpoints object as they change. With no ready endpoint a
 request fails as a refused connection would. Requests use the twin's ``/v1/completions`` with token
-ids and the output-identity extension (``prefixtune.twin.loadgen.completion_body``).
+ids and the output-identity extension (``ids_completion_body``); the ids are the twin's ids of the
+text a router is sent (``chat.text_ids``), so the engines cache the very same tokens whether the
+load goes through a router or not, and a routing change does not empty every cache.
 
-Pure parts: ``declared_workload`` (which workload for which Service) and ``pick_target``.
+Through a router: the operator's user-facing Service (the resource's name) selects the router pods
+once a router runs (``routing/render.py``), so the same generator goes on through it (its sessions
+continue) when a router comes or goes. While a Service's ready endpoints are router pods (label
+``app.kubernetes.io/component: router``), its requests carry text (the routers' prefix trees need
+text; ``chat.ids_text``: 4 ASCII characters per token, so prompts keep the prefixes their token ids
+share, and a session's next turn repeats the previous turn's text), the served model's name
+(sglang-router requires ``model``: the first the router's ``/v1/models`` names, else the resource's
+``spec.model``), the output-identity extension in the twin's ids of that text (the routers pass
+unknown fields through), and the session in ``X-Session-ID`` (vllm-router's ``consistent_hash`` key;
+sglang-router ignores it). Of the Services a ServingDeployment owns, only the one with its name gets
+its owner's workload when there is one (not ``<name>-engines``, the engines' own Service beside a
+router: one load per resource).
+
+Pure parts: ``declared_workload`` (which workload for which Service), ``user_facing``,
+``ids_completion_body``, ``text_completion_body`` and ``pick_target``.
 """
 
 from __future__ import annotations
@@ -37,8 +53,10 @@ import aiohttp
 from prefixtune.sandbox import controllers as ctl
 from prefixtune.sandbox.client import ApiClient, ApiStatusError
 from prefixtune.sandbox.clock import SandboxClock
+from prefixtune.sandbox.router import COMPONENT_LABEL, ROUTER_COMPONENT
 from prefixtune.sandbox.tasks import Wakeup, stop_task
-from prefixtune.twin.loadgen import Record, completion_body
+from prefixtune.twin.chat import ids_text, text_ids
+from prefixtune.twin.loadgen import Record
 from prefixtune.twin.openai_api import error_message
 from prefixtune.twin.request import Request
 
@@ -57,13 +75,16 @@ class Declared:
     workload: str
     rate: float | None  # requests per sandbox second; None: the workload's own rate
     source: str  # where it was declared (for messages)
+    owner: str | None = None  # the ServingDeployment it was declared on (None: the Service itself)
+    model: str | None = None  # that resource's spec.model
 
 
 def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return ((obj or {}).get("metadata") or {}).get("annotations") or {}
 
 
-def _declared_on(obj: Mapping[str, Any] | None, source: str) -> Declared | None:
+def _declared_on(obj: Mapping[str, Any] | None, source: str, resource: bool) -> Declared | None:
+    """The workload the annotations of ``obj`` declare (``resource``: a ServingDeployment's)."""
     notes = _annotations(obj)
     workload = str(notes.get(WORKLOAD_ANNOTATION, "")).strip()
     if not workload:
@@ -79,7 +100,11 @@ def _declared_on(obj: Mapping[str, Any] | None, source: str) -> Declared | None:
             ) from None
         if not rate > 0:
             raise ValueError(f"{source}: annotation {RATE_ANNOTATION} must be > 0, got {raw_rate!r}")
-    return Declared(workload, rate, source)
+    if not resource:
+        return Declared(workload, rate, source)
+    meta, spec = (obj or {}).get("metadata") or {}, (obj or {}).get("spec") or {}
+    model = spec.get("model")
+    return Declared(workload, rate, source, str(meta.get("name")), str(model) if model else None)
 
 
 def declared_workload(
@@ -88,7 +113,7 @@ def declared_workload(
     """The workload declared for ``service`` (see the module docstring for the order); None if none."""
     meta = service.get("metadata") or {}
     ns, name = meta.get("namespace", "default"), meta.get("name")
-    found = _declared_on(service, f"Service {ns}/{name}")
+    found = _declared_on(service, f"Service {ns}/{name}", resource=False)
     if found is not None:
         return found
     owners = {
@@ -97,14 +122,59 @@ def declared_workload(
     for sdep in serving_deployments:
         smeta = sdep.get("metadata") or {}
         if smeta.get("uid") in owners:
-            found = _declared_on(sdep, f"ServingDeployment {ns}/{smeta.get('name')}")
+            found = _declared_on(sdep, f"ServingDeployment {ns}/{smeta.get('name')}", resource=True)
             if found is not None:
                 return found
     for sdep in serving_deployments:
         smeta = sdep.get("metadata") or {}
         if smeta.get("namespace", "default") == ns and smeta.get("name") == name:
-            return _declared_on(sdep, f"ServingDeployment {ns}/{name}")
+            return _declared_on(sdep, f"ServingDeployment {ns}/{name}", resource=True)
     return None
+
+
+SESSION_HEADER = "X-Session-ID"  # vllm-router's consistent_hash key (its first choice)
+
+
+def user_facing(service: Mapping[str, Any], peers: Sequence[Mapping[str, Any]], declared: Declared) -> bool:
+    """Whether ``service`` gets the generator of ``declared``: a workload declared on the Service
+    itself, always; one of a ServingDeployment, on the Service with the resource's name when the
+    resource has one (its other Services, such as the engines' own beside a router, get none)."""
+    if declared.owner is None:
+        return True
+    meta = service.get("metadata") or {}
+    if meta.get("name") == declared.owner:
+        return True
+    ns = meta.get("namespace", "default")
+    return not any(
+        (o.get("metadata") or {}).get("name") == declared.owner
+        and (o.get("metadata") or {}).get("namespace", "default") == ns
+        for o in peers
+    )
+
+
+def ids_completion_body(req: Request) -> dict[str, Any]:
+    """The ``/v1/completions`` body of ``req`` sent to an engine pod: the twin's ids of the text
+    ``text_completion_body`` sends a router (``chat.text_ids``), prompt and output identity."""
+    tokens = req.seq.to_tokens()
+    prompt, output = tokens[: req.prompt_len], tokens[req.prompt_len : req.prompt_len + req.output_len]
+    body: dict[str, Any] = {"prompt": text_ids(prompt), "max_tokens": req.output_len}
+    if len(output) == req.output_len:
+        body["prefixtune"] = {"output_token_ids": text_ids(output)}
+    return body
+
+
+def text_completion_body(req: Request, model: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The ``/v1/completions`` body and headers of ``req`` sent through a router: a text prompt
+    (``ids_text``), the output identity in the twin's ids of that text, the session header."""
+    tokens = req.seq.to_tokens()
+    prompt, output = tokens[: req.prompt_len], tokens[req.prompt_len : req.prompt_len + req.output_len]
+    body: dict[str, Any] = {"prompt": ids_text(prompt), "max_tokens": req.output_len}
+    if model is not None:
+        body["model"] = model
+    if len(output) == req.output_len:
+        body["prefixtune"] = {"output_token_ids": text_ids(output)}
+    headers = {SESSION_HEADER: str(req.session)} if req.session is not None else {}
+    return body, headers
 
 
 def pick_target(targets: Sequence[str], rng: random.Random) -> str | None:
@@ -168,6 +238,8 @@ class ServiceLoad:
         # (no burst of late requests), as the twins' simulated time does.
         self.clock = clock or SandboxClock()
         self.targets: list[str] = []
+        self.routed = False  # the Service's ready endpoints are router pods: text, model, session
+        self.model: str | None = None  # the served model's name (read once routed)
         self.stats = LoadStats()
         self.error = ""
         self._rng = random.Random(self.seed)
@@ -177,6 +249,25 @@ class ServiceLoad:
         endpoints = await self.api.get(f"/api/v1/namespaces/{self.namespace}/endpoints/{self.name}")
         pairs = ctl.endpoint_targets(endpoints or {})
         self.targets = sorted(f"http://{ip}:{port}" for ip, port in pairs)
+        routers = await self.api.list(
+            f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={COMPONENT_LABEL}%3D{ROUTER_COMPONENT}"
+        )
+        router_ips = {str((p.get("status") or {}).get("podIP")) for p in routers}
+        self.routed = bool(pairs) and all(ip in router_ips for ip, _ in pairs)
+        if self.routed and self.model is None:
+            self.model = await self._served_model(self.targets[0]) or self.declared.model
+
+    async def _served_model(self, base: str) -> str | None:
+        """The first model ``base`` (a router) names in ``/v1/models`` (None: none, or "unknown", what
+        sglang-router says of a worker that does not describe itself)."""
+        try:
+            limit = aiohttp.ClientTimeout(total=10)
+            async with self.session.get(f"{base}/v1/models", timeout=limit) as resp:
+                data = await resp.json(content_type=None)
+            name = str(data["data"][0]["id"])
+        except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, IndexError, TypeError):
+            return None
+        return None if name == "unknown" else name
 
     def _window(self, index: int) -> list[Request]:
         from prefixtune.twin.workloads import generate
@@ -234,8 +325,13 @@ class ServiceLoad:
         sent = time.monotonic()
         status, error = 0, ""
         usage: dict[str, Any] = {}
+        headers: dict[str, str] = {}
+        if self.routed:
+            body, headers = text_completion_body(req, self.model)
+        else:
+            body = ids_completion_body(req)
         try:
-            async with self.session.post(f"{target}/v1/completions", json=completion_body(req, None)) as resp:
+            async with self.session.post(f"{target}/v1/completions", json=body, headers=headers) as resp:
                 status = resp.status
                 data = await resp.json(content_type=None)
                 if isinstance(data, dict):
@@ -335,6 +431,8 @@ class LoadManager:
                 declared = None
             if declared is None:
                 continue
+            if not user_facing(service, services, declared):
+                continue  # the resource's user-facing Service carries its load
             seen.add(key)
             current = self.loads.get(key)
             if current is not None and current[0].declared != declared:
@@ -375,5 +473,8 @@ __all__ = [
     "LoadStats",
     "ServiceLoad",
     "declared_workload",
+    "ids_completion_body",
     "pick_target",
+    "text_completion_body",
+    "user_facing",
 ]

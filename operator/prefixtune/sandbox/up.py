@@ -262,6 +262,7 @@ async def sandbox(options: SandboxOptions | None = None) -> AsyncIterator[Sandbo
                 files.callback(kubelet.close)  # its address octet is claimed until the sandbox ends
                 kubelet.metrics_faults = opts.metrics_faults
                 kubelet.knob_overrides = dict(opts.knob_overrides or {})
+                kubelet.kubeconfig = kubeconfig_path  # routers discover their engines through it
                 loads = None
                 if opts.load:
                     loads = LoadManager(api, speedup=cfg.speedup, seed=opts.seed, clock=clock)

@@ -56,6 +56,32 @@ def text_tokens(text: str) -> list[int]:
     return [int.from_bytes(raw[i : i + 4], "little") % VOCAB for i in range(0, len(raw), 4)]
 
 
+_WORD_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def ids_text(ids: Sequence[int]) -> str:
+    """A text for token ids, 4 ASCII bytes per id (three base-64 digits of the id and ``.``), so that
+    texts of id sequences share exactly the prefixes the sequences share, in characters (what a
+    router's prefix tree compares) and, through :func:`text_tokens`, in tokens (what the twin
+    caches): ``text_tokens(ids_text(ids))`` is one id per id. Distinct ids can map to one token (4
+    ASCII bytes reach about 64 * 64 * 64 of the vocabulary's residues); that never splits a shared
+    prefix, and two requests that diverge after the same tokens merge for one more token rarely."""
+    chars = _WORD_CHARS
+    return "".join(chars[t & 63] + chars[(t >> 6) & 63] + chars[(t >> 12) & 63] + "." for t in ids)
+
+
+_TEXT_IDS: list[int] = []  # id -> the twin's id of its 4-character text (built on first use)
+
+
+def text_ids(ids: Sequence[int]) -> list[int]:
+    """The token ids the twin reads from ``ids_text(ids)`` (``text_tokens`` of it), by table: a
+    client can send these ids instead of the text and the engine caches the very same tokens."""
+    table = _TEXT_IDS
+    if not table:
+        table.extend(text_tokens(ids_text(range(VOCAB))))
+    return [table[t] for t in ids]
+
+
 @dataclass(frozen=True)
 class Message:
     role: str

@@ -11,13 +11,15 @@ arrive at the right simulated time. A completion is answered when its simulated 
 
 Endpoints (as the engines serve them):
 
-- ``POST /v1/completions``: ``{"model", "prompt": [ids] | [[ids], ...] | "text", "max_tokens",
-  "stream"?, "return_token_ids"?}``. Token arrays are the prompt identity (``TokenSeq.from_tokens``).
+- ``POST /v1/completions``: ``{"model", "prompt": [ids] | [[ids], ...] | "text" | ["text", ...],
+  "max_tokens", "stream"?, "return_token_ids"?}``. Token arrays are the prompt identity
+  (``TokenSeq.from_tokens``).
   The twin generates exactly ``max_tokens`` tokens (default 16, as vLLM). ``usage`` has
   ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
   ``prompt_tokens_details.cached_tokens`` (the engine's prefix-cache hit for this request).
-  Text prompts are not tokenized: every 4 UTF-8 bytes count as one token (``chat.text_tokens``, an
-  approximation).
+  Text prompts (what the routers forward: they need text for their prefix trees) go through the
+  twin's stand-in tokenizer, every 4 UTF-8 bytes one token (``chat.text_tokens``, deterministic and
+  prefix-preserving: texts that share their first ``4k`` bytes share their first ``k`` tokens).
 - ``POST /v1/chat/completions``: ``{"model", "messages", "max_completion_tokens" | "max_tokens",
   "stream"?, "stream_options"?: {"include_usage", "continuous_usage_stats"}, "ignore_eos"?}``. The
   messages go through the twin's chat template (``chat.render_chat``: each message tokenized on its
@@ -43,6 +45,13 @@ Endpoints (as the engines serve them):
   non-zero after ``--exit-delay`` seconds, as a crashed engine would), ``GET <metrics path>`` (vLLM,
   SGLang ``/metrics``; TensorRT-LLM ``/prometheus/metrics``, its ``/metrics`` being JSON iteration
   stats). With ``--dcgm-port``, a DCGM-exporter-like ``DCGM_FI_DEV_GPU_UTIL`` on its own port.
+- SGLang only, as SGLang serves them: ``GET /get_server_info`` and ``/server_info``, ``GET
+  /get_model_info`` and ``/model_info`` (a subset of the keys). sglang-router 0.3.2 probes
+  ``/health``, then ``/server_info`` (else ``/get_server_info``) and ``/model_info`` (else
+  ``/get_model_info``) when it registers a worker (``discover_metadata.rs``; a 404 is only a
+  warning there), and with a ``model_path`` it tries to load that tokenizer (a failure is only a
+  warning); vllm-router 0.1.17 probes ``GET /health`` only. Both seen in their logs against this
+  server.
 
 A start-up OOM prints the engine's kind of message and exits 1 before binding any port.
 
@@ -58,6 +67,7 @@ import contextlib
 import hashlib
 import heapq
 import json
+import logging
 import signal
 import sys
 import time
@@ -96,6 +106,18 @@ DEFAULT_MAX_TOKENS = 16  # vLLM's default for /v1/completions
 # tokens; the engines would run to the model's end-of-turn token (or the context limit).
 CHAT_ANSWER_TOKENS = 128
 TICK_S = 0.005  # wall seconds between background advances
+
+
+class _Http2PrefaceFilter(logging.Filter):
+    """Drops aiohttp's traceback for an HTTP/2 connection preface (``PRI * HTTP/2.0``): sglang-router
+    tries gRPC first when it registers a worker, then HTTP; the engines log one line for it at most."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        return not (err is not None and type(err).__name__ == "BadHttpMessage" and "PRI" in str(err))
+
+
+_PREFACE_FILTER = _Http2PrefaceFilter()
 
 
 def oom_startup_prefix(engine: str) -> str:
@@ -346,6 +368,9 @@ class TwinServer:
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> str:
+        server_log = logging.getLogger("aiohttp.server")
+        if _PREFACE_FILTER not in server_log.filters:
+            server_log.addFilter(_PREFACE_FILTER)
         app = web.Application(client_max_size=64 * 1024**2)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
@@ -356,6 +381,11 @@ class TwinServer:
         app.router.add_get(self.adapter.metrics_path, self._metrics)
         if self.twin.iteration_stats_path is not None:
             app.router.add_get(self.twin.iteration_stats_path, self._iteration_stats)
+        if self.twin.info_routes:
+            for path in ("/get_server_info", "/server_info"):
+                app.router.add_get(path, self._server_info)
+            for path in ("/get_model_info", "/model_info"):
+                app.router.add_get(path, self._model_info)
         self._t0 = self.clock()
         self.url = await self._bind(app, self.port)
         if self.dcgm_port is not None:
@@ -430,6 +460,40 @@ class TwinServer:
             for name in self._served_names()
         ]
         return web.json_response({"object": "list", "data": data})
+
+    async def _model_info(self, request: web.Request) -> web.Response:
+        """SGLang's model information (``http_server.py`` ``get_model_info``): the fields the routers
+        read when they register a worker."""
+        return web.json_response(
+            {
+                "model_path": self.parsed.model,
+                "tokenizer_path": self.parsed.model,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+            }
+        )
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        """SGLang's server information (its server args and scheduler state; a subset of the keys)."""
+        self.catch_up()
+        return web.json_response(
+            {
+                "model_path": self.parsed.model,
+                "tokenizer_path": self.parsed.model,
+                "served_model_name": self._served_names()[0],
+                "host": self.host,
+                "port": self.port,
+                "page_size": int(self.parsed.config.block_size),
+                "tp_size": max(1, int(self.parsed.tensor_parallel)),
+                "dp_size": 1,
+                "context_length": int(self.engine.memory.max_request_tokens),
+                "max_total_num_tokens": int(self.engine.memory.pool_tokens),
+                "version": self.options.engine_version or "",
+            }
+        )
 
     async def _accepted_body(self, request: web.Request) -> Any:
         """The request's JSON body, once the engine can take requests (a RequestError otherwise):
@@ -567,6 +631,10 @@ class TwinServer:
                 raise RequestError("prompt must not be empty", "prompt")
         elif isinstance(prompt, list) and prompt and _token_list(prompt):
             prompts = [prompt]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            prompts = [text_tokens(p) for p in prompt]
+            if not all(prompts):
+                raise RequestError("prompt must not contain an empty string", "prompt")
         elif (
             isinstance(prompt, list)
             and prompt
@@ -575,7 +643,9 @@ class TwinServer:
             prompts = prompt
         else:
             raise RequestError(
-                "prompt must be a non-empty list of token ids, a list of such lists, or a string", "prompt"
+                "prompt must be a string, a non-empty list of strings, a non-empty list of token ids, "
+                "or a list of such lists",
+                "prompt",
             )
         max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
         if max_tokens is None:

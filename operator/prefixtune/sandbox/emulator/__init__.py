@@ -13,7 +13,9 @@ with the server-side behaviour that kopf, the official ``kubernetes`` client and
   gives 409 Conflict; a failed JSON-patch ``test`` gives 422 Invalid; ``generation`` increments only
   when something outside ``metadata`` and ``status`` changes; the status subresource is isolated from
   the main resource in both directions; finalizers delay deletion (``deletionTimestamp``), and no new
-  finalizer can be added to a terminating object.
+  finalizer can be added to a terminating object. A deleted pod is first marked terminating
+  (``deletionTimestamp`` and its grace period, a MODIFIED event), then deleted: graceful termination
+  compressed, which watchers that act on the mark alone (the routers' pod discovery) need.
 * PATCH flavours (see ``_patches``): merge patch, strategic merge patch (named lists merged by key;
   415 for custom resources, as on the real server), JSON patch; PUT replace; ``dryRun=All``.
 * Lists and watches: label and field selectors, ``kind``/``apiVersion`` and the real resourceVersion

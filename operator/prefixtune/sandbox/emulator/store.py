@@ -477,9 +477,10 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             self._objects[key].history.append(marked)
             await self._emit(res, "MODIFIED", marked, current)
             return marked
+        grace = options.get("gracePeriodSeconds", request.params.get("gracePeriodSeconds"))
         final = copy.deepcopy(current)
         final["metadata"]["resourceVersion"] = str(self._next_rv())
-        await self._remove(res, key, final, orphan=orphan)
+        await self._remove(res, key, final, orphan=orphan, grace=grace)
         return {
             "apiVersion": "v1",
             "kind": "Status",
@@ -488,10 +489,36 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             "details": {**details(res, key[2]), "uid": _meta(current).get("uid")},
         }
 
-    async def _remove(
-        self, res: kmock.resource, key: _Key, final: dict[str, Any], orphan: bool = False
+    async def _mark_terminating(
+        self, res: kmock.resource, key: _Key, final: dict[str, Any], grace: Any
     ) -> dict[str, Any]:
-        """Really delete: soft-delete in kmock's store, emit DELETED, collect garbage in the background."""
+        """A pod's graceful termination, compressed: the API server first sets its
+        ``deletionTimestamp`` (watchers see it terminating: the routers' Kubernetes discovery, which
+        watches applied objects only, removes a worker on that, never on DELETED), then the twin
+        kubelet, which has no grace period, has it deleted at once. Returns the object to delete."""
+        if grace is None:
+            grace = (final.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        marked = copy.deepcopy(final)
+        marked["metadata"].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=int(grace))
+        self._objects[key].history.append(marked)
+        await self._emit(res, "MODIFIED", marked, self._objects[key].raw)
+        gone = copy.deepcopy(marked)
+        gone["metadata"]["resourceVersion"] = str(self._next_rv())
+        return gone
+
+    async def _remove(
+        self,
+        res: kmock.resource,
+        key: _Key,
+        final: dict[str, Any],
+        orphan: bool = False,
+        grace: Any = None,
+    ) -> dict[str, Any]:
+        """Really delete: soft-delete in kmock's store, emit DELETED, collect garbage in the background.
+        A pod not yet terminating is marked so first (``_mark_terminating``; ``grace``: the request's
+        grace period), whoever deletes it: a client, or the garbage collector."""
+        if not res.group and res.plural == "pods" and "deletionTimestamp" not in _meta(final):
+            final = await self._mark_terminating(res, key, final, grace)
         finalizers = _meta(final).get("finalizers") or []
         if "orphan" in finalizers:  # set by an Orphan deletion; the real GC removes it, so do we
             orphan = True

@@ -91,6 +91,9 @@ class TwinModel:
     oom_startup_prefix: ClassVar[str] = "RuntimeError"  # the exception a start-up OOM prints
     error_envelope: ClassVar[bool] = False  # errors as {"error": {...}} (vLLM), else {"object": "error", ...}
     iteration_stats_path: ClassVar[str | None] = None  # TensorRT-LLM's JSON iteration stats route
+    # SGLang's server and model information routes (both spellings: the ``get_`` ones are the older),
+    # which the routers probe when they register a worker (``twin/serve.py``).
+    info_routes: ClassVar[bool] = False
     metrics: ClassVar[type[EngineMetrics]]
 
     # --- scheduler ---------------------------------------------------------------------------------

@@ -219,6 +219,7 @@ class SglangModel(TwinModel):
     new_token_ratio = 0.3  # its new_token_ratio reservation, fixed here
     cache_options = ("eviction_policy",)
     owned_by = "sglang"
+    info_routes = True  # /get_server_info, /server_info, /get_model_info, /model_info
     metrics = SglangMetrics
 
     def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
