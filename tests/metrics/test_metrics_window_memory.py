@@ -59,3 +59,28 @@ def test_a_restart_shows_in_the_identity_of_a_scrape_parsed_for_a_window() -> No
     assert set(before.values) == {("req_total", frozenset())} and before.cumulative == {"req_total"}
     after = parse(text.replace("req_created 100", "req_created 200"), target="p", t=1.0, only=only)
     assert after.restarted_since(before)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "this is { not a sample",
+        'vllm:unread_gauge{model_name="m"} not-a-number',
+        "= 1",
+    ],
+)
+def test_a_malformed_line_a_window_does_not_read_still_fails_the_parse(bad: str) -> None:
+    recorded = json.loads((DATA / "standin-vllm.json").read_text())
+    kept = for_engine(EngineName.VLLM).sample_names()
+    with pytest.raises(ValueError, match="not a valid Prometheus text exposition: line"):
+        parse(recorded["end"] + bad + "\n", target="p", t=1.0, only=kept)
+    with pytest.raises(ValueError, match="not a valid Prometheus text exposition"):
+        parse(recorded["end"] + bad + "\n", target="p", t=1.0)
+
+
+def test_the_shape_check_passes_every_line_of_the_engines_recorded_expositions() -> None:
+    for engine in EngineName:
+        recorded = json.loads((DATA / f"standin-{engine.value}.json").read_text())
+        kept = for_engine(engine).sample_names()
+        for text in (recorded["start"], recorded["end"]):
+            assert parse(text, target="p", t=0.0, only=kept).values  # no line refused

@@ -81,13 +81,31 @@ def _family(sample: str) -> str:
     return sample
 
 
+# A sample line's shape (name, optional labels, a value, an optional timestamp): what a line the
+# window does not read must still have, so that a broken exposition is reported whatever it breaks.
+_SAMPLE_LINE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{.*\})?\s+(?P<value>\S+)(?:\s+-?[0-9]+)?\s*$")
+
+
+def _malformed(line: str) -> bool:
+    match = _SAMPLE_LINE.match(line)
+    if match is None:
+        return True
+    try:
+        float(match.group("value"))
+    except ValueError:
+        return True
+    return False
+
+
 def only_lines(text: str, names: frozenset[str]) -> str:
     """The lines of an exposition that can yield the samples ``names``: those samples, the HELP and
     TYPE lines of their families, their families' ``_created`` samples and the process start time
     (a snapshot's identity). What ``Snapshot.only(names)`` would keep of the parse, found by the
     sample name at the start of each line instead of running the parser over every line (an engine
     exposition is ~300 series; a window reads a few dozen: the parse was a quarter of the
-    operator's CPU at N = 500, ``bench scale``)."""
+    operator's CPU at N = 500, ``bench scale``). A line it drops is still checked for a sample's
+    shape (a regular expression, not the parser): a malformed one raises ValueError, as the parser
+    would, so that a broken exposition is reported whichever lines it breaks."""
     families = {_family(name) for name in names} | set(names)
     kept = []
     for line in text.splitlines():
@@ -102,6 +120,8 @@ def only_lines(text: str, names: frozenset[str]) -> str:
         name = stripped.split("{", 1)[0].split(None, 1)[0]
         if name in names or name == START_TIME or (name.endswith("_created") and _family(name) in families):
             kept.append(line)
+        elif _malformed(stripped):
+            raise ValueError(f"line {stripped[:80]!r} is not a sample")
     return "\n".join(kept) + "\n"
 
 
@@ -115,15 +135,19 @@ def parse(
 ) -> Snapshot:
     """Parse one exposition. NaN samples are dropped: NaN is "not measured", never a value.
     ``only``: keep just these samples and the snapshot's identity (``only_lines``)."""
+    invalid = f"metrics from {target} are not a valid Prometheus text exposition"
     if only is not None:
-        text = only_lines(text, only)
+        try:
+            text = only_lines(text, only)
+        except ValueError as err:
+            raise ValueError(f"{invalid}: {err}") from err
     values: dict[SeriesKey, float] = {}
     cumulative: set[str] = set()
     identity: list[tuple[SeriesKey, float]] = []
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError as err:
-        raise ValueError(f"metrics from {target} are not a valid Prometheus text exposition: {err}") from err
+        raise ValueError(f"{invalid}: {err}") from err
     for family in families:
         # A declared family without samples (labelled children not created yet) still exists: its
         # series are 0, not missing.
