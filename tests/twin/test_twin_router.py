@@ -163,12 +163,16 @@ def test_random_and_kube_proxy_spread_requests_and_repeat_for_a_seed() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"thresholds": CacheAwareThresholds(cache_threshold=1.5)}, "cache_threshold"),
-        ({"thresholds": CacheAwareThresholds(balance_abs_threshold=-1)}, "balance_abs_threshold"),
-        ({"thresholds": CacheAwareThresholds(balance_rel_threshold=0.5)}, "balance_rel_threshold"),
-        ({"max_tree_size": 1}, "max_tree_size"),
+        ({"cache_threshold": 1.5}, "cache threshold"),
+        ({"balance_abs_threshold": -1}, "balance abs threshold"),
+        ({"balance_rel_threshold": 0.5}, "balance rel threshold"),
     ],
 )
-def test_bad_router_settings_are_refused_with_their_name(kwargs: dict[str, object], message: str) -> None:
+def test_bad_thresholds_are_refused_with_their_name(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        RoutingConfig(policy=RoutingPolicy.CACHE_AWARE, **kwargs)  # type: ignore[arg-type]
+        CacheAwareThresholds(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_tree_smaller_than_one_token_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_tree_size"):
+        RoutingConfig(policy=RoutingPolicy.CACHE_AWARE, max_tree_size=1)

@@ -55,8 +55,8 @@ def test_run_without_replicas_prints_the_plain_summary(capsys: Any) -> None:
     ("args", "message"),
     [
         (["--replicas", "0"], "--replicas must be >= 1"),
-        (["--replicas", "2", "--routing", "cache_aware", "--cache-threshold", "2"], "cache_threshold"),
-        (["--replicas", "2", "--balance-rel-threshold", "0.5"], "balance_rel_threshold"),
+        (["--replicas", "2", "--routing", "cache_aware", "--cache-threshold", "2"], "cache threshold must"),
+        (["--replicas", "2", "--balance-rel-threshold", "0.5"], "balance rel threshold must be >= 1"),
     ],
 )
 def test_run_refuses_bad_routing_arguments(capsys: Any, args: list[str], message: str) -> None:

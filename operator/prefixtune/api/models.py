@@ -235,6 +235,15 @@ def _check_image(image: str) -> str:
     return image
 
 
+# A container image reference (spec.image, spec.routing.image): the reference grammar, checked.
+ImageRef = Annotated[
+    str,
+    Field(min_length=1, max_length=512),
+    AfterValidator(_check_image),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 512, "pattern": references.IMAGE_PATTERN}),
+]
+
+
 def _check_url(url: str) -> str:
     if not re.match(URL_PATTERN, url):
         raise ValueError(f"{url!r} is not an http(s) URL; e.g. http://prometheus.monitoring:9090")
@@ -954,17 +963,9 @@ class RoutingSpec(_Model):
         "sglang-router or vllm-router. Default by engine: SGLang -> sglang-router, vLLM and "
         "TensorRT-LLM -> vllm-router (trtllm-serve speaks the OpenAI API as vLLM does)."
     )
-    image: (
-        Annotated[
-            str,
-            Field(min_length=1, max_length=512),
-            AfterValidator(_check_image),
-            WithJsonSchema(
-                {"type": "string", "minLength": 1, "maxLength": 512, "pattern": references.IMAGE_PATTERN}
-            ),
-        ]
-        | None
-    ) = _omittable("The router's container image (it runs the router's wheel); default by router.")
+    image: ImageRef | None = _omittable(
+        "The router's container image (it runs the router's wheel); default by router."
+    )
     replicas: StrictInt = Field(1, ge=1, le=100, description="Router replicas.")
     cache_threshold: _bounded(CACHE_THRESHOLD) = Field(  # type: ignore[valid-type]
         ROUTER_DEFAULTS.cache_threshold, description=BY_NAME[CACHE_THRESHOLD].config_doc
@@ -1006,17 +1007,7 @@ class ServingDeploymentSpec(_Model):
         Field(min_length=1, max_length=512, json_schema_extra={"pattern": MODEL_PATTERN}),
         AfterValidator(_check_model),
     ] = Field(description="Model name or path, passed to the engine.")
-    image: (
-        Annotated[
-            str,
-            Field(min_length=1, max_length=512),
-            AfterValidator(_check_image),
-            WithJsonSchema(
-                {"type": "string", "minLength": 1, "maxLength": 512, "pattern": references.IMAGE_PATTERN}
-            ),
-        ]
-        | None
-    ) = _omittable("Container image; defaults to the engine's image.")
+    image: ImageRef | None = _omittable("Container image; defaults to the engine's image.")
     replicas: StrictInt = Field(1, ge=1, le=1000, description="Serving replicas.")
     gpu: GpuSpec = _section(GpuSpec, "GPUs per replica.")
     startup_timeout: PositiveDuration | None = _omittable(

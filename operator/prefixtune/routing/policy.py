@@ -102,3 +102,11 @@ class CacheAwareThresholds:
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            raise ValueError(f"cache threshold must be in [0, 1], got {self.cache_threshold}")
+        if self.balance_abs_threshold < 0:
+            raise ValueError(f"balance abs threshold must be >= 0, got {self.balance_abs_threshold}")
+        if self.balance_rel_threshold < 1.0:
+            raise ValueError(f"balance rel threshold must be >= 1, got {self.balance_rel_threshold}")

@@ -96,12 +96,10 @@ class RoutingSettings:
             raise ValueError("routing: the router image must not be empty")
         if self.replicas < 1:
             raise ValueError(f"routing: replicas must be >= 1, got {self.replicas}")
-        if not 0.0 <= self.cache_threshold <= 1.0:
-            raise ValueError(f"routing: cache threshold must be in [0, 1], got {self.cache_threshold}")
-        if self.balance_abs_threshold < 0:
-            raise ValueError(f"routing: balance abs threshold must be >= 0, got {self.balance_abs_threshold}")
-        if self.balance_rel_threshold < 1.0:
-            raise ValueError(f"routing: balance rel threshold must be >= 1, got {self.balance_rel_threshold}")
+        try:
+            _ = self.thresholds  # built for the thresholds' own checks
+        except ValueError as err:
+            raise ValueError(f"routing: {err}") from None
         if self.max_tree_size < 0:
             raise ValueError(f"routing: max tree size must be >= 0, got {self.max_tree_size}")
 

@@ -96,13 +96,6 @@ class RoutingConfig:
     eviction_interval_s: float = EVICTION_INTERVAL_S
 
     def __post_init__(self) -> None:
-        t = self.thresholds
-        if not 0.0 <= t.cache_threshold <= 1.0:
-            raise ValueError(f"cache_threshold must be within 0..1; got {t.cache_threshold}")
-        if t.balance_abs_threshold < 0:
-            raise ValueError(f"balance_abs_threshold must be >= 0; got {t.balance_abs_threshold}")
-        if t.balance_rel_threshold < 1.0:
-            raise ValueError(f"balance_rel_threshold must be >= 1; got {t.balance_rel_threshold}")
         if self.max_tree_size is not None and self.max_tree_size < CHARS_PER_TOKEN:
             raise ValueError(
                 f"max_tree_size must be >= {CHARS_PER_TOKEN} characters; got {self.max_tree_size}"
