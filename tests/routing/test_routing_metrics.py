@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from prefixtune.api.models import RoutingStatus
 from prefixtune.controller.routing_status import status_of
 from prefixtune.metrics.exposition import Snapshot, parse
@@ -78,3 +82,60 @@ def test_the_status_validates_and_says_what_the_router_does_not_export() -> None
         "router": "vllm-router",
         "message": "no router pod is ready yet",
     }
+
+
+class _Pods:
+    """A client whose list answers ready router pods."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    async def list(self, path: str, labels: object = None) -> list[dict[str, object]]:
+        return [
+            {
+                "metadata": {"name": f"chat-router-{i}"},
+                "status": {"podIP": f"10.0.0.{i + 1}", "conditions": [{"type": "Ready", "status": "True"}]},
+            }
+            for i in range(self.n)
+        ]
+
+
+def test_a_routers_broken_page_is_reported_without_its_text_and_only_its_replicas_are_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from prefixtune.api.validation import parse_spec
+    from prefixtune.controller import routing_status as RS
+    from prefixtune.controller.render import Owner
+    from prefixtune.metrics import bounded
+
+    fetched: list[str] = []
+
+    async def fetch(url: str, **_: object) -> str:
+        fetched.append(url)
+        return "# TYPE ok counter\nok_total 1\nSECRET-TOKEN { leaked here\n"
+
+    monkeypatch.setattr(bounded, "fetch", fetch)
+    spec = parse_spec(
+        {
+            "engine": "sglang",
+            "model": "m/x",
+            "replicas": 2,
+            "routing": {"policy": "cache_aware", "replicas": 2},
+        }
+    )
+    status, scraped = asyncio.run(
+        RS.routing_status(
+            _Pods(5),
+            Owner("default", "chat", "u"),
+            spec,
+            spec.knob_config(),
+            [],
+            None,
+            None,
+            0.0,  # type: ignore[arg-type]
+        )
+    )
+    assert scraped and status is not None
+    assert "not a valid Prometheus text exposition" in status["message"]
+    assert "SECRET-TOKEN" not in str(status)
+    assert len(fetched) == 2  # the router's two replicas, not every pod that carries its label

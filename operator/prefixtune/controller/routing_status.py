@@ -9,6 +9,7 @@ shares and decisions. A failed scrape says why in ``message`` and never fails th
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -89,13 +90,19 @@ async def routing_status(
         return status_of(policy, router, None, "no router pod is ready yet"), True
     snapshots: list[Snapshot] = []
     failed: list[str] = []
-    for pod in ready:
+
+    async def scrape(pod: PodView) -> None:
         url = f"http://{pod.ip}:{ROUTER_METRICS_PORT}/metrics"
         try:
             text = await bounded.fetch(url, deadline_s=DEADLINE_S, max_bytes=MAX_BYTES)
             snapshots.append(parse(text, target=pod.name, t=time.time()))
-        except (bounded.FetchError, ValueError) as err:
+        except bounded.FetchError as err:  # a status code and a short reason, never the body
             failed.append(f"{pod.name}: {err}")
+        except ValueError:  # the parser's message quotes the page: not into the status
+            failed.append(f"{pod.name}: not a valid Prometheus text exposition")
+
+    # The router's own replicas at most, concurrently: one refresh takes one deadline, not one per pod.
+    await asyncio.gather(*(scrape(pod) for pod in sorted(ready, key=lambda p: p.name)[: settings.replicas]))
     names = {pod.ip: pod.name for pod in engine_pods if pod.ip}
     metrics = router_metrics.read(settings.router, snapshots, names) if snapshots else None
     notes = [f"router metrics not read from {'; '.join(failed)}"] if failed else []

@@ -108,7 +108,7 @@ def only_lines(text: str, names: frozenset[str]) -> str:
     would, so that a broken exposition is reported whichever lines it breaks."""
     families = {_family(name) for name in names} | set(names)
     kept = []
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         stripped = line.lstrip()
         if not stripped:
             continue
@@ -121,7 +121,7 @@ def only_lines(text: str, names: frozenset[str]) -> str:
         if name in names or name == START_TIME or (name.endswith("_created") and _family(name) in families):
             kept.append(line)
         elif _malformed(stripped):
-            raise ValueError(f"line {stripped[:80]!r} is not a sample")
+            raise ValueError(f"line {number} is not a sample")  # its number, never its text
     return "\n".join(kept) + "\n"
 
 
