@@ -31,11 +31,17 @@ def test_the_routers_default_images_are_in_the_default_policy() -> None:
     assert AdminPolicy().spec_problems(_spec(policy="auto", router="vllm-router")) == []
 
 
-def test_a_narrowed_policy_holds_the_default_router_image_only_where_a_router_may_run() -> None:
+def test_a_tenants_router_image_is_held_whatever_the_policy_or_replicas() -> None:
+    evil = "evil.example/miner:1"
+    for spec in (
+        _spec(policy="kube-proxy", image=evil),  # a listed space policy may still run it
+        parse_spec({"engine": "sglang", "model": MODEL, "replicas": 1, "routing": {"image": evil}}),
+    ):
+        (problem,) = AdminPolicy().spec_problems(spec)
+        assert problem.startswith("spec.routing.image: 'evil.example/miner:1' is not allowed")
+
+
+def test_a_narrowed_policy_never_refuses_the_routers_default_image() -> None:
     admin = AdminPolicy(allowed_images=("docker.io/lmsysorg/sglang",))
-    (problem,) = admin.spec_problems(_spec(policy="auto"))
-    assert problem.startswith("spec.routing.image: 'ghcr.io/prefixtune/sglang-router:0.3.2' is not allowed")
-    assert problem.endswith("or set spec.routing.policy: kube-proxy")
-    assert admin.spec_problems(_spec(policy="kube-proxy")) == []
-    one = parse_spec({"engine": "sglang", "model": MODEL, "replicas": 1})
-    assert admin.spec_problems(one) == []
+    assert admin.spec_problems(_spec(policy="auto")) == []
+    assert admin.spec_problems(_spec(policy="cache_aware")) == []

@@ -2,9 +2,10 @@
 and the checks of a tenant's spec against it. One place for these facts:
 
 - ``allowed_images``: registries/repositories engine and router pods may run (default: the engines'
-  and the routers' default images' repositories). spec.routing.image is the tenant's choice, as
-  spec.image is, and runs next to a ServiceAccount that may list pods: the same policy holds it
-  whenever a router may run (replicas >= 2, a policy other than kube-proxy);
+  and the routers' default images' repositories). spec.routing.image, when it names another image
+  than the router's default, is the tenant's choice, as spec.image is, and would run next to a
+  ServiceAccount that may list pods: the policy holds it whatever the routing policy. The routers'
+  default images are the operator's own, as its image is, and always allowed;
 - ``prometheus_url``: the Prometheus the operator queries for ``metrics.source: prometheus``; a
   spec's own ``metrics.url`` is used only when its host is in ``prometheus_hosts`` (default: none),
   so a tenant cannot make the operator fetch an address of its choosing from the operator's network;
@@ -29,7 +30,7 @@ from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.api.references import policy_problem, repository
 from prefixtune.engines.base import EngineName
 from prefixtune.engines.registry import get_adapter
-from prefixtune.routing.policy import DEFAULT_ROUTER_IMAGE, RoutingPolicy
+from prefixtune.routing.policy import DEFAULT_ROUTER_IMAGE
 
 
 def engine_repositories() -> tuple[str, ...]:
@@ -54,10 +55,13 @@ class AdminPolicy:
         problem = policy_problem(image, self.allowed_images)
         if problem:
             problems.append(f"spec.image: {problem}")
-        routed = spec.replicas >= 2 and spec.routing.policy != RoutingPolicy.KUBE_PROXY.value
-        problem = policy_problem(spec.routing.image, self.allowed_images) if spec.routing.image else None
-        if routed and problem:
-            problems.append(f"spec.routing.image: {problem}, or set spec.routing.policy: kube-proxy")
+        router, chosen = spec.routing.router, spec.routing.image
+        # A tenant's router image is checked whatever the policy (a listed space policy or an explicit
+        # one may run it); the router's default image is the operator's, as its own image is.
+        if chosen and router is not None and chosen != DEFAULT_ROUTER_IMAGE[router]:
+            problem = policy_problem(chosen, self.allowed_images)
+            if problem:
+                problems.append(f"spec.routing.image: {problem}")
         if not self.allow_host_path and spec.pod is not None:
             problems += [
                 f"spec.pod.volumes[{i}].hostPath: the admin does not allow hostPath volumes "
