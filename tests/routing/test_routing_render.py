@@ -194,3 +194,11 @@ def test_the_router_defaults_by_engine_in_settings() -> None:
 def test_an_adopting_resource_gets_no_router() -> None:
     spec = _spec("vllm", adopt={"deployment": "llama"})
     assert not RR.settings_for(spec, spec.knob_config()).routed
+
+
+def test_a_config_whose_policy_the_new_router_lacks_renders_the_specs_baseline_policy() -> None:
+    # consistent_hash ran behind vllm-router; the spec now names sglang-router, which has no such policy.
+    spec = _spec(routing={"router": "sglang-router", "policy": "cache_aware"})
+    old = spec.knob_config().with_(routing_policy="consistent_hash")
+    settings = RR.settings_for(spec, old)
+    assert settings.router.value == "sglang-router" and settings.policy.value == "cache_aware"

@@ -108,7 +108,14 @@ def settings_for(
     )
     if spec.adopt is not None:  # the adopted Deployment's pods are its team's, not the router's
         return base
-    return base.with_knobs(config, spec.replicas, bool(config.get(PREFIX_CACHING)))
+    try:
+        return base.with_knobs(config, spec.replicas, bool(config.get(PREFIX_CACHING)))
+    except ValueError:
+        # A config from before a change of router (consistent_hash, then sglang-router): the policy
+        # is not this router's. The spec's own baseline is (validation refuses the other), so the
+        # router runs that until the policy's new epoch decides; raising here wedged every tick.
+        baseline = spec.knob_config()
+        return base.with_knobs(baseline, spec.replicas, bool(baseline.get(PREFIX_CACHING)))
 
 
 @dataclass(frozen=True)
