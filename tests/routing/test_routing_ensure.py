@@ -98,3 +98,24 @@ async def test_a_policy_the_router_lacks_shows_as_an_invalid_spec_condition() ->
         assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
         assert "spec.routing.policy: sglang-router has no consistent_hash policy" in ready["message"]
         assert await h.get(ROUTER_OBJECTS[0]) is None
+
+
+async def test_a_widened_router_role_or_an_added_subject_is_restored() -> None:
+    async with harness() as h:
+        await h.apply(resource("chat", {"engine": "sglang", "model": MODEL, "replicas": 2}))
+        await h.reconcile("chat")
+        role_path, binding_path = ROUTER_OBJECTS[2], ROUTER_OBJECTS[3]
+        role = await h.get(role_path)
+        binding = await h.get(binding_path)
+        assert role is not None and binding is not None
+        rules, subjects = role["rules"], binding["subjects"]
+        secrets = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list"]}
+        await h.api.patch(role_path, {"rules": [*rules, secrets]})
+        intruder = {"kind": "ServiceAccount", "name": "intruder", "namespace": "default"}
+        await h.api.patch(binding_path, {"subjects": [*subjects, intruder]})
+        h.ctx.ensured.clear()
+        await h.reconcile("chat")
+        role = await h.get(role_path)
+        binding = await h.get(binding_path)
+        assert role is not None and role["rules"] == rules
+        assert binding is not None and binding["subjects"] == subjects

@@ -30,6 +30,9 @@ from typing import Any
 from prefixtune.tuning.actions import Action, EmitEvent, SetCondition
 
 MAX_FIELDS = 8  # fields named per object in an Event or condition; the rest are counted
+# The top-level fields the operator renders and owns: a Deployment's or Service's spec, a ConfigMap's
+# data, the router Role's rules and its RoleBinding's subjects (roleRef cannot change in place).
+OWNED_TOP = ("spec", "data", "rules", "subjects")
 OWNED_CONTAINER_KEYS = ("args", "command", "env", "envFrom", "resources", "volumeMounts")
 OWNED_POD_KEYS = ("affinity", "imagePullSecrets", "initContainers", "priorityClassName", "volumes")
 OWNED_POD_MAPS = ("nodeSelector",)  # rendered always; a key someone added is drift too
@@ -168,7 +171,7 @@ def _diff(want: Any, have: Any, path: str, out: list[str], quantities: bool = Fa
 def owned_drift(rendered: Mapping[str, Any], live: Mapping[str, Any]) -> tuple[str, ...]:
     """The owned fields of ``live`` that differ from ``rendered`` (paths like ``spec.replicas``)."""
     out: list[str] = []
-    for top in ("spec", "data"):
+    for top in OWNED_TOP:
         if top in rendered:
             _diff(rendered[top], live.get(top), top, out)
     return tuple(out)

@@ -22,7 +22,7 @@ from prefixtune.controller import pod_overrides
 from prefixtune.controller.adoption import claim_adopted, render_engine_deployment
 from prefixtune.controller.api_calls import require
 from prefixtune.controller.children import Freshness, Indexes
-from prefixtune.controller.drift import OWNED_POD_KEYS, OWNED_POD_MAPS, Drift, owned_drift
+from prefixtune.controller.drift import OWNED_POD_KEYS, OWNED_POD_MAPS, OWNED_TOP, Drift, owned_drift
 from prefixtune.controller.kube import KubeClient, KubeError, ns_path
 from prefixtune.controller.observe import Desired, PodView, Scale, failure_detail, pod_view
 from prefixtune.controller.ownership import Claim, Foreign, claim, foreign
@@ -137,7 +137,9 @@ RENDERED_HASH = "prefixtune.io/rendered-hash"
 def rendered_hash(body: Mapping[str, Any]) -> str:
     """A hash of what the operator renders (spec/data and labels), kept as an annotation, so a
     re-apply patches only when the rendering changed (defaulted server fields do not count)."""
-    content = {k: body.get(k) for k in ("spec", "data")}
+    # spec and data always (None when absent), the rest only where rendered: the hashes of objects
+    # written before the Role's rules and the RoleBinding's subjects counted stay as they were.
+    content = {k: body.get(k) for k in ("spec", "data")} | {k: body[k] for k in OWNED_TOP if k in body}
     content["labels"] = (body.get("metadata") or {}).get("labels") or {}
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -293,7 +295,7 @@ async def _apply(
     drifted = live_drift(body, existing) if relation is Claim.OURS else ()
     if have == digest and relation is Claim.OURS and not drifted:
         return None, None
-    patch: dict[str, Any] = {k: body[k] for k in ("spec", "data") if k in body}
+    patch: dict[str, Any] = {k: body[k] for k in OWNED_TOP if k in body}
     if body["kind"] == "Service":  # a selector key the rendering dropped (router <-> engines): null
         theirs = ((existing.get("spec") or {}).get("selector")) or {}
         mine = patch["spec"].get("selector") or {}
