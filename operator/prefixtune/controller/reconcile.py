@@ -316,6 +316,7 @@ async def _reconcile(
         ctx.drift_memo.forget(namespace, [deployment_name(name, role) for role in ROLES])
         uid = str(((body or {}).get("metadata") or {}).get("uid", ""))
         ctx.meter.forget(uid)
+        ctx.router_scraped.pop(uid, None)
         ctx.metrics.forget(namespace, name)
         return None
     meta = body["metadata"]
