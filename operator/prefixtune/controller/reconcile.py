@@ -17,7 +17,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +75,7 @@ from prefixtune.controller.status import (
     policy_state_of,
     scale_status,
 )
+from prefixtune.engines.knobs import ENGINE_KNOB_NAMES, KnobConfig
 from prefixtune.metrics.diagnosis import diagnose
 from prefixtune.tuning.actions import Action, EmitEvent
 from prefixtune.tuning.optimizer import Suggestion, TrialResult
@@ -89,6 +90,7 @@ from prefixtune.tuning.state import (
     SpecChanged,
     SpecInvalid,
     Tick,
+    Trial,
     TrialInvalidated,
 )
 from prefixtune.tuning.widening import limits_of
@@ -442,8 +444,7 @@ async def _reconcile(
     key = ensure_key(generation, want, scale, children)
     last = ctx.ensured.get(uid)
     if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found or drift:
-        pool = next((t.kv_tokens for t in reversed(state.trials) if t.kv_tokens), None)
-        ensured = await _ensure(ctx, owner, spec, want, scale, pool)
+        ensured = await _ensure(ctx, owner, spec, want, scale, stable_pool(state.trials, want.baseline))
         outcome.changes = ensured.changes
         ctx.ensured[uid] = (key, now)
         seen = {(d.kind, d.name) for d in drift}
@@ -514,6 +515,21 @@ async def _write_status(
     _saw(ctx, ref, written)
     ctx.metrics.watch_lag.wrote(ref, written)
     return written
+
+
+def stable_pool(trials: Sequence[Trial], baseline: KnobConfig) -> int | None:
+    """The KV pool (tokens) the stable pods report: the latest trial that ran the baseline's engine
+    knobs (a canary's, a rejected or aborted trial's pool is not what the router's workers hold);
+    None while none has, and the router keeps its own default tree size."""
+    engine = [(k, getattr(baseline, k)) for k in ENGINE_KNOB_NAMES]
+    return next(
+        (
+            t.kv_tokens
+            for t in reversed(trials)
+            if t.kv_tokens and all(getattr(t.config, k) == v for k, v in engine)
+        ),
+        None,
+    )
 
 
 def _saw(ctx: OperatorContext, key: str, body: Mapping[str, Any] | None) -> None:
