@@ -105,7 +105,7 @@ class Traffic:
     change_h: float = 14.0
     bursts_h: tuple[float, ...] = (10.5, 17.0, 20.5)
     burst_factor: float = 2.0
-    level_step: float = 0.05
+    level_step: float = 0.1
     n_seeds: int = 2
 
     def __post_init__(self) -> None:
@@ -156,10 +156,14 @@ class Counts:
     good: int = 0
     good_tokens: int = 0
 
-    def per_s(self) -> tuple[float, float, float]:
-        """(arrived, violating, goodput tokens) per second."""
-        s = max(self.seconds, 1e-9)
-        return self.arrived / s, (self.arrived - self.good) / s, self.good_tokens / s
+    def per_request(self) -> tuple[float, float]:
+        """(share of requests served within the SLOs, goodput tokens per arrived request)."""
+        if self.arrived <= 0:
+            return 1.0, 0.0
+        return self.good / self.arrived, self.good_tokens / self.arrived
+
+    def goodput_per_s(self) -> float:
+        return self.good_tokens / max(self.seconds, 1e-9)
 
 
 @dataclass(frozen=True)
@@ -382,6 +386,35 @@ class TwinSamples:
 CAPACITY_STEPS = 7
 
 
+def scaling_check(
+    day_sc: DayScenario, timing: SampleTiming, capacity: dict[WorkloadPhase, float]
+) -> list[dict[str, Any]]:
+    """The approximation against full length: for a few (config, level, phase), a sample's warm part
+    (``sample_s``) against a whole segment (``SEGMENT_S`` measured after the same ``cold_s``) of the
+    same arrival process and seed: the share of requests within the SLOs and the goodput per
+    request, whose product with the segment's arrivals is what a segment is charged."""
+    full = replace(timing, sample_s=SEGMENT_S)
+    ref, deployed = day_sc.reference_config(), day_sc.scenario.start_config()
+    out: list[dict[str, Any]] = []
+    for phase in WorkloadPhase:
+        for config, level, role in (
+            (ref, 0.9, "reference"),
+            (deployed, 0.6, "deployed"),
+            (ref, 0.3, "reference"),
+        ):
+            rate = round(level * capacity[phase], 6)
+            short = twin_sample(day_sc, config, rate, phase, 0, timing)
+            long = twin_sample(day_sc, config, rate, phase, 0, full)
+            (s_share, s_tok), (l_share, l_tok) = short.warm.per_request(), long.warm.per_request()
+            out.append({
+                "config": role, "level": level, "phase": str(phase),
+                "within_slo_share": {"sample": round(s_share, 4), "full": round(l_share, 4)},
+                "goodput_per_request": {"sample": round(s_tok, 2), "full": round(l_tok, 2)},
+                "goodput_error": round(s_tok / l_tok - 1.0, 4) if l_tok > 0 else None,
+            })  # fmt: skip
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # The scenarios: one per engine
 
@@ -500,14 +533,16 @@ class Day:
             if b <= a:
                 continue
             s = self.sample(config, seg)
+            rate = self.rate(seg)
             tot = Totals()
             cold_end = ready_s + self.cold_s
             for lo, hi, part in ((a, min(b, cold_end), s.cold), (max(a, cold_end), b, s.warm)):
                 if hi > lo:
-                    arr, vio, good = part.per_s()
-                    if s.status == "oom_startup":
-                        arr, vio, good = self.rate(seg), self.rate(seg), 0.0  # nothing serves
-                    tot.add(Totals(arr * (hi - lo), vio * (hi - lo), good * (hi - lo)))
+                    # The segment's arrivals (the same for every method), served as the sample served
+                    # its own: its share within the SLOs and goodput tokens per request.
+                    share, tokens = (0.0, 0.0) if s.status == "oom_startup" else part.per_request()
+                    arrived = rate * (hi - lo)
+                    tot.add(Totals(arrived, arrived * (1.0 - share), arrived * tokens))
             out.append((seg.index, tot))
         return out
 
@@ -713,7 +748,7 @@ def one_shot_pick(day_sc: DayScenario, day: Day) -> tuple[KnobConfig, list[dict[
         best: tuple[float, KnobConfig] | None = None
         for c in boots:
             s = day.samples.sample(c, rate, seg0.phase, 0)
-            good = s.warm.per_s()[2] if s.status == "ok" else -1.0
+            good = s.warm.goodput_per_s() if s.status == "ok" else -1.0
             tried.append({"config": c.to_dict(), "goodput_tokens_per_s": round(good, 2)})
             if best is None or good > best[0]:
                 best = (good, c)
@@ -739,7 +774,7 @@ def oracle_static(
         total = 0.0
         for p, level in peak.items():
             s = day.samples.sample(c, round(level * day.capacity[p], 6), p, 0)
-            total += s.warm.per_s()[2] if s.status == "ok" else -1.0
+            total += s.warm.goodput_per_s() if s.status == "ok" else -1.0
         screen.append((total, c))
     screen.sort(key=lambda e: -e[0])
     candidates = list(dict.fromkeys([c for _, c in screen[:top_k]] + list(extra)))
@@ -880,7 +915,7 @@ def run_day(day_sc: DayScenario, traffic: Traffic, samples: SampleSource, timing
     one = [Serving(0.0, deployed, -math.inf)]
     if pick != deployed:
         one.append(Serving(60.0, pick, 60.0))
-    extra = [deployed, pick, *(c for _, _, c in tuned.settled)]
+    extra = [deployed, pick, tuned.timeline[-1].config]
     best, _, info = oracle_static(day_sc, day, extra, top_k)
     print(f"[{day_sc.name}] oracle and one-shot ({time.perf_counter() - t0:.0f}s)", file=log)
 
@@ -1051,11 +1086,19 @@ def _smooth(values: Sequence[float], width: int = 3) -> list[float]:
 # ------------------------------------------------------------------------------------------------
 
 
-def _run_one(job: tuple[DayScenario, Traffic, SampleTiming, int, Path | None]) -> tuple[str, dict[str, Any]]:
-    day_sc, traffic, timing, top_k, cache_dir = job
+Job = tuple[DayScenario, Traffic, SampleTiming, int, Path | None, bool]
+
+
+def _run_one(job: Job) -> tuple[str, dict[str, Any]]:
+    day_sc, traffic, timing, top_k, cache_dir, check = job
     samples = TwinSamples(day_sc, timing, cache_dir)
     try:
         out = run_day(day_sc, traffic, samples, timing, top_k, sys.stderr)
+        if check:
+            t0 = time.perf_counter()
+            capacity = {p: samples.capacity(p) for p in WorkloadPhase}
+            out["scaling_check"] = scaling_check(day_sc, timing, capacity)
+            print(f"[{day_sc.name}] scaling check ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     finally:
         samples.save()
     out["twin"] = {
@@ -1074,13 +1117,16 @@ def main(argv: list[str]) -> int:
         "--quick", action="store_true", help="a smoke run: vllm-chatbot, short samples, small grid"
     )
     p.add_argument("--sample-s", type=float, default=None, help="warm sample length (default 120; quick 60)")
-    p.add_argument("--top-k", type=int, default=4, help="grid configs the oracle charges over the whole day")
+    p.add_argument("--top-k", type=int, default=3, help="grid configs the oracle charges over the whole day")
     p.add_argument("--cache-dir", type=Path, default=Path(".cache/prefixtune-bench/day"))
     p.add_argument("--no-cache", action="store_true", help="run every sample afresh and keep none")
     p.add_argument("--output", type=Path, help="write the JSON result to this file")
     p.add_argument("--plot-dir", type=Path, help="write one PNG per scenario here")
     p.add_argument("--jobs", type=int, default=1, help="scenarios in parallel processes")
     p.add_argument("--json", action="store_true", help="print the JSON result (else a short table)")
+    p.add_argument(
+        "--no-scaling-check", action="store_true", help="skip the samples-against-full-segments check"
+    )
     args = p.parse_args(argv)
     all_ = day_scenarios()
     names = args.scenario or (["vllm-chatbot"] if args.quick else list(all_))
@@ -1096,14 +1142,15 @@ def main(argv: list[str]) -> int:
         print("--sample-s must be > 0", file=sys.stderr)
         return 2
     timing = SampleTiming(sample_s=sample_s)
-    traffic = Traffic(level_step=0.1) if args.quick else Traffic()
+    traffic = Traffic()
     scenarios = [all_[n] for n in names]
     if args.quick:
         scenarios = [replace(d, oracle_fractions=2) for d in scenarios]
     cache_dir = None if args.no_cache else args.cache_dir
     top_k = min(args.top_k, 2) if args.quick else args.top_k
     t0 = time.perf_counter()
-    jobs = [(d, traffic, timing, top_k, cache_dir) for d in scenarios]
+    check = not (args.quick or args.no_scaling_check)
+    jobs: list[Job] = [(d, traffic, timing, top_k, cache_dir, check) for d in scenarios]
     if args.jobs <= 1 or len(jobs) <= 1:
         results = [_run_one(j) for j in jobs]
     else:

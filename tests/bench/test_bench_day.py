@@ -136,7 +136,8 @@ def test_a_restart_charges_the_cold_rates_for_cold_s_after_the_config_is_ready()
     warm = day.charge(cfg, -math.inf, seg.start_s, seg.end_s)[0][1]
     cold = day.charge(cfg, seg.start_s, seg.start_s, seg.end_s)[0][1]
     sample = day.sample(cfg, seg)
-    lost = (sample.warm.per_s()[2] - sample.cold.per_s()[2]) * day.cold_s
+    per_request = sample.warm.per_request()[1] - sample.cold.per_request()[1]
+    lost = per_request * day.rate(seg) * day.cold_s
     assert math.isclose(warm.goodput_tokens - cold.goodput_tokens, lost)
 
 
