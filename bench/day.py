@@ -433,11 +433,16 @@ class DayScenario:
         return adapter.normalize(self.scenario.start_config().with_(**self.reference))
 
     def digest(self) -> str:
-        text = json.dumps(
-            {"scenario": self.scenario.digest(), "reference": self.reference, "change": self.change.__dict__},
-            sort_keys=True,
-            default=str,
-        )
+        """Identifies the sample cache: what a sample depends on besides its key (the twin's code is
+        not in it: clear the cache after changing the twin). Not the objective, the space or the
+        policy: a change of the tuner reuses every sample."""
+        sc = self.scenario
+        fields = {
+            "engine": sc.engine, "model": sc.model, "gpu": sc.gpu, "workload": sc.workload,
+            "rate": sc.rate, "slo": [sc.slo.ttft_p99_s, sc.slo.itl_p99_s], "reference": self.reference,
+            "change": self.change.__dict__,
+        }  # fmt: skip
+        text = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
