@@ -352,6 +352,15 @@ class TwinSamples:
                 self.save()
         return Sample.from_dict(self.values[key])
 
+    def full_segment(self, config: KnobConfig, rate: float, phase: WorkloadPhase, seed: int) -> Sample:
+        """A sample whose warm part is a whole segment (the scaling check), cached like the others."""
+        key = "full|" + self._key(config, rate, phase, seed)
+        if key not in self.values:
+            full = replace(self.timing, sample_s=SEGMENT_S)
+            self.values[key] = twin_sample(self.day, config, rate, phase, seed, full).to_dict()
+            self._unsaved += 1
+        return Sample.from_dict(self.values[key])
+
     def capacity(self, phase: WorkloadPhase) -> float:
         """The highest rate at which the reference config serves ``CAPACITY_ATTAINMENT`` of the
         requests within the SLOs (warm; bisection in log space over ``CAPACITY_STEPS`` samples)."""
@@ -386,14 +395,12 @@ class TwinSamples:
 CAPACITY_STEPS = 7
 
 
-def scaling_check(
-    day_sc: DayScenario, timing: SampleTiming, capacity: dict[WorkloadPhase, float]
-) -> list[dict[str, Any]]:
+def scaling_check(day_sc: DayScenario, samples: TwinSamples) -> list[dict[str, Any]]:
     """The approximation against full length: for a few (config, level, phase), a sample's warm part
     (``sample_s``) against a whole segment (``SEGMENT_S`` measured after the same ``cold_s``) of the
     same arrival process and seed: the share of requests within the SLOs and the goodput per
     request, whose product with the segment's arrivals is what a segment is charged."""
-    full = replace(timing, sample_s=SEGMENT_S)
+    capacity = {p: samples.capacity(p) for p in WorkloadPhase}
     ref, deployed = day_sc.reference_config(), day_sc.scenario.start_config()
     out: list[dict[str, Any]] = []
     for phase in WorkloadPhase:
@@ -403,8 +410,8 @@ def scaling_check(
             (ref, 0.3, "reference"),
         ):
             rate = round(level * capacity[phase], 6)
-            short = twin_sample(day_sc, config, rate, phase, 0, timing)
-            long = twin_sample(day_sc, config, rate, phase, 0, full)
+            short = samples.sample(config, rate, phase, 0)
+            long = samples.full_segment(config, rate, phase, 0)
             (s_share, s_tok), (l_share, l_tok) = short.warm.per_request(), long.warm.per_request()
             out.append({
                 "config": role, "level": level, "phase": str(phase),
@@ -799,20 +806,25 @@ def oracle_static(
 
 def changes_that_did_not_pay(day: Day, run: DayRun, deployed: KnobConfig) -> list[dict[str, Any]]:
     """Each change of the settled config (the one watched after converging) against the previous
-    settled one, over the time the new one stayed settled: its goodput minus what the previous
-    config would have served then (both warm, the same arrivals)."""
-    out: list[dict[str, Any]] = []
+    settled one, over the time until the next change (a search that ends on the same config does
+    not end it): the new config's goodput against what the previous one would have served then
+    (both warm, the same arrivals)."""
+    changes: list[tuple[float, KnobConfig, KnobConfig]] = []
     previous = deployed
-    for start, end, cfg in run.settled:
-        if cfg != previous and end > start:
-            new = sum(t.goodput_tokens for _, t in day.charge(cfg, -math.inf, start, end))
-            old = sum(t.goodput_tokens for _, t in day.charge(previous, -math.inf, start, end))
-            out.append({
-                "at_h": round(start / HOUR, 2), "until_h": round(end / HOUR, 2), "from": previous.to_dict(),
-                "to": cfg.to_dict(), "gain": round(new / old - 1.0, 4) if old > 0 else None,
-                "paid_off": new > old,
-            })  # fmt: skip
-        previous = cfg
+    for start, _, cfg in run.settled:
+        if cfg != previous:
+            changes.append((start, previous, cfg))
+            previous = cfg
+    out: list[dict[str, Any]] = []
+    for i, (start, old_cfg, cfg) in enumerate(changes):
+        end = changes[i + 1][0] if i + 1 < len(changes) else DAY_S
+        new = sum(t.goodput_tokens for _, t in day.charge(cfg, -math.inf, start, end))
+        old = sum(t.goodput_tokens for _, t in day.charge(old_cfg, -math.inf, start, end))
+        out.append({
+            "at_h": round(start / HOUR, 2), "until_h": round(end / HOUR, 2), "from": old_cfg.to_dict(),
+            "to": cfg.to_dict(), "gain": round(new / old - 1.0, 4) if old > 0 else None,
+            "paid_off": new > old,
+        })  # fmt: skip
     return out
 
 
@@ -1052,12 +1064,14 @@ def plot(name: str, result: dict[str, Any], path: Path) -> Path:
             ratio = result["methods"][str(m)]["goodput_vs_oracle"]
             ax2.plot(hours, _smooth(g), color=color, linestyle=ls, linewidth=1.2,
                      label=f"{m} ({ratio:.3f} of oracle)")  # fmt: skip
-    ok = [t for t in series["trials"] if t["value"] is not None]
-    if ok:
-        ax2.scatter([t["at_h"] for t in ok], [t["value"] for t in ok], s=12, color="tab:green", zorder=3,
-                    label="tuned: each window's value (the policy's score)")  # fmt: skip
     ax2.set_ylabel("goodput (tokens/s, 30-min mean)")
     ax2.legend(fontsize=7, loc="upper left")
+    ok = [t for t in series["trials"] if t["value"] is not None]
+    if ok:
+        # The policy's own score of each window it measured (the objective's units: not goodput).
+        twin = ax2.twinx()
+        twin.scatter([t["at_h"] for t in ok], [t["value"] for t in ok], s=10, color="tab:green", zorder=3)
+        twin.set_ylabel("tuned: each window's value\n(the policy's score, green)", fontsize=8)
     timeline = series["timeline"][str(Method.TUNED)]
     xs = [e["at_h"] for e in timeline] + [24.0]
     fractions = [e["config"]["memory_fraction"] for e in timeline]
@@ -1101,8 +1115,7 @@ def _run_one(job: Job) -> tuple[str, dict[str, Any]]:
         out = run_day(day_sc, traffic, samples, timing, top_k, sys.stderr)
         if check:
             t0 = time.perf_counter()
-            capacity = {p: samples.capacity(p) for p in WorkloadPhase}
-            out["scaling_check"] = scaling_check(day_sc, timing, capacity)
+            out["scaling_check"] = scaling_check(day_sc, samples)
             print(f"[{day_sc.name}] scaling check ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
     finally:
         samples.save()
