@@ -1065,13 +1065,19 @@ def plot(name: str, result: dict[str, Any], path: Path) -> Path:
             ax2.plot(hours, _smooth(g), color=color, linestyle=ls, linewidth=1.2,
                      label=f"{m} ({ratio:.3f} of oracle)")  # fmt: skip
     ax2.set_ylabel("goodput (tokens/s, 30-min mean)")
-    ax2.legend(fontsize=7, loc="upper left")
+    legend_on = ax2
     ok = [t for t in series["trials"] if t["value"] is not None]
     if ok:
         # The policy's own score of each window it measured (the objective's units: not goodput).
-        twin = ax2.twinx()
-        twin.scatter([t["at_h"] for t in ok], [t["value"] for t in ok], s=10, color="tab:green", zorder=3)
-        twin.set_ylabel("tuned: each window's value\n(the policy's score, green)", fontsize=8)
+        legend_on = ax2.twinx()
+        legend_on.scatter([t["at_h"] for t in ok], [t["value"] for t in ok], s=8, color="tab:green",
+                          alpha=0.6, label="tuned: each window's value (right axis)")  # fmt: skip
+        legend_on.set_ylabel("the policy's score of each window\n(objective units)", fontsize=8)
+    lines, labels = ax2.get_legend_handles_labels()
+    if legend_on is not ax2:
+        more = legend_on.get_legend_handles_labels()
+        lines, labels = lines + more[0], labels + more[1]
+    legend_on.legend(lines, labels, fontsize=7, loc="lower center", framealpha=0.9, ncol=2)
     timeline = series["timeline"][str(Method.TUNED)]
     xs = [e["at_h"] for e in timeline] + [24.0]
     fractions = [e["config"]["memory_fraction"] for e in timeline]
