@@ -230,3 +230,12 @@ def test_the_one_shot_tuner_picks_the_best_at_capacity_at_the_highest_fraction_t
 def test_the_sglang_agent_scenario_is_valid_for_its_engine() -> None:
     sc = d.day_scenarios()["sglang-agent"].scenario
     assert sc.engine == "sglang" and not get_adapter(sc.engine).validate(sc.start_config())
+
+
+def test_a_search_that_ends_on_the_settled_config_is_not_a_change() -> None:
+    day, _ = _day()
+    off, on = _caching(False), _caching(True)
+    run = d.DayRun(timeline=[d.Serving(0.0, off, -math.inf)])
+    run.settled = [(3600.0, 7200.0, off), (9000.0, 20000.0, on), (21000.0, 30000.0, on)]
+    changes = d.changes_that_did_not_pay(day, run, deployed=off)
+    assert [(c["at_h"], c["until_h"]) for c in changes] == [(2.5, 24.0)]
