@@ -642,6 +642,7 @@ def drive_day(
     running = config
     pending: tuple[float, Observation] | None = None
     partials_sent = 0
+    partials_of: tuple[int | None, float | None] = (None, None)  # the window they were sent for
     watch_from: float | None = None
     settled_from: float | None = None
     epoch = -1
@@ -699,6 +700,8 @@ def drive_day(
             start = state.measure_from if state.measure_from is not None else now
             length = state.measure_until - start
             sample, offered = day.window(running, start, state.measure_until)
+            if partials_of != (state.active, state.measure_from):
+                partials_of, partials_sent = (state.active, state.measure_from), 0
             if partials_sent < PARTIAL_EVERY - 1 and sample.status == "ok":
                 partials_sent += 1
                 at = start + length * partials_sent / PARTIAL_EVERY
