@@ -51,6 +51,10 @@ PORT_NAME = "http"
 # 503 until a worker is healthy, checked against the wheels in tests/sandbox/test_sandbox_router.py).
 READINESS_PATH = "/readiness"
 LIVENESS_PATH = "/liveness"
+# A deleted router pod drains this long before SIGTERM (preStop), within this grace period: time for
+# the endpoints to drop it and for the generations in flight through it to finish.
+ROUTER_DRAIN_S = 30
+ROUTER_GRACE_S = ROUTER_DRAIN_S + 60
 METRICS_PORT_NAME = "metrics"
 # The router pods' own selector label: they carry no prefixtune.io/resource label, so no selector of
 # the engine pods (the engines' Service, the operator's pod index, the router's discovery) sees them.
@@ -231,6 +235,10 @@ def render_deployment(
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
+        # A router pod being deleted (a routing trial's restart, the switch back to kube-proxy) has
+        # already left the Service's endpoints; it keeps serving the requests in flight on it for
+        # ROUTER_DRAIN_S before it is signalled (sleep: the images run the wheel on a Python base).
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(ROUTER_DRAIN_S)]}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "privileged": False,
@@ -262,6 +270,7 @@ def render_deployment(
                     "serviceAccountName": router_name(owner.name),
                     "automountServiceAccountToken": True,  # its discovery reads pods with this token
                     "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": ROUTER_GRACE_S,
                     "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [container],
                     "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": SCRATCH_LIMIT}}],
