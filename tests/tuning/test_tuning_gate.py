@@ -179,16 +179,25 @@ def test_a_gain_below_the_margin_is_kept_out_without_asking_for_more_windows() -
 
 
 def test_exploration_stops_when_the_expected_improvement_does_not_pay_for_a_trial() -> None:
-    # 0.1% of the best held for a day is ~86 s of service; a restart and a cold cache cost 90 s.
-    run = Run(TODAY, {DEFAULT: [1000.0], C1: [1100.0]}, scripted([C1], acquisition=0.001))
+    # After C1 (two feasible points: the surrogate's EI counts), the next trial's 0.1% of the best
+    # held for a day is ~86 s of service; a restart and a cold cache cost 90 s. C1 is confirmed.
+    run = Run(TODAY, {DEFAULT: [1000.0], C1: [1100.0, 1100.0]}, scripted([C1, C2], acquisition=0.001))
     run.run()
-    assert run.measured == [DEFAULT]
+    assert run.measured == [DEFAULT, C1, C1]
     (converged,) = run.events("Converged")
     assert "the next trial does not pay" in converged and "restart 60s, cold cache 30s" in converged
 
 
 def test_a_trial_whose_expected_improvement_pays_is_started() -> None:
-    run = Run(TODAY, {DEFAULT: [1000.0], C1: [1100.0, 1100.0]}, scripted([C1], acquisition=0.01))
+    values = {DEFAULT: [1000.0], C1: [1100.0, 1100.0], C2: [1050.0]}
+    run = Run(TODAY, values, scripted([C1, C2], acquisition=0.01))
+    run.run()
+    assert run.measured[:3] == [DEFAULT, C1, C2]
+
+
+def test_the_initial_design_is_not_priced() -> None:
+    # One feasible point (the baseline): an EI from the surrogate means nothing yet.
+    run = Run(TODAY, {DEFAULT: [1000.0], C1: [1100.0, 1100.0]}, scripted([C1], acquisition=0.0))
     run.run()
     assert run.measured[:2] == [DEFAULT, C1]
 

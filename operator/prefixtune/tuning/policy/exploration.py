@@ -44,10 +44,17 @@ def decide(self: Core) -> None:
         return
     space = space_of(self.s)
     seed = seed_from(settings.seed_key or self.s.engine, self.s.epoch)
-    suggestion = self.suggester(space, self.history(), seed, settings)
+    history = self.history()
+    suggestion = self.suggester(space, history, seed, settings)
     stop = suggestion.reason
-    if suggestion.config is not None and not suggestion.converged and suggestion.acquisition is not None:
-        # Priced: the next trial must earn back its restart, cold cache and SLO risk.
+    if (
+        suggestion.config is not None
+        and not suggestion.converged
+        and suggestion.acquisition is not None
+        and sum(1 for h in history if h.value is not None) > settings.n_initial
+    ):
+        # Priced: the next trial must earn back its restart, cold cache and SLO risk (once the
+        # surrogate has seen enough feasible points for its EI to mean something, as convergence).
         price = trial_price(
             settings.restart_cost_s, settings.warmup_s, settings.measure_s, suggestion.p_feasible,
             gate.share(self),
