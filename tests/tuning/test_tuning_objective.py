@@ -7,7 +7,6 @@ from prefixtune.tuning.objective import (
     InsufficientData,
     Paired,
     Score,
-    confidence_better,
     load_factor,
     load_normalized,
     paired,
@@ -164,18 +163,3 @@ def test_severe_breach() -> None:
     assert severe_breach(sig(ttft_p99_s=6.5), SLO, 3.0) is not None
     assert severe_breach(sig(ttft_p99_s=5.0), SLO, 3.0) is None
     assert severe_breach(sig(itl_p99_s=0.31), SLO, 3.0) is not None
-
-
-def test_confidence_grows_with_margin_and_window_size() -> None:
-    small = confidence_better(110.0, 20, 100.0, 20)
-    large = confidence_better(110.0, 2000, 100.0, 2000)
-    assert small is not None and large is not None
-    assert 0.5 < small < 0.9 < large <= 1.0  # 10% better: unsure on 20 requests, sure on 2000
-    worse = confidence_better(90.0, 500, 100.0, 500)
-    assert worse is not None and worse < 0.5
-    assert confidence_better(100.0, 500, 100.0, 500) == 0.5
-    # ttft scores are negative seconds: less negative is better
-    ttft = confidence_better(-0.2, 500, -0.4, 500)
-    assert ttft is not None and ttft > 0.99
-    assert confidence_better(110.0, 0, 100.0, 10) is None
-    assert confidence_better(float("inf"), 10, 100.0, 10) is None

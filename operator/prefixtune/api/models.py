@@ -471,6 +471,21 @@ class TuningSpec(_Model):
     rollout: RolloutSpec = _section(RolloutSpec, "How trial configurations are rolled out.")
     drift: DriftSpec = _section(DriftSpec, "When to re-tune.")
     metrics: MetricsSpec = _section(MetricsSpec, "Where signals come from.")
+    min_gain: StrictFloat = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="Least gain over the deployed config worth a rollout, as a share of its score "
+        "(0.02: 2%). A smaller measured gain, or one the window-to-window noise hides, keeps the "
+        "deployed config (no significant gain).",
+    )
+    confidence: StrictFloat = Field(
+        0.95,
+        ge=0.5,
+        lt=1,
+        description="Confidence needed that the gain is at least minGain before the deployed config "
+        "is left (0.5..1; 0.5 with minGain 0 takes the best measured config whatever the noise).",
+    )
 
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
@@ -1090,7 +1105,26 @@ class BestConfig(_Model):
     trial: Annotated[StrictInt, Field(ge=0)] | None = _omittable(
         "The best trial's index in status.trials (its score's basis and terms are there)."
     )
-    confidence: Ratio | None = Field(None, description="Confidence that it beats the baseline, 0..1.")
+    confidence: Ratio | None = Field(
+        None,
+        description="Confidence that the best config's gain over the deployed one is at least minGain, "
+        "0..1 (the significance gate's noise model: counting noise and window-to-window variance).",
+    )
+    gain: StrictFloat | None = _omittable(
+        "The measured gain of the best config by mean over the deployed one (0.05: 5% better)."
+    )
+    min_gain: Ratio | None = _omittable("spec.tuning.minGain the gain is held to.")
+    required_confidence: Ratio | None = _omittable("spec.tuning.confidence, the confidence needed.")
+    window_noise: Annotated[StrictFloat, Field(ge=0)] | None = _omittable(
+        "Relative standard deviation of one window's score under the noise model."
+    )
+    significant: StrictBool | None = _omittable(
+        "The significance gate's decision at convergence: false keeps the deployed config (no "
+        "significant gain; candidate is the config that scored best by mean); absent while exploring."
+    )
+    candidate: KnobValues | None = _omittable(
+        "The config that scored best by mean when the gate kept the deployed config."
+    )
 
 
 class TrialBudget(_Model):

@@ -318,20 +318,3 @@ def severe_breach(signals: Signals, slo: Slo, factor: float) -> str | None:
     if signals.itl_p99_s is not None and signals.itl_p99_s > factor * slo.itl_p99_s:
         return f"ITL p99 {signals.itl_p99_s:.3g}s > {factor:g}x SLO {slo.itl_p99_s:.3g}s"
     return None
-
-
-def confidence_better(best: float, best_requests: float, base: float, base_requests: float) -> float | None:
-    """How sure we are that ``best`` truly beats ``base``: P(true best > true base), 0..1.
-
-    Each window's score is treated as normal with a relative standard error of 1/sqrt(requests)
-    (the counting noise of a window of that many requests; load drift adds more, so this is an
-    upper bound on certainty). Scores share a sign (ttft scores are negative seconds, so "beats"
-    is still "greater"). None when a window had no requests or a score is not finite.
-    """
-    if best_requests <= 0 or base_requests <= 0 or not (math.isfinite(best) and math.isfinite(base)):
-        return None
-    se = math.hypot(abs(best) / math.sqrt(best_requests), abs(base) / math.sqrt(base_requests))
-    if se == 0:
-        return 1.0 if best > base else 0.0 if best < base else 0.5
-    z = (best - base) / se
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))

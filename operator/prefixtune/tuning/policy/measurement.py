@@ -50,6 +50,7 @@ def begin_baseline(self: Core, warm: bool) -> None:
     self.s.trials.append(t)
     self.s.active = t.id
     self.s.best = None
+    self.s.gate = None
     self.s.extensions = 0
     self.s.widened = {}  # the baseline's window decides the epoch's batch-limit knobs afresh
     self.goto(Phase.BASELINE)
