@@ -8,11 +8,12 @@ from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.objective import (
     Score,
     ScoreBasis,
+    decided_by,
     goal,
 )
 from prefixtune.tuning.phases import Phase, Step, TuningReason
 from prefixtune.tuning.policy._core import trials_spent
-from prefixtune.tuning.state import PolicyState, ValueTerms
+from prefixtune.tuning.state import PolicyState, Trial, ValueTerms
 
 
 def config_label(c: KnobConfig) -> str:
@@ -41,6 +42,29 @@ def terms_text(terms: ValueTerms, objective: str) -> str:
             f"{terms.reference_rps or 0.0:.3g} / offered {terms.offered_rps or 0.0:.3g} req/s)"
         )
     return str(terms.basis)
+
+
+def headroom_text(terms: ValueTerms) -> str:
+    """``; window score = measured 591.6 × headroom 5.1 (ttft)``: a rate window score's own terms
+    (``objective.Headroom``); "" without them."""
+    if terms.headroom is None or terms.measured is None:
+        return ""
+    return (
+        f"; window score = measured {terms.measured:.4g} × headroom {terms.headroom:.3g} "
+        f"({terms.headroom_limit})"
+    )
+
+
+def decided_text(new: Trial, old: Trial, objective: str) -> str:
+    """``; over trial 3 by headroom (ttft)``: which term of the score made ``new`` the best over the
+    previous best ``old`` (``objective.decided_by``); "" when either has no terms to compare."""
+    if new.id == old.id or new.terms is None or old.terms is None:
+        return ""
+    a, b = new.terms, old.terms
+    if a.measured is None or b.measured is None or a.headroom is None or b.headroom is None:
+        return ""
+    term = decided_by(objective, (a.measured, b.measured), (a.headroom, b.headroom), a.headroom_limit)
+    return f" over trial {old.id}, by {term}"
 
 
 def evidence(s: Signals) -> str:
