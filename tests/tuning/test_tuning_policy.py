@@ -593,7 +593,7 @@ def test_below_capacity_the_headroom_decides_and_the_event_says_so() -> None:
     assert r.state.best == trial.id and trial.value == pytest.approx(5000.0)
     (scored,) = [e for e in of(acts, EmitEvent) if e.reason == "TrialScored"]
     assert "new best over trial 0, by headroom (ttft)" in scored.message
-    assert "window score = measured 500 × headroom 10 (ttft)" in scored.message
+    assert "goodput 500 × headroom 10 (ttft) = 5000 (goodput_tokens_per_s" in scored.message
 
 
 def test_a_canary_without_a_measured_stable_config_keeps_its_own_score() -> None:

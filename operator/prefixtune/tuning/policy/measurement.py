@@ -33,7 +33,6 @@ from prefixtune.tuning.policy.messages import (
     config_label,
     decided_text,
     evidence,
-    headroom_text,
     score_text,
     terms_text,
 )
@@ -222,7 +221,6 @@ def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
         "BaselineMeasured" if trial.role == "baseline" else "TrialScored",
         f"trial {trial.id} {config_label(trial.config)}: {score_text(result)}; value {value:.4g} "
         f"({terms_text(terms, settings.objective)})"
-        + headroom_text(terms)
         + (
             f" ({'new best' if is_best else f'best is trial {best_now.id}'}{decided_by_term})"
             if best_now

@@ -21,7 +21,15 @@ def config_label(c: KnobConfig) -> str:
 
 
 def score_text(s: Score) -> str:
-    text = f"{s.objective} {s.value:.4g} ({s.basis}, {s.requests:g} requests)"
+    """``goodput 572.2 × headroom 8.38 (ttft) = 4794 (goodput_tokens_per_s, 962 requests)``: the
+    window's score and, for a rate objective, what was measured and the headroom it was multiplied by."""
+    room = s.headroom
+    shown = (
+        f"{s.value:.4g}"
+        if room is None
+        else f"{s.measured_value:.4g} × headroom {room.factor:.3g} ({room.limit}) = {s.value:.4g}"
+    )
+    text = f"{s.objective} {shown} ({s.basis}, {s.requests:g} requests)"
     if s.breaches:
         text += "; SLO breached: " + ", ".join(s.breaches)
     return text
@@ -44,26 +52,17 @@ def terms_text(terms: ValueTerms, objective: str) -> str:
     return str(terms.basis)
 
 
-def headroom_text(terms: ValueTerms) -> str:
-    """``; window score = measured 591.6 × headroom 5.1 (ttft)``: a rate window score's own terms
-    (``objective.Headroom``); "" without them."""
-    if terms.headroom is None or terms.measured is None:
-        return ""
-    return (
-        f"; window score = measured {terms.measured:.4g} × headroom {terms.headroom:.3g} "
-        f"({terms.headroom_limit})"
-    )
-
-
 def decided_text(new: Trial, old: Trial, objective: str) -> str:
-    """``; over trial 3 by headroom (ttft)``: which term of the score made ``new`` the best over the
+    """`` over trial 3, by headroom (ttft)``: which term of the score made ``new`` the best over the
     previous best ``old`` (``objective.decided_by``); "" when either has no terms to compare."""
     if new.id == old.id or new.terms is None or old.terms is None:
         return ""
     a, b = new.terms, old.terms
-    if a.measured is None or b.measured is None or a.headroom is None or b.headroom is None:
+    if new.value is None or old.value is None or not a.headroom or not b.headroom:
         return ""
-    term = decided_by(objective, (a.measured, b.measured), (a.headroom, b.headroom), a.headroom_limit)
+    # the value without its headroom: the measured rate as compared (load-normalized, paired)
+    rates = (new.value / a.headroom, old.value / b.headroom)
+    term = decided_by(objective, rates, (a.headroom, b.headroom), a.headroom_limit)
     return f" over trial {old.id}, by {term}"
 
 
