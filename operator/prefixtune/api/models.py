@@ -50,6 +50,7 @@ from prefixtune.api.enums import (
     ConditionStatus,
     ConditionType,
     GpuType,
+    HeadroomLimit,
     MetricsSource,
     Objective,
     Phase,
@@ -1171,6 +1172,18 @@ class ScoreTerms(_Model):
     reference_rps: StrictFloat | None = _omittable(
         "load-normalized: the arrival rate of the tuning run's baseline window (what every window is "
         "rescaled to)."
+    )
+    measured_score: StrictFloat | None = _omittable(
+        "goodput, throughput: the objective as measured over the window (SLO penalty applied). "
+        "windowScore = measuredScore * headroom."
+    )
+    headroom: StrictFloat | None = _omittable(
+        "goodput, throughput: how much more load the window's config would carry within the SLOs, "
+        "1 / the largest share of a budget its load used (TTFT p99 / TTFT SLO, ITL p50 / ITL SLO, KV "
+        "cache usage), within [1, 20]: 1 at saturation, where the score is the measured rate."
+    )
+    headroom_limit: HeadroomLimit | None = _omittable(
+        "The budget with the largest share (ttft, itl, kv-pool)."
     )
 
 

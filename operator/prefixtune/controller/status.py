@@ -186,9 +186,13 @@ def score_terms(terms: ValueTerms) -> dict[str, Any]:
         ("loadFactor", terms.load_factor),
         ("offeredRps", terms.offered_rps),
         ("referenceRps", terms.reference_rps),
+        ("measuredScore", terms.measured),
+        ("headroom", terms.headroom),
     ):
         if finite(number) is not None:
             out[key] = finite(number)
+    if terms.headroom_limit is not None:
+        out["headroomLimit"] = str(terms.headroom_limit)
     return out
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from prefixtune.engines.base import KnobConfig
 from prefixtune.engines.knobs import Value, to_api
 from prefixtune.metrics.signals import Signals
-from prefixtune.tuning.objective import ScoreBasis
+from prefixtune.tuning.objective import HeadroomLimit, ScoreBasis
 from prefixtune.tuning.phases import Phase, Step, TuningReason
 from prefixtune.tuning.settings import Strategy, TuningSettings
 
@@ -66,6 +66,10 @@ class ValueTerms(_Model):
       rates (the ttft objective: baseline_window / score);
     - ``load-normalized`` (rolling): value = score * load_factor, load_factor = reference_rps /
       offered_rps within ``LOAD_FACTOR_BOUNDS``.
+
+    Whatever the basis, a rate objective's window score is ``measured * headroom``
+    (``objective.Headroom``: 1 at saturation, else how much more load the window's tail and KV pool
+    leave room for), ``headroom_limit`` the budget that bounded it; the ttft objective has none.
     """
 
     basis: ScoreBasis
@@ -79,6 +83,9 @@ class ValueTerms(_Model):
     load_factor: float | None = None
     offered_rps: float | None = None
     reference_rps: float | None = None
+    measured: float | None = None  # the window's objective as measured (score = measured * headroom)
+    headroom: float | None = None
+    headroom_limit: HeadroomLimit | None = None
 
 
 class Trial(_Model):
