@@ -45,6 +45,15 @@ from prefixtune.twin.catalog import find_gpu, no_twin_model
 
 HERE = Path(__file__).resolve().parent
 SCENARIO_DIR = HERE / "scenarios"
+# Controls: scenarios where every config of the space scores within CONTROL_SPREAD of the others, so
+# the right decision is to keep the deployed config; not part of the named suite (suite()).
+CONTROL_DIR = SCENARIO_DIR / "controls"
+CONTROL_SPREAD = 1.01  # "every config within 1%": best / worst true score over the oracle grid
+CONTROL_KEEP = 0.95  # a control passes when at least this fraction of seeds ends on the deployed config
+LIGHT_RATIO = 0.95  # the light-load suite passes when bo's median full-load ratio is at least this
+# A scenario's sustainable load is its ``rate``: the suite sizes each scenario at a load its best
+# config sustains within the SLOs (docs/scenarios.md); ``--load-fraction F`` tunes at F x rate.
+SUSTAINABLE = "the scenario's rate (each is sized at a load its oracle config sustains within the SLOs)"
 METHODS = ("bo", "random", "grid", "default")
 ORACLE_SEED = 424242
 SCENARIO_KEYS = {
@@ -80,6 +89,7 @@ class Scenario:
     eval_seeds: int = 1  # arrival seeds averaged into a true score (near a capacity cliff one is not enough)
     # batch-limit knobs whose every value the policy's widening could reach the oracle grid covers
     oracle_widen: tuple[str, ...] = ()
+    control: bool = False  # read from bench/scenarios/controls/ (where it lies, not a YAML field)
 
     def hardware(self) -> Hardware:
         gpu = find_gpu(self.gpu)
@@ -134,10 +144,18 @@ class Scenario:
             return self.workload
         return str(self.workload.get("name", "inline")).split("-")[0]
 
+    def at_load(self, fraction: float) -> Scenario:
+        """The scenario at ``fraction`` of its sustainable load (``SUSTAINABLE``: its rate)."""
+        if not 0.0 < fraction <= 1.0:
+            raise ScenarioError(f"load fraction {fraction:g}: must be in (0, 1]")
+        return self if fraction == 1.0 else replace(self, rate=self.rate * fraction)
+
     def digest(self) -> str:
         """Identifies the true-score cache. ``eval_seeds`` is left out: the cache holds one value per
-        (config, seed), and eval_seeds only says how many of them a true score averages."""
-        fields: dict[str, Any] = {k: v for k, v in self.__dict__.items() if k != "eval_seeds"}
+        (config, seed), and eval_seeds only says how many of them a true score averages; so is
+        ``control`` (where the file lies changes no score)."""
+        left_out = ("eval_seeds", "control")
+        fields: dict[str, Any] = {k: v for k, v in self.__dict__.items() if k not in left_out}
         fields["scoring"] = SCORING  # the cache holds scores: a new definition is a new cache
         text = json.dumps(_jsonable(fields), sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -239,15 +257,26 @@ def load_scenario_file(path: Path) -> Scenario:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ScenarioError(f"{path}: {exc}") from None
-    return parse_scenario(data, str(path))
+    scenario = parse_scenario(data, str(path))
+    return replace(scenario, control=path.resolve().parent == CONTROL_DIR)
 
 
-def suite() -> dict[str, Scenario]:
+def _load_dir(directory: Path) -> dict[str, Scenario]:
     out: dict[str, Scenario] = {}
-    for path in sorted(SCENARIO_DIR.glob("*.yaml")):
+    for path in sorted(directory.glob("*.yaml")):
         s = load_scenario_file(path)
         out[s.name] = s
     return out
+
+
+def suite() -> dict[str, Scenario]:
+    """The named suite: bench/scenarios/*.yaml (the controls' folder is not part of it)."""
+    return _load_dir(SCENARIO_DIR)
+
+
+def controls() -> dict[str, Scenario]:
+    """The control scenarios: bench/scenarios/controls/*.yaml."""
+    return _load_dir(CONTROL_DIR)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -322,7 +351,9 @@ class TrueScores:
                 value: float | None = None
                 if run.status == "ok" and run.signals is not None:
                     s = score(run.signals, sc.objective, sc.slo, 1)  # type: ignore[arg-type]
-                    value = s.value if isinstance(s, Score) else None
+                    # the truth is the objective measured at the scenario's load, not the headroom
+                    # the policy ranks by below saturation
+                    value = s.measured_value if isinstance(s, Score) else None
                 self.values[k] = value
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self.path.write_text(json.dumps(self.values, indent=0, sort_keys=True))
@@ -344,6 +375,24 @@ class TrueScores:
         if best is None:
             raise RuntimeError(f"{self.scenario.name}: no feasible config in the oracle grid")
         return best
+
+    def spread(self, space: SearchSpace) -> dict[str, Any]:
+        """How far apart the configs of the oracle grid score: ``spread`` is best over worst (as
+        ``higher_is_better_ratio``), None when any config the engine takes is infeasible (a config
+        that does not run is not "within 1%")."""
+        adapter = get_adapter(self.scenario.engine)
+        grid = [cfg for cfg in space.grid(self.scenario.oracle_fractions) if not adapter.validate(cfg)]
+        scored = [self.get(cfg) for cfg in grid]
+        values = [v for v in scored if v is not None]
+        infeasible = len(scored) - len(values)
+        out: dict[str, Any] = {"rate": self.scenario.rate, "configs": len(scored), "infeasible": infeasible}
+        if not values:
+            return {**out, "spread": None}
+        objective = self.scenario.objective
+        best = max(values, key=lambda v: higher_is_better_ratio(objective, v, values[0]))
+        worst = min(values, key=lambda v: higher_is_better_ratio(objective, v, values[0]))
+        ratio = higher_is_better_ratio(objective, best, worst)
+        return {**out, "best": best, "worst": worst, "spread": None if infeasible else round(ratio, 5)}
 
     def interpolated(self, space: SearchSpace, cfg: KnobConfig) -> float | None:
         """The true score of ``cfg`` read from the oracle grid: linear in memory fraction between
@@ -388,9 +437,17 @@ def settings_for(scenario: Scenario, method: str, budget: int, seed: int) -> Tun
 
 
 def run_method(
-    scenario: Scenario, method: str, seed: int, budget: int, truth: TrueScores, oracle: float
+    scenario: Scenario,
+    method: str,
+    seed: int,
+    budget: int,
+    truth: TrueScores,
+    oracle: float,
+    load_fraction: float = 1.0,
 ) -> dict[str, Any]:
-    env = TwinEnv(scenario)
+    """One seed of one method: the policy tunes at ``load_fraction`` of the scenario's sustainable
+    load; the config it ends on is scored by ``truth`` (the scenario at full load, as the oracle)."""
+    env = TwinEnv(scenario.at_load(load_fraction))
     space = scenario.oracle_space()  # the incumbents' true scores are read from the oracle's grid
     t0 = time.perf_counter()
     if method == "default":
@@ -405,6 +462,7 @@ def run_method(
     wall = time.perf_counter() - t0
     final = result.final_config
     final_true = truth.get(final)
+    start = scenario.default_config() if method == "default" else scenario.start_config()
     ratio = 0.0 if final_true is None else _ratio(scenario.objective, final_true, oracle)
     to95, to98 = _trials_to(scenario, result, truth, space, oracle)
     infeasible = sum(1 for t in result.trials if t.outcome == "infeasible")
@@ -419,6 +477,7 @@ def run_method(
         "ratio": round(ratio, 4),
         "final_config": final.to_dict(),
         "final_true_score": final_true,
+        "ends_on_deployed": final.to_dict() == start.to_dict(),
         "trials": len(result.trials),
         "trials_to_95": to95,
         "trials_to_98": to98,
@@ -478,8 +537,17 @@ def _median(values: Sequence[float | int | None]) -> float | None:
 
 
 def run_scenario(
-    scenario: Scenario, methods: Sequence[str], seeds: int, budget: int, cache_dir: Path, log: Any
+    scenario: Scenario,
+    methods: Sequence[str],
+    seeds: int,
+    budget: int,
+    cache_dir: Path,
+    log: Any,
+    load_fraction: float = 1.0,
 ) -> dict[str, Any]:
+    """Every method on ``seeds`` seeds, tuning at ``load_fraction`` of the scenario's sustainable
+    load and scored at full load against the full-load oracle; a control also reports the spread of
+    its grid's true scores at the load it was tuned at and at full load."""
     env = TwinEnv(scenario)
     truth = TrueScores(scenario, env, cache_dir)
     space = scenario.oracle_space()
@@ -498,6 +566,9 @@ def run_scenario(
         "workload": scenario.workload if isinstance(scenario.workload, str) else "inline",
         "workload_type": scenario.workload_type,
         "rate": scenario.rate,
+        "load_fraction": load_fraction,
+        "tuned_rate": round(scenario.at_load(load_fraction).rate, 6),
+        "control": scenario.control,
         "bound": scenario.bound,
         "objective": scenario.objective,
         "space_size": len(space.grid(scenario.oracle_fractions)),
@@ -514,10 +585,20 @@ def run_scenario(
         },
         "methods": {},
     }
+    if scenario.control:
+        tuned = scenario.at_load(load_fraction)
+        out["spread"] = {
+            "tuned_load": TrueScores(tuned, TwinEnv(tuned), cache_dir).spread(space),
+            "full_load": truth.spread(space),
+        }
+        print(f"[{scenario.name}] spread {out['spread']}", file=log)
     for method in methods:
-        per_seed = [run_method(scenario, method, seed, budget, truth, oracle) for seed in range(seeds)]
+        per_seed = [
+            run_method(scenario, method, seed, budget, truth, oracle, load_fraction) for seed in range(seeds)
+        ]
         summary = {
             "median_ratio": round(float(statistics.median(p["ratio"] for p in per_seed)), 4),
+            "ends_on_deployed_fraction": round(statistics.fmean(p["ends_on_deployed"] for p in per_seed), 4),
             "median_trials_to_95": _median([p["trials_to_95"] for p in per_seed]),
             "median_trials_to_98": _median([p["trials_to_98"] for p in per_seed]),
             "infeasible_trials": sum(p["infeasible_trials"] for p in per_seed),
@@ -530,23 +611,39 @@ def run_scenario(
             f"[{scenario.name}] {method}: ratio {summary['median_ratio']},"
             f" to95 {summary['median_trials_to_95']},"
             f" to98 {summary['median_trials_to_98']}, infeasible {summary['infeasible_trials']},"
+            f" on deployed {summary['ends_on_deployed_fraction']},"
             f" wall {summary['wall_seconds']}s",
             file=log,
         )
     return out
 
 
-def _run_one(job: tuple[Scenario, Sequence[str], int, int, Path]) -> tuple[str, dict[str, Any]]:
-    scenario, methods, seeds, budget, cache_dir = job
-    return scenario.name, run_scenario(scenario, methods, seeds, budget, cache_dir, sys.stderr)
+Job = tuple[Scenario, Sequence[str], int, int, Path, float]
+
+
+def _run_one(job: Job) -> tuple[str, dict[str, Any]]:
+    scenario, methods, seeds, budget, cache_dir, load_fraction = job
+    return scenario.name, run_scenario(scenario, methods, seeds, budget, cache_dir, sys.stderr, load_fraction)
 
 
 def run_scenarios(
-    scenarios: Sequence[Scenario], methods: Sequence[str], seeds: int, budget: int, cache_dir: Path, jobs: int
+    scenarios: Sequence[Scenario],
+    methods: Sequence[str],
+    seeds: int,
+    budget: int,
+    cache_dir: Path,
+    jobs: int,
+    load_fraction: float = 1.0,
+    control_seeds: int | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
     """Every scenario, in order; with ``jobs`` > 1 in forked worker processes (one scenario each:
-    a scenario's true-score cache file is only ever written by one process)."""
-    work = [(sc, tuple(methods), seeds, budget, cache_dir) for sc in scenarios]
+    a scenario's true-score cache file is only ever written by one process). Controls run
+    ``control_seeds`` seeds (default ``seeds``)."""
+
+    def n_seeds(sc: Scenario) -> int:
+        return control_seeds if sc.control and control_seeds is not None else seeds
+
+    work: list[Job] = [(sc, methods, n_seeds(sc), budget, cache_dir, load_fraction) for sc in scenarios]
     if jobs <= 1 or len(work) <= 1:
         return [_run_one(w) for w in work]
     import multiprocessing
@@ -558,14 +655,19 @@ def run_scenarios(
 
 
 def checks(result: dict[str, Any]) -> dict[str, Any]:
-    """The suite's targets: bo >= 0.95 of the oracle everywhere; bo reaches 95% in no more trials
-    than random in at least 6 of 8 scenarios (never-reached counts as worse than any number); and
-    how many scenarios discriminate at all (the engine default, or the deployed config the methods
-    start from, <= 0.90 of the oracle)."""
+    """The suite's targets: bo >= 0.95 of the oracle (at full load, wherever it tuned) in every
+    scenario that is not a control; bo reaches 95% in no more trials than random in at least 6 of 8
+    scenarios (never-reached counts as worse than any number); how many scenarios discriminate at
+    all (the engine default, or the deployed config the methods start from, <= 0.90 of the oracle);
+    and for each control, that every config is within 1% at the load it was tuned at and bo ends on
+    the deployed config in at least 95% of seeds."""
     scen = result["scenarios"]
-    bo_ok = {n: s["methods"]["bo"]["median_ratio"] >= 0.95 for n, s in scen.items() if "bo" in s["methods"]}
+    named = {n: s for n, s in scen.items() if not s.get("control", False)}
+    bo_ok = {
+        n: s["methods"]["bo"]["median_ratio"] >= LIGHT_RATIO for n, s in named.items() if "bo" in s["methods"]
+    }
     not_worse = {}
-    for n, s in scen.items():
+    for n, s in named.items():
         m = s["methods"]
         if "bo" in m and "random" in m:
             b, r = m["bo"]["median_trials_to_95"], m["random"]["median_trials_to_95"]
@@ -574,11 +676,11 @@ def checks(result: dict[str, Any]) -> dict[str, Any]:
     # from, is clearly below the oracle.
     matters = {
         n: s["methods"]["default"]["median_ratio"] <= 0.90
-        for n, s in scen.items()
+        for n, s in named.items()
         if "default" in s["methods"]
     }
-    deployed = {n: s["deployed"]["ratio"] <= 0.90 for n, s in scen.items() if "deployed" in s}
-    either = {n: matters.get(n, False) or deployed.get(n, False) for n in scen}
+    deployed = {n: s["deployed"]["ratio"] <= 0.90 for n, s in named.items() if "deployed" in s}
+    either = {n: matters.get(n, False) or deployed.get(n, False) for n in named}
     return {
         "default_ratio_le_0.90": matters,
         "default_ratio_le_0.90_count": sum(matters.values()),
@@ -588,6 +690,26 @@ def checks(result: dict[str, Any]) -> dict[str, Any]:
         "bo_ratio_ge_0.95_all": all(bo_ok.values()) if bo_ok else None,
         "bo_trials_to_95_le_random": not_worse,
         "bo_not_worse_than_random_count": sum(not_worse.values()),
+        **control_checks(scen),
+    }
+
+
+def control_checks(scenarios: dict[str, Any]) -> dict[str, Any]:
+    """Per control: ``flat`` (best/worst over its grid <= CONTROL_SPREAD at the load it was tuned
+    at, every config feasible), bo's fraction of seeds ending on the deployed config, and ``ok``
+    (flat and that fraction >= CONTROL_KEEP)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, s in scenarios.items():
+        if not s.get("control", False) or "bo" not in s["methods"]:
+            continue
+        spread = s["spread"]["tuned_load"]["spread"]
+        flat = spread is not None and spread <= CONTROL_SPREAD
+        kept = s["methods"]["bo"]["ends_on_deployed_fraction"]
+        out[name] = {"spread": spread, "flat": flat, "ends_on_deployed_fraction": kept,
+                     "ok": flat and kept >= CONTROL_KEEP}  # fmt: skip
+    return {
+        "controls": out,
+        "controls_all_ok": all(c["ok"] for c in out.values()) if out else None,
     }
 
 
@@ -619,10 +741,25 @@ def decision_timing(n_trials: int = 50, repeats: int = 3) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="prefixtune bench tuner", description=__doc__.split("\n")[0])
-    which = p.add_mutually_exclusive_group(required=True)
+    which = p.add_mutually_exclusive_group()
     which.add_argument("--suite", action="store_true", help="every scenario in bench/scenarios/")
-    which.add_argument("--scenario", action="append", help="a scenario of the suite by name (repeatable)")
+    which.add_argument(
+        "--scenario", action="append", help="a scenario of the suite or a control by name (repeatable)"
+    )
     which.add_argument("--scenario-file", type=Path, help="a scenario YAML file")
+    p.add_argument(
+        "--controls",
+        action="store_true",
+        help="also run the controls (bench/scenarios/controls/: every config within 1%%)",
+    )
+    p.add_argument(
+        "--load-fraction",
+        type=float,
+        default=1.0,
+        help="tune at this fraction of each scenario's sustainable load (its rate); the config a "
+        "method ends on is still scored at full load against the full-load oracle",
+    )
+    p.add_argument("--control-seeds", type=int, help="seeds for the controls (default: --seeds)")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--budget", type=int, default=15, help="trials per run, baseline included")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
@@ -641,24 +778,31 @@ def main(argv: list[str]) -> int:
     if bad:
         print(f"--methods: unknown {', '.join(bad)}; allowed: {', '.join(METHODS)}", file=sys.stderr)
         return 2
-    if args.seeds < 1 or args.budget < 2 or args.jobs < 1:
-        print("--seeds must be >= 1, --budget >= 2 and --jobs >= 1", file=sys.stderr)
+    bad_control_seeds = args.control_seeds is not None and args.control_seeds < 1
+    if args.seeds < 1 or args.budget < 2 or args.jobs < 1 or bad_control_seeds:
+        print("--seeds and --control-seeds must be >= 1, --budget >= 2 and --jobs >= 1", file=sys.stderr)
+        return 2
+    if not 0.0 < args.load_fraction <= 1.0:
+        print(f"--load-fraction: {args.load_fraction:g}; must be in (0, 1]", file=sys.stderr)
+        return 2
+    if not (args.suite or args.scenario or args.scenario_file or args.controls):
+        print("choose scenarios: --suite, --scenario NAME, --scenario-file F or --controls", file=sys.stderr)
         return 2
     try:
+        scenarios: list[Scenario] = []
         if args.scenario_file is not None:
             scenarios = [load_scenario_file(args.scenario_file)]
-        else:
-            all_ = suite()
-            if args.suite:
-                scenarios = list(all_.values())
-            else:
-                missing = [n for n in args.scenario if n not in all_]
-                if missing:
-                    print(
-                        f"--scenario: unknown {', '.join(missing)}; suite: {', '.join(all_)}", file=sys.stderr
-                    )
-                    return 2
-                scenarios = [all_[n] for n in args.scenario]
+        elif args.suite:
+            scenarios = list(suite().values())
+        elif args.scenario:
+            all_ = {**suite(), **controls()}
+            missing = [n for n in args.scenario if n not in all_]
+            if missing:
+                print(f"--scenario: unknown {', '.join(missing)}; known: {', '.join(all_)}", file=sys.stderr)
+                return 2
+            scenarios = [all_[n] for n in args.scenario]
+        if args.controls:
+            scenarios += [c for c in controls().values() if c not in scenarios]
     except ScenarioError as exc:
         print(f"prefixtune bench tuner: {exc}", file=sys.stderr)
         return 2
@@ -666,7 +810,13 @@ def main(argv: list[str]) -> int:
     result: dict[str, Any] = {
         "setup": {
             "seeds": args.seeds,
+            "control_seeds": args.seeds if args.control_seeds is None else args.control_seeds,
             "budget": args.budget,
+            "load_fraction": args.load_fraction,
+            "sustainable_load": SUSTAINABLE,
+            "ratio": "true score at FULL load of the config a method ends on, over the full-load oracle's",
+            "control_spread_max": CONTROL_SPREAD,
+            "control_keep_min": CONTROL_KEEP,
             "methods": methods,
             "trial_count_includes_baseline": True,
             "true_score": "long twin run (eval_s) with a fixed seed; trials_to_X incumbents use the "
@@ -676,7 +826,11 @@ def main(argv: list[str]) -> int:
         "scenarios": {},
     }
     result["setup"]["jobs"] = args.jobs
-    for name, res in run_scenarios(scenarios, methods, args.seeds, args.budget, args.cache_dir, args.jobs):
+    runs = run_scenarios(
+        scenarios, methods, args.seeds, args.budget, args.cache_dir, args.jobs,
+        args.load_fraction, args.control_seeds,
+    )  # fmt: skip
+    for name, res in runs:
         result["scenarios"][name] = res
     result["setup"]["wall_seconds"] = round(time.perf_counter() - t0, 1)
     result["setup"]["decision_50_trials"] = decision_timing()
