@@ -569,17 +569,21 @@ class Day:
                 total.add(t)
         return total, per
 
-    def mean_ttft(self, config: KnobConfig, start: float, end: float) -> float | None:
-        """The time-weighted mean of the warm samples' TTFT p50 over ``[start, end)`` (what a change
-        gains below capacity, where goodput is the offered load whatever the config)."""
-        total = weight = 0.0
-        for seg in self.segments:
-            overlap = min(end, seg.end_s) - max(start, seg.start_s)
-            s = self.sample(config, seg).signals if overlap > 0 else None
-            if s is not None and s.ttft_p50_s is not None:
-                total += s.ttft_p50_s * overlap
-                weight += overlap
-        return round(total / weight, 4) if weight > 0 else None
+    def median_ttft(self, config: KnobConfig, start: float, end: float) -> float | None:
+        """The median over the segments in ``[start, end)`` of the warm samples' TTFT p50 (what a
+        change gains below capacity, where goodput is the offered load whatever the config; the
+        median, as a burst's queue makes a mean of its own)."""
+        values = sorted(
+            s.ttft_p50_s
+            for seg in self.segments
+            if min(end, seg.end_s) > max(start, seg.start_s)
+            and (s := self.sample(config, seg).signals) is not None
+            and s.ttft_p50_s is not None
+        )
+        if not values:
+            return None
+        mid = len(values) // 2
+        return round(values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2, 4)
 
     def window(self, config: KnobConfig, start: float, end: float) -> tuple[Sample, float]:
         """The sample a window ``[start, end)`` of ``config`` (warm) measures, and its true mean
@@ -839,7 +843,9 @@ def changes_that_did_not_pay(day: Day, run: DayRun, deployed: KnobConfig) -> lis
             "at_h": round(start / HOUR, 2), "until_h": round(end / HOUR, 2), "from": old_cfg.to_dict(),
             "to": cfg.to_dict(), "gain": round(new / old - 1.0, 4) if old > 0 else None,
             "paid_off": new > old,
-            "ttft_p50_s": {"from": day.mean_ttft(old_cfg, start, end), "to": day.mean_ttft(cfg, start, end)},
+            "ttft_p50_s": {
+                "from": day.median_ttft(old_cfg, start, end), "to": day.median_ttft(cfg, start, end)
+            },
         })  # fmt: skip
     return out
 
