@@ -352,6 +352,14 @@ def test_observe_mode_recommends_and_never_rolls_out() -> None:
     assert not of(r.actions, RollOut) and not of(r.actions, RollBack)
 
 
+def test_observe_mode_recommends_only_a_what_if_that_beats_the_running_config_by_min_gain() -> None:
+    slight = WhatIf(config=C1, signals=window(goodput=1040.0))  # 4% better
+    for min_gain, recommended in ((0.02, True), (0.05, False)):
+        r = Run(replace(SETTINGS, mode="observe", min_gain=min_gain))
+        acts = r(WindowMeasured(signals=window(goodput=1000.0), what_if=[slight]), 600)
+        assert bool(of(acts, Recommend)) is recommended, min_gain
+
+
 def test_mode_off_pauses_and_spec_change_resumes() -> None:
     r = Run()
     now = r.baseline()

@@ -24,7 +24,6 @@ from prefixtune.tuning.space import SearchSpace, build_space
 from prefixtune.tuning.state import PolicyState, PriorPoint, Trial
 
 Suggester = Callable[[SearchSpace, list[TrialResult], int, TuningSettings], Suggestion]
-RECOMMEND_MARGIN = 1.02  # observe mode: recommend a what-if config only when it beats the current by 2%
 LOW_HIT_RATE = 0.05  # field notes: hit rate stably this low -> the cache holds memory for nothing
 TOO_LITTLE_TRAFFIC = "too_little_traffic"  # Trial.failure of a trial invalidated for too few requests
 SPEC_INVALID = "spec_invalid"  # Trial.failure of a trial aborted because the spec turned invalid

@@ -14,7 +14,7 @@ from prefixtune.tuning.objective import (
 from prefixtune.tuning.policy import (
     measurement,
 )
-from prefixtune.tuning.policy._core import LOW_HIT_RATE, RECOMMEND_MARGIN, Core, all_missing, better, space_of
+from prefixtune.tuning.policy._core import LOW_HIT_RATE, Core, all_missing, better, space_of
 from prefixtune.tuning.policy.messages import config_label, evidence
 from prefixtune.tuning.state import MetricsUnavailable, Observation, WindowMeasured
 
@@ -41,7 +41,9 @@ def on_observing(self: Core, obs: Observation) -> None:
             estimates.append((est.value, cfg, est))
     if estimates:
         value, cfg, est = max(estimates, key=lambda e: (e[0], -estimates.index(e)))
-        if better(settings.objective, value, current.value, RECOMMEND_MARGIN):
+        # A what-if is the twin's estimate, not a window: no noise model to gate it on, so the
+        # user's margin alone (spec.tuning.minGain, as a rollout needs) decides.
+        if better(settings.objective, value, current.value, 1.0 + settings.min_gain):
             pick = (
                 cfg,
                 f"twin what-if: {est.basis} {value:.4g} vs measured {current.value:.4g} for the running "
