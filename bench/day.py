@@ -937,7 +937,7 @@ def _count(values: Iterable[str]) -> dict[str, int]:
 
 
 def run_day(day_sc: DayScenario, traffic: Traffic, samples: SampleSource, timing: SampleTiming,
-            top_k: int, log: Any) -> dict[str, Any]:  # fmt: skip
+            top_k: int, log: Any, policy_seeds: int = 1) -> dict[str, Any]:  # fmt: skip
     t0 = time.perf_counter()
     sc = day_sc.scenario
     day = Day(traffic, samples, timing.cold_s)
@@ -976,6 +976,15 @@ def run_day(day_sc: DayScenario, traffic: Traffic, samples: SampleSource, timing
     oracle_goodput = methods[Method.ORACLE_STATIC]["goodput_tokens"]
     for m in methods.values():
         m["goodput_vs_oracle"] = round(m["goodput_tokens"] / oracle_goodput, 4) if oracle_goodput else None
+    seeds = [_seed_summary(methods[Method.TUNED], 0)]
+    for i in range(1, policy_seeds):
+        # The same day, another optimizer seed (the resource's seed key): how much the tuned run's
+        # figures owe to one seed's trial sequence.
+        other = drive_day(sc.engine, replace(settings, seed_key=f"{settings.seed_key}#{i}"), deployed, day)
+        summary, _ = summarize_method(day, other.timeline, len(other.rollouts), other, deployed, best)
+        summary["goodput_vs_oracle"] = round(summary["goodput_tokens"] / oracle_goodput, 4)
+        seeds.append(_seed_summary(summary, i))
+        print(f"[{day_sc.name}] tuned, policy seed {i} ({time.perf_counter() - t0:.0f}s)", file=log)
     wall = time.perf_counter() - t0
     print(f"[{day_sc.name}] done ({wall:.0f}s)", file=log)
     return {
@@ -990,10 +999,17 @@ def run_day(day_sc: DayScenario, traffic: Traffic, samples: SampleSource, timing
         "capacity_rps": {str(p): v for p, v in day.capacity.items()},
         "methods": methods,
         "checks": checks(methods),
+        "tuned_policy_seeds": seeds,
         "series": _series(day, per_segment, timelines, tuned),
         "wall_seconds": round(wall, 1),
         "setup_change_h": traffic.change_h,
     }
+
+
+def _seed_summary(tuned: dict[str, Any], seed: int) -> dict[str, Any]:
+    keys = ("goodput_vs_oracle", "slo_violating_requests", "slo_violating_in_trial_windows", "restarts",
+            "trials", "epochs", "config_changes_not_paid_off")  # fmt: skip
+    return {"policy_seed": seed, **{k: tuned[k] for k in keys}, "reconverge_h": tuned["reconverge"]["hours"]}
 
 
 def checks(methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -1133,14 +1149,14 @@ def _smooth(values: Sequence[float], width: int = 3) -> list[float]:
 # ------------------------------------------------------------------------------------------------
 
 
-Job = tuple[DayScenario, Traffic, SampleTiming, int, Path | None, bool]
+Job = tuple[DayScenario, Traffic, SampleTiming, int, Path | None, bool, int]
 
 
 def _run_one(job: Job) -> tuple[str, dict[str, Any]]:
-    day_sc, traffic, timing, top_k, cache_dir, check = job
+    day_sc, traffic, timing, top_k, cache_dir, check, policy_seeds = job
     samples = TwinSamples(day_sc, timing, cache_dir)
     try:
-        out = run_day(day_sc, traffic, samples, timing, top_k, sys.stderr)
+        out = run_day(day_sc, traffic, samples, timing, top_k, sys.stderr, policy_seeds)
         if check:
             t0 = time.perf_counter()
             out["scaling_check"] = scaling_check(day_sc, samples)
@@ -1169,6 +1185,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--output", type=Path, help="write the JSON result to this file")
     p.add_argument("--plot-dir", type=Path, help="write one PNG per scenario here")
     p.add_argument("--jobs", type=int, default=1, help="scenarios in parallel processes")
+    p.add_argument(
+        "--policy-seeds",
+        type=int,
+        default=1,
+        help="tuned runs with other optimizer seeds (the figures: seed 0)",
+    )
     p.add_argument("--json", action="store_true", help="print the JSON result (else a short table)")
     p.add_argument(
         "--no-scaling-check", action="store_true", help="skip the samples-against-full-segments check"
@@ -1180,8 +1202,8 @@ def main(argv: list[str]) -> int:
     if bad:
         print(f"--scenario: unknown {', '.join(bad)}; known: {', '.join(all_)}", file=sys.stderr)
         return 2
-    if args.top_k < 1 or args.jobs < 1:
-        print("--top-k and --jobs must be >= 1", file=sys.stderr)
+    if args.top_k < 1 or args.jobs < 1 or args.policy_seeds < 1:
+        print("--top-k, --jobs and --policy-seeds must be >= 1", file=sys.stderr)
         return 2
     sample_s = args.sample_s if args.sample_s is not None else (60.0 if args.quick else 120.0)
     if sample_s <= 0:
@@ -1196,7 +1218,7 @@ def main(argv: list[str]) -> int:
     top_k = min(args.top_k, 2) if args.quick else args.top_k
     t0 = time.perf_counter()
     check = not (args.quick or args.no_scaling_check)
-    jobs: list[Job] = [(d, traffic, timing, top_k, cache_dir, check) for d in scenarios]
+    jobs: list[Job] = [(d, traffic, timing, top_k, cache_dir, check, args.policy_seeds) for d in scenarios]
     if args.jobs <= 1 or len(jobs) <= 1:
         results = [_run_one(j) for j in jobs]
     else:
@@ -1219,6 +1241,7 @@ def main(argv: list[str]) -> int:
             "rollout_s": 60.0,
             "oracle_top_k": top_k,
             "quick": args.quick,
+            "policy_seeds": args.policy_seeds,
             "python": sys.version.split()[0],
         },
         "scenarios": dict(results),
