@@ -351,7 +351,9 @@ class TrueScores:
                 value: float | None = None
                 if run.status == "ok" and run.signals is not None:
                     s = score(run.signals, sc.objective, sc.slo, 1)  # type: ignore[arg-type]
-                    value = s.value if isinstance(s, Score) else None
+                    # the truth is the objective measured at the scenario's load, not the headroom
+                    # the policy ranks by below saturation
+                    value = s.measured_value if isinstance(s, Score) else None
                 self.values[k] = value
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self.path.write_text(json.dumps(self.values, indent=0, sort_keys=True))

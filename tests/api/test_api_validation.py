@@ -300,6 +300,27 @@ CASES: list[tuple[str, dict[str, Any], str, tuple[str, ...], bool]] = [
         True,
     ),
     (
+        "min-gain-negative",
+        _with("vllm", tuning={"minGain": -0.05}),
+        "spec.tuning.minGain",
+        ("[0, 1]",),
+        True,
+    ),
+    (
+        "confidence-below-half",
+        _with("vllm", tuning={"confidence": 0.3}),
+        "spec.tuning.confidence",
+        ("[0.5, 1)",),
+        True,
+    ),
+    (
+        "confidence-certain",
+        _with("vllm", tuning={"confidence": 1.0}),
+        "spec.tuning.confidence",
+        ("[0.5, 1)",),
+        True,
+    ),
+    (
         "bad-strategy",
         _with("vllm", tuning={"rollout": {"strategy": "blue-green"}}),
         "spec.tuning.rollout.strategy",

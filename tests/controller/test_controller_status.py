@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
+import pytest
+
 from prefixtune.api import parse_spec
 from prefixtune.api.enums import TrialRole
 from prefixtune.controller import render as R
@@ -16,7 +18,7 @@ from prefixtune.tuning.objective import ScoreBasis
 from prefixtune.tuning.phases import Phase
 from prefixtune.tuning.policy import initial_state
 from prefixtune.tuning.settings import TuningSettings
-from prefixtune.tuning.state import MAX_TEXT, Trial, ValueTerms, recommendation_id
+from prefixtune.tuning.state import MAX_TEXT, GateRecord, PolicyState, Trial, ValueTerms, recommendation_id
 
 BASE = KnobConfig(0.9, 16, True, "fcfs")
 
@@ -53,8 +55,8 @@ def test_status_is_valid_for_the_api_model_and_round_trips_the_policy_state() ->
     assert [c.type.value for c in model.conditions] == ["Ready", "Tuning"]
     assert all(c.observed_generation == 4 for c in model.conditions)
     assert model.best_config is not None and model.best_config.score == 12.0
-    # 12 vs the baseline's 10 on 100 requests each: likely, not certain, better
-    assert model.best_config.confidence is not None and 0.8 < model.best_config.confidence < 0.99
+    # the best trial runs the baseline's config (the configs alternate): no gain to judge
+    assert model.best_config.confidence is None and model.best_config.gain is None
     assert [t.index for t in model.trials] == [0, 1, 2]
     assert S.policy_state_of(status) == state
     assert status["diagnosis"]["hitRate"] == 0.6
@@ -387,3 +389,44 @@ def test_a_paused_resource_says_so_in_its_tuning_condition_at_its_generation() -
     off = initial_state("vllm", TuningSettings(mode="off"), BASE).model_copy(update={"phase": Phase.PAUSED})
     status = S.build_status(off, [], None, now=1.0, generation=4, ready=(True, "R", "m"))
     assert next(c for c in status["conditions"] if c["type"] == "Tuning")["reason"] == "TuningOff"
+
+
+READY = (True, "ReplicasReady", "1/1")
+
+
+def _gate_state(gate: GateRecord | None) -> PolicyState:
+    sig = Signals(window_s=300, requests=2000, hit_rate=0.5)
+    other = BASE.with_(block_size=32)
+    trials = [
+        Trial(id=i, epoch=0, role="baseline" if i == 0 else "trial", config=BASE if i == 0 else other,
+              outcome="ok", started_at=1000.0 + i, finished_at=1001.0 + i, value=value, signals=sig)
+        for i, value in enumerate((1000.0, 1150.0, 1152.0))
+    ]  # fmt: skip
+    s = initial_state("vllm", TuningSettings(), BASE)
+    return s.model_copy(
+        update={"phase": Phase.EXPLORING, "trials": trials, "best": 2, "next_trial_id": 3, "gate": gate}
+    )
+
+
+def test_the_best_config_shows_its_gain_the_margin_and_the_confidence_while_exploring() -> None:
+    best = S.validate_status(
+        S.build_status(_gate_state(None), [], None, now=2000.0, generation=1, ready=READY)
+    ).best_config
+    assert best is not None and best.gain == pytest.approx(0.151)
+    assert best.min_gain == 0.02 and best.required_confidence == 0.95
+    assert best.confidence is not None and best.confidence > 0.95
+    assert best.significant is None and best.candidate is None  # not decided yet
+
+
+def test_the_best_config_shows_the_candidate_the_gate_kept_out() -> None:
+    record = GateRecord(
+        epoch=0, candidate=2, deployed=0, gain=0.016, min_gain=0.02, confidence=0.45, required=0.95,
+        noise=0.03, significant=False,
+    )  # fmt: skip
+    state = _gate_state(record).model_copy(update={"best": 0, "phase": Phase.CONVERGED})
+    best = S.validate_status(
+        S.build_status(state, [], None, now=2000.0, generation=1, ready=READY)
+    ).best_config
+    assert best is not None and best.significant is False and best.confidence == 0.45
+    assert best.candidate is not None and best.candidate.block_size == 32
+    assert best.config.block_size == 16  # the deployed config stays the best

@@ -29,6 +29,7 @@ from prefixtune.controller.operator import options_from_args
 from prefixtune.controller.selfmetrics import SelfMetrics
 from prefixtune.engines.base import EngineName
 from prefixtune.engines.registry import get_adapter
+from prefixtune.routing.policy import Router
 
 CHART = ROOT / "charts" / "prefixtune"
 RELEASE = "pt"
@@ -50,6 +51,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "caConfigMap": {"name": "prom-ca", "key": "ca.crt"},
         },
         "metrics": {"enabled": True, "port": 8080, "bindAddress": "0.0.0.0", "perResource": True},
+    },
+    "routing": {
+        "routing": {
+            "images": {"sglangRouter": "registry.acme.example/ml/sglang-router:0.3.2", "vllmRouter": ""},
+            "auto": False,
+        }
     },
     "ha": {"replicas": 2},
     "ha-namespaced": {"replicas": 2, "watch": {"scope": "namespaces", "namespaces": ["team-a"]}},
@@ -326,6 +333,17 @@ def test_operator_args_parse_with_the_operators_own_parser(chart: helm.Chart, na
         assert opts.metrics_port == (8080 if metrics else None)
         host_path = values.get("enginePolicy", {}).get("allowHostPathVolumes", False)
         assert opts.admin.allow_host_path is host_path  # off unless the values turn it on
+        routing = values.get("routing", {})
+        assert opts.admin.auto_routing is routing.get("auto", True)
+        images = routing.get("images", {})
+        assert dict(opts.admin.router_images) == {
+            router: image
+            for router, image in (
+                (Router.SGLANG, images.get("sglangRouter")),
+                (Router.VLLM, images.get("vllmRouter")),
+            )
+            if image
+        }
         priorities.append(opts.priority)
         env = {e["name"]: e for e in c["env"]}
         assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"

@@ -56,6 +56,38 @@ async def test_a_routed_resource_gets_its_router_and_loses_it_with_kube_proxy() 
         assert service is not None and service["spec"]["selector"] == {"prefixtune.io/resource": "chat"}
 
 
+async def test_no_router_runs_under_a_service_account_of_its_name_that_is_not_ours() -> None:
+    async with harness() as h:
+        spec = {"engine": "sglang", "model": MODEL, "replicas": 2}
+        await h.api.create(
+            f"{CORE}/namespaces/default/serviceaccounts", {"metadata": {"name": "chat-router"}}
+        )
+        await h.apply(resource("chat", spec))
+        await h.reconcile("chat")
+        assert await h.get(ROUTER_OBJECTS[0]) is None  # no Deployment naming that account
+        service = await h.get(f"{CORE}/namespaces/default/services/chat")
+        assert service is not None and service["spec"]["selector"] == {"prefixtune.io/resource": "chat"}
+        ready = await h.ready("chat")
+        assert (
+            ready["reason"] == "ResourceExists" and "ServiceAccount default/chat-router" in ready["message"]
+        )
+
+
+async def test_a_router_whose_account_was_replaced_by_someone_elses_is_removed() -> None:
+    async with harness() as h:
+        await h.apply(resource("chat", {"engine": "sglang", "model": MODEL, "replicas": 2}))
+        await h.reconcile("chat")
+        assert await h.get(ROUTER_OBJECTS[0]) is not None
+        account = f"{CORE}/namespaces/default/serviceaccounts"
+        await h.api.delete(f"{account}/chat-router")
+        await h.api.create(account, {"metadata": {"name": "chat-router"}})
+        h.ctx.ensured.clear()
+        await h.reconcile("chat")
+        assert await h.get(ROUTER_OBJECTS[0]) is None
+        sa = await h.get(f"{account}/chat-router")
+        assert sa is not None and not sa["metadata"].get("ownerReferences")  # theirs, left alone
+
+
 class _Recorder:
     """A client holding one live object: what the operator patches is recorded."""
 

@@ -202,3 +202,18 @@ def test_a_config_whose_policy_the_new_router_lacks_renders_the_specs_baseline_p
     old = spec.knob_config().with_(routing_policy="consistent_hash")
     settings = RR.settings_for(spec, old)
     assert settings.router.value == "sglang-router" and settings.policy.value == "cache_aware"
+
+
+def test_a_deleted_router_pod_drains_its_requests_in_flight_before_it_is_signalled() -> None:
+    dep = _routed(_spec())["Deployment/chat-router"]
+    pod = dep["spec"]["template"]["spec"]
+    assert _container(dep)["lifecycle"] == {
+        "preStop": {"exec": {"command": ["sleep", str(RR.ROUTER_DRAIN_S)]}}
+    }
+    assert pod["terminationGracePeriodSeconds"] > RR.ROUTER_DRAIN_S  # the drain ends before the kill
+
+
+def test_the_router_is_probed_on_its_own_readiness_and_liveness_paths() -> None:
+    container = _container(_routed(_spec())["Deployment/chat-router"])
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "http"}

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from prefixtune.engines import get_adapter
+from prefixtune.routing.render import LIVENESS_PATH, READINESS_PATH
 from prefixtune.sandbox.kubelet import KubeletConfig
 from prefixtune.sandbox.load import (
     RATE_ANNOTATION,
@@ -56,7 +57,9 @@ def engine_deployment(name: str, replicas: int) -> dict[str, Any]:
     }
 
 
-def router_deployment(name: str, engines: str, router: str, policy: str = "cache_aware") -> dict[str, Any]:
+def router_deployment(
+    name: str, engines: str, router: str, policy: str = "cache_aware", probe: str = "/health"
+) -> dict[str, Any]:
     labels = {"app": name, "app.kubernetes.io/component": "router"}
     args = [
         "--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--policy", policy,
@@ -69,7 +72,7 @@ def router_deployment(name: str, engines: str, router: str, policy: str = "cache
         "image": f"example/{router}",
         "command": COMMANDS[router],
         "args": args,
-        "readinessProbe": {"httpGet": {"path": "/health", "port": ROUTER_PORT}, "periodSeconds": 2},
+        "readinessProbe": {"httpGet": {"path": probe, "port": ROUTER_PORT}, "periodSeconds": 2},
     }
     return {
         "metadata": {"name": name},
@@ -165,6 +168,44 @@ def test_direct_and_routed_requests_put_the_same_tokens_in_the_engines_cache() -
 
 
 # --- in the sandbox ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("router", ["sglang-router", "vllm-router"])
+async def test_a_router_is_ready_only_once_it_has_discovered_an_engine(router: str) -> None:
+    """The rendered readiness probe (``READINESS_PATH``) against the real router: with no engine pod the
+    router listens but is not ready, so a Service switched to it would have no endpoint; once an engine
+    pod is ready and discovered, it is."""
+    async with sandbox(SandboxOptions(speedup=10.0, config=config(), load=False)) as sb:
+        await sb.api.create(DEPLOYMENTS, engine_deployment("chat", 0))
+        routed = router_deployment("chat-router", "chat", router, probe=READINESS_PATH)
+        await sb.api.create(DEPLOYMENTS, routed)
+
+        async def listening() -> str | None:
+            pods = await sb.api.list("/api/v1/namespaces/default/pods?labelSelector=app%3Dchat-router")
+            ips = [str(p["status"]["podIP"]) for p in pods if p.get("status", {}).get("podIP")]
+            for ip in ips:
+                try:
+                    async with (
+                        aiohttp.ClientSession() as http,
+                        http.get(f"http://{ip}:{ROUTER_PORT}{LIVENESS_PATH}") as r,
+                    ):
+                        return ip if r.status == 200 else None
+                except aiohttp.ClientError:
+                    return None
+            return None
+
+        ip = await until(sb, listening, 60.0, "the router to answer on /liveness")
+        await sb.clock.sleep(6.0)  # three probe periods of the router with no worker
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://{ip}:{ROUTER_PORT}{READINESS_PATH}") as r,
+        ):
+            assert r.status == 503, await r.text()
+        (pod,) = await sb.api.list("/api/v1/namespaces/default/pods?labelSelector=app%3Dchat-router")
+        assert not is_ready(pod), "a router with no engine to send to reported ready"
+        await sb.api.patch(f"{DEPLOYMENTS}/chat", {"spec": {"replicas": 1}})
+        await ready_ips(sb, "app%3Dchat", 1)
+        await ready_ips(sb, "app%3Dchat-router", 1)
 
 
 @pytest.mark.parametrize("router", ["sglang-router", "vllm-router"])

@@ -20,7 +20,7 @@ from prefixtune.tuning.actions import (
     SetCondition,
 )
 from prefixtune.tuning.drive import TrialRun, drive
-from prefixtune.tuning.objective import ScoreBasis
+from prefixtune.tuning.objective import HeadroomLimit, ScoreBasis
 from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.phases import Phase, Step
 from prefixtune.tuning.policy import drift, initial_state, step
@@ -48,7 +48,7 @@ def window(
     goodput: float = 1000.0,
     *,
     requests: float = 500.0,
-    ttft: float = 0.5,
+    ttft: float = 2.0,  # at SETTINGS' TTFT SLO: no headroom, the score is the goodput (objective.py)
     itl: float = 0.05,
     hit: float = 0.6,
     window_s: float = 600.0,
@@ -99,9 +99,11 @@ class SyntheticEnv:
 
 ENGINE = "vllm"
 DEFAULT = get_adapter(ENGINE).default_config()
+# The significance gate off (margin 0, confidence 0.5: the best by mean wins, as before the gate):
+# these tests pin the search around it; tests/tuning/test_tuning_gate.py pins the gate.
 SETTINGS = TuningSettings(
     warmup_s=60, measure_s=300, min_requests=100, max_trials=3, min_interval_s=600, seed_key="ns/a",
-    slo=Slo(2.0, 0.15),
+    slo=Slo(2.0, 0.15), min_gain=0.0, confidence=0.5,
 )  # fmt: skip
 
 
@@ -569,7 +571,31 @@ def test_a_single_pod_window_without_an_arrival_rate_is_scored_as_measured() -> 
     trial = of(r(WindowMeasured(signals=window(goodput=1100.0)), now + 390), RecordTrial)[0].trial
     assert trial.terms is not None and trial.terms.basis == ScoreBasis.MEASURED
     assert trial.value == trial.score == 1100.0
-    assert trial.terms.model_dump(exclude_none=True) == {"basis": ScoreBasis.MEASURED}
+    assert trial.terms.model_dump(exclude_none=True) == {
+        "basis": ScoreBasis.MEASURED,
+        "measured": 1100.0,
+        "headroom": 1.0,
+        "headroom_limit": HeadroomLimit.TTFT,
+    }
+
+
+def test_below_capacity_the_headroom_decides_and_the_event_says_so() -> None:
+    # the same goodput (the offered load) in both windows; the trial's TTFT p99 is a fifth of the
+    # baseline's: it would carry more load within the SLOs, and is the new best by its headroom
+    r = Run()
+    r(RolloutReady(config=DEFAULT), 0.0)
+    r.tick(60.0)
+    r.win(360.0, goodput=500.0, ttft=1.0, itl=0.01)
+    r(RolloutReady(config=C1), 390.0)
+    r.tick(450.0)
+    acts = r.win(750.0, goodput=500.0, ttft=0.2, itl=0.01)
+    trial = of(acts, RecordTrial)[0].trial
+    assert trial.terms is not None and trial.terms.headroom == pytest.approx(2.0 / 0.2)
+    assert trial.terms.headroom_limit == HeadroomLimit.TTFT and trial.terms.measured == 500.0
+    assert r.state.best == trial.id and trial.value == pytest.approx(5000.0)
+    (scored,) = [e for e in of(acts, EmitEvent) if e.reason == "TrialScored"]
+    assert "new best over trial 0, by headroom (ttft)" in scored.message
+    assert "goodput 500 × headroom 10 (ttft) = 5000 (goodput_tokens_per_s" in scored.message
 
 
 def test_a_canary_without_a_measured_stable_config_keeps_its_own_score() -> None:

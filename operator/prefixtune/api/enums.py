@@ -5,6 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 # One Phase: the tuning policy's phase is status.phase; one Objective: the policy's.
+from prefixtune.tuning.objective import HeadroomLimit as HeadroomLimit
 from prefixtune.tuning.objective import ScoreBasis as ScoreBasis
 from prefixtune.tuning.phases import Phase as Phase
 from prefixtune.tuning.settings import Objective as Objective

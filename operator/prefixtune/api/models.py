@@ -50,6 +50,7 @@ from prefixtune.api.enums import (
     ConditionStatus,
     ConditionType,
     GpuType,
+    HeadroomLimit,
     MetricsSource,
     Objective,
     Phase,
@@ -471,6 +472,21 @@ class TuningSpec(_Model):
     rollout: RolloutSpec = _section(RolloutSpec, "How trial configurations are rolled out.")
     drift: DriftSpec = _section(DriftSpec, "When to re-tune.")
     metrics: MetricsSpec = _section(MetricsSpec, "Where signals come from.")
+    min_gain: StrictFloat = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="Least gain over the deployed config worth a rollout, as a share of its score "
+        "(0.02: 2%). A smaller measured gain, or one the window-to-window noise hides, keeps the "
+        "deployed config (no significant gain).",
+    )
+    confidence: StrictFloat = Field(
+        0.95,
+        ge=0.5,
+        lt=1,
+        description="Confidence needed that the gain is at least minGain before the deployed config "
+        "is left (0.5..1; 0.5 with minGain 0 takes the best measured config whatever the noise).",
+    )
 
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
@@ -1090,7 +1106,26 @@ class BestConfig(_Model):
     trial: Annotated[StrictInt, Field(ge=0)] | None = _omittable(
         "The best trial's index in status.trials (its score's basis and terms are there)."
     )
-    confidence: Ratio | None = Field(None, description="Confidence that it beats the baseline, 0..1.")
+    confidence: Ratio | None = Field(
+        None,
+        description="Confidence that the best config's gain over the deployed one is at least minGain, "
+        "0..1 (the significance gate's noise model: counting noise and window-to-window variance).",
+    )
+    gain: StrictFloat | None = _omittable(
+        "The measured gain of the best config by mean over the deployed one (0.05: 5% better)."
+    )
+    min_gain: Ratio | None = _omittable("spec.tuning.minGain the gain is held to.")
+    required_confidence: Ratio | None = _omittable("spec.tuning.confidence, the confidence needed.")
+    window_noise: Annotated[StrictFloat, Field(ge=0)] | None = _omittable(
+        "Relative standard deviation of one window's score under the noise model."
+    )
+    significant: StrictBool | None = _omittable(
+        "The significance gate's decision at convergence: false keeps the deployed config (no "
+        "significant gain; candidate is the config that scored best by mean); absent while exploring."
+    )
+    candidate: KnobValues | None = _omittable(
+        "The config that scored best by mean when the gate kept the deployed config."
+    )
 
 
 class TrialBudget(_Model):
@@ -1137,6 +1172,18 @@ class ScoreTerms(_Model):
     reference_rps: StrictFloat | None = _omittable(
         "load-normalized: the arrival rate of the tuning run's baseline window (what every window is "
         "rescaled to)."
+    )
+    measured_score: StrictFloat | None = _omittable(
+        "goodput, throughput: the objective as measured over the window (SLO penalty applied). "
+        "windowScore = measuredScore * headroom."
+    )
+    headroom: StrictFloat | None = _omittable(
+        "goodput, throughput: how much more load the window's config would carry within the SLOs, "
+        "1 / the largest share of a budget its load used (TTFT p99 / TTFT SLO, ITL p50 / ITL SLO, KV "
+        "cache usage), within [1, 20]: 1 at saturation, where the score is the measured rate."
+    )
+    headroom_limit: HeadroomLimit | None = _omittable(
+        "The budget with the largest share (ttft, itl, kv-pool)."
     )
 
 

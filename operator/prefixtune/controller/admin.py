@@ -15,7 +15,16 @@ and the checks of a tenant's spec against it. One place for these facts:
   labels does too), so a series of a pod the operator does not manage never counts. Off by default
   for scrape configs that drop pod labels; the chart turns it on;
 - ``allow_host_path``: whether ``spec.pod.volumes`` may hold a hostPath volume (default: no: a node's
-  directory is outside the tenant's namespace, and a writable one can reach the node itself).
+  directory is outside the tenant's namespace, and a writable one can reach the node itself);
+- ``router_images``: the image each router runs when spec.routing.image is left out (default:
+  ``routing.policy.DEFAULT_ROUTER_IMAGE``, which nobody publishes: a platform team builds
+  ``Dockerfile.router`` into its own registry and names it here). Like the defaults, they always run;
+- ``auto_routing``: whether spec.routing.policy ``auto`` may put a router in front of a resource's
+  engines (default: yes; off, ``auto`` means kube-proxy and only an explicit policy gets a router, so
+  an upgrade adds no router to a cluster that has no router image yet).
+
+``AdminPolicy.admitted`` applies the last two to a valid spec: the reconcile, ``prefixtune render``
+and the last-valid-spec fallback all render the admitted spec, never the raw one.
 """
 
 from __future__ import annotations
@@ -27,10 +36,10 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from prefixtune.api.models import ServingDeploymentSpec
-from prefixtune.api.references import policy_problem, repository
+from prefixtune.api.references import image_problem, policy_problem, repository
 from prefixtune.engines.base import EngineName
 from prefixtune.engines.registry import get_adapter
-from prefixtune.routing.policy import DEFAULT_ROUTER_IMAGE
+from prefixtune.routing.policy import AUTO_POLICY, DEFAULT_ROUTER_IMAGE, Router, RoutingPolicy
 
 
 def engine_repositories() -> tuple[str, ...]:
@@ -47,6 +56,33 @@ class AdminPolicy:
     prometheus_ca_file: str | None = None
     prometheus_operator_labels: bool = False
     allow_host_path: bool = False
+    router_images: tuple[tuple[Router, str], ...] = ()  # (router, image): overrides of the defaults
+    auto_routing: bool = True
+
+    def router_image(self, router: Router) -> str:
+        """The image ``router`` runs when spec.routing.image is left out: the admin's, else the default."""
+        return dict(self.router_images).get(router, DEFAULT_ROUTER_IMAGE[router])
+
+    def admitted(self, spec: ServingDeploymentSpec) -> ServingDeploymentSpec:
+        """``spec`` with the admin's routing defaults (module docstring): the router's default image
+        replaced by the admin's, and ``auto`` turned into ``kube-proxy`` when auto routing is off.
+        ``spec`` itself is left as it was (validation filled the default image in: an image equal to
+        the built-in default is taken as left out)."""
+        routing = spec.routing
+        router = routing.router
+        image = self.router_image(router) if router is not None else None
+        swap_image = (
+            router is not None and routing.image == DEFAULT_ROUTER_IMAGE[router] and image != routing.image
+        )
+        no_auto = not self.auto_routing and routing.policy == AUTO_POLICY
+        if not swap_image and not no_auto:
+            return spec
+        update: dict[str, object] = {}
+        if swap_image:
+            update["image"] = image
+        if no_auto:
+            update["policy"] = RoutingPolicy.KUBE_PROXY.value
+        return spec.model_copy(update={"routing": routing.model_copy(update=update)})
 
     def spec_problems(self, spec: ServingDeploymentSpec) -> list[str]:
         """Why the admin's policy refuses this spec ("path: reason"; empty: it does not)."""
@@ -58,7 +94,11 @@ class AdminPolicy:
         router, chosen = spec.routing.router, spec.routing.image
         # A tenant's router image is checked whatever the policy (a listed space policy or an explicit
         # one may run it); the router's default image is the operator's, as its own image is.
-        if chosen and router is not None and chosen != DEFAULT_ROUTER_IMAGE[router]:
+        if (
+            chosen
+            and router is not None
+            and chosen not in (DEFAULT_ROUTER_IMAGE[router], self.router_image(router))
+        ):
             problem = policy_problem(chosen, self.allowed_images)
             if problem:
                 problems.append(f"spec.routing.image: {problem}")
@@ -135,6 +175,19 @@ def add_spec_policy_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let spec.pod.volumes mount a node's directory (hostPath; default: refused)",
     )
+    parser.add_argument(
+        "--router-image",
+        action="append",
+        default=[],
+        metavar="ROUTER=IMAGE",
+        help="the image a router runs when spec.routing.image is left out, repeated per router "
+        f"({', '.join(r.value for r in Router)}; default: {', '.join(DEFAULT_ROUTER_IMAGE.values())})",
+    )
+    parser.add_argument(
+        "--no-auto-routing",
+        action="store_true",
+        help="spec.routing.policy auto means kube-proxy: only an explicit policy gets a router",
+    )
 
 
 def spec_policy_from_args(args: argparse.Namespace) -> AdminPolicy:
@@ -149,4 +202,30 @@ def spec_policy_from_args(args: argparse.Namespace) -> AdminPolicy:
         prometheus_url=args.prometheus_url,
         prometheus_hosts=parse_list(args.prometheus_allowed_hosts),
         allow_host_path=bool(args.allow_host_path_volumes),
+        router_images=parse_router_images(parse_list(args.router_image)),
+        auto_routing=not args.no_auto_routing,
     )
+
+
+def parse_router_images(values: Sequence[str]) -> tuple[tuple[Router, str], ...]:
+    """``--router-image`` values (``ROUTER=IMAGE``), one per router; raises ValueError naming the bad one."""
+    images: dict[Router, str] = {}
+    routers = ", ".join(r.value for r in Router)
+    for value in values:
+        name, sep, image = value.partition("=")
+        try:
+            router = Router(name.strip())
+        except ValueError:
+            raise ValueError(f"--router-image {value!r}: the router must be one of {routers}") from None
+        image = image.strip()
+        if not sep or not image:
+            raise ValueError(
+                f"--router-image {value!r}: expected ROUTER=IMAGE, e.g. {router.value}=REGISTRY/IMAGE:TAG"
+            )
+        problem = image_problem(image)
+        if problem:
+            raise ValueError(f"--router-image {value!r}: {problem}")
+        if router in images and images[router] != image:
+            raise ValueError(f"--router-image: {router.value} is given twice ({images[router]!r}, {image!r})")
+        images[router] = image
+    return tuple(sorted(images.items()))

@@ -77,6 +77,8 @@ def render_objects(
         problems += admin.spec_problems(spec)
     if spec is None or problems:
         return [], problems
+    if admin is not None:
+        spec = admin.admitted(spec)
     assert isinstance(name, str)
     annotations = meta.get("annotations")
     owner = Owner(

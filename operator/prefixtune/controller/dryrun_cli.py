@@ -67,6 +67,8 @@ def _policy(args: argparse.Namespace) -> AdminPolicy | None:
         or args.prometheus_url is not None
         or args.prometheus_allowed_hosts
         or args.allow_host_path_volumes
+        or args.router_image
+        or args.no_auto_routing
     )
     if not given:
         return None

@@ -368,22 +368,24 @@ async def ensure_children(
 
     async def apply(
         path: str, body: dict[str, Any], group: str, resource: str, live: dict[str, Any] | None = None
-    ) -> None:
+    ) -> bool:
+        """Create or patch ``body``; False when an object of its name is not ours (left alone)."""
         try:
             change, drift = await _apply(client, path, body, group, resource, owner, live)
         except NotOurs as err:
             done.foreign.append(err.found)
-            return
+            return False
         except KubeError as err:
             if live is None or err.status != 409:
                 raise
-            return  # the adopted Deployment was edited since the read: rendered over it next time
+            return True  # the adopted Deployment was edited since the read: rendered over it next time
         if change:
             done.changes.append(change)
             if resource == "deployments" and body["metadata"]["name"] != router_name(owner.name):
                 done.written.append(str(body["metadata"]["name"]))  # an engine Deployment
         if drift is not None:
             done.drift.append(drift)
+        return True
 
     async def delete(path: str, group: str, resource: str, kind: str) -> None:
         result = await _delete(client, path, group, resource, kind, owner)
@@ -427,7 +429,7 @@ async def ensure_children(
     return done
 
 
-Apply = Callable[[str, dict[str, Any], str, str], Awaitable[None]]
+Apply = Callable[[str, dict[str, Any], str, str], Awaitable[bool]]
 Delete = Callable[[str, str, str, str], Awaitable[None]]
 
 
@@ -451,11 +453,26 @@ async def _ensure_routing(
     name = router_name(owner.name)
     require("apps", "deployments", "get")
     live = await client.get(ns_path(APPS, ns, "deployments", name))
+
+    async def put(body: dict[str, Any]) -> bool:
+        group, resource = _COLLECTIONS[str(body["kind"])]
+        return await apply(ns_path(_API[group], ns, resource), body, group, resource)
+
     if settings.routed:
         ready = live is not None and claim(live, owner) is Claim.OURS and _ready_replicas(live) > 0
-        for body in render_routed(owner, spec, settings, router_ready=ready, monitoring=monitoring):
-            group, resource = _COLLECTIONS[str(body["kind"])]
-            await apply(ns_path(_API[group], ns, resource), body, group, resource)
+        objects = render_routed(owner, spec, settings, router_ready=ready, monitoring=monitoring)
+        identity = [body for body in objects if body["kind"] in ROUTER_IDENTITY]
+        ours = [await put(body) for body in identity]
+        rest = [body for body in objects if body["kind"] not in ROUTER_IDENTITY]
+        if not all(ours):
+            # An account, Role or binding of the router's name is someone else's (reported): no pod of
+            # ours runs under it. The Service stays on the engines and our router Deployment goes.
+            objects = render_routed(owner, spec, settings, router_ready=False, monitoring=monitoring)
+            rest = [body for body in objects if body["kind"] not in ROUTER_IDENTITY | {"Deployment"}]
+            if live is not None:
+                await delete(ns_path(APPS, ns, "deployments", name), "apps", "deployments", "Deployment")
+        for body in rest:
+            await put(body)
         if not monitoring:
             await delete(f"{services}/{engines_service_name(owner.name)}", "", "services", "Service")
         return
@@ -478,6 +495,8 @@ _COLLECTIONS: dict[str, tuple[str, str]] = {
     "Service": ("", "services"),
 }
 _API: dict[str, str] = {"": CORE, "apps": APPS, RBAC_GROUP: RBAC}
+# What the router's pods run as: a Deployment of ours never names an account that is not.
+ROUTER_IDENTITY = frozenset({"ServiceAccount", "Role", "RoleBinding"})
 
 
 def _ready_replicas(deployment: Mapping[str, Any]) -> int:

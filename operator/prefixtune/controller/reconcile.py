@@ -340,6 +340,7 @@ async def _reconcile(
         refused += ctx.admin.spec_problems(spec)
     if spec is None or refused:
         return await _invalid(ctx, body, previous, refused, now, generation)
+    spec = ctx.admin.admitted(spec)
 
     owner = Owner.of(body, spec)
     settings = tuning_settings(spec, namespace, name, ready_timeout=ctx.ready_timeout_s)
@@ -643,7 +644,7 @@ def _last_spec(ctx: OperatorContext, name: str, previous: dict[str, Any]) -> Ser
     spec, errors = validate_spec(raw)
     if spec is None or errors or ctx.admin.spec_problems(spec):
         return None
-    return spec
+    return ctx.admin.admitted(spec)
 
 
 async def _invalid(

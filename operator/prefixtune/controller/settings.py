@@ -95,6 +95,8 @@ def tuning_settings(
         strategy=strategy,
         min_interval_s=float(tuning.rollout.min_interval),
         drift_threshold=float(tuning.drift.threshold),
+        min_gain=float(tuning.min_gain),
+        confidence=float(tuning.confidence),
         ready_timeout_s=float(ready_timeout if ready_timeout is not None else ready_timeout_s(spec)),
         seed_key=seed_key(namespace, name),
         missing_signals=missing,

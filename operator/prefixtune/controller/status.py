@@ -20,9 +20,9 @@ from prefixtune.engines.base import KnobConfig
 from prefixtune.engines.knobs import to_api
 from prefixtune.metrics.diagnosis import Diagnosis
 from prefixtune.tuning.actions import Action, Recommend, SetCondition
-from prefixtune.tuning.objective import confidence_better
 from prefixtune.tuning.phases import Phase, TuningReason
 from prefixtune.tuning.policy._core import trials_spent
+from prefixtune.tuning.policy.gate import judge
 from prefixtune.tuning.policy.messages import tuning_condition
 from prefixtune.tuning.state import PolicyState, Trial, ValueTerms, clip, recommendation_id
 
@@ -186,9 +186,13 @@ def score_terms(terms: ValueTerms) -> dict[str, Any]:
         ("loadFactor", terms.load_factor),
         ("offeredRps", terms.offered_rps),
         ("referenceRps", terms.reference_rps),
+        ("measuredScore", terms.measured),
+        ("headroom", terms.headroom),
     ):
         if finite(number) is not None:
             out[key] = finite(number)
+    if terms.headroom_limit is not None:
+        out["headroomLimit"] = str(terms.headroom_limit)
     return out
 
 
@@ -199,25 +203,41 @@ def best_config(state: PolicyState) -> dict[str, Any] | None:
     out: dict[str, Any] = {"config": knob_values(best.config), "trial": int(best.id)}
     if finite(best.value) is not None:
         out["score"] = finite(best.value)
-    confidence = beats_baseline_confidence(state, best)
-    if confidence is not None:
-        out["confidence"] = round(confidence, 3)
+    out.update(gate_status(state))
     return out
 
 
-def beats_baseline_confidence(state: PolicyState, best: Trial) -> float | None:
-    """Confidence that the best trial beats its epoch's baseline (None when it is the baseline)."""
-    base = next(
-        (t for t in state.trials if t.epoch == best.epoch and t.role == "baseline" and t.outcome == "ok"),
-        None,
-    )
-    if base is None or base.id == best.id or best.value is None or base.value is None:
-        return None
-    if best.signals is None or base.signals is None:
-        return None
-    return confidence_better(
-        best.value, best.signals.requests or 0.0, base.value, base.signals.requests or 0.0
-    )
+def gate_status(state: PolicyState) -> dict[str, Any]:
+    """The significance gate's terms (``tuning/policy/gate.py``) as ``status.bestConfig`` shows them:
+    its decision at convergence, else the verdict so far on the best against the deployed config
+    (nothing when they are the same config or either is not measured)."""
+    record = state.gate if state.gate is not None and state.gate.epoch == state.epoch else None
+    if record is not None:
+        terms = {
+            "gain": record.gain, "confidence": record.confidence, "minGain": record.min_gain,
+            "requiredConfidence": record.required, "windowNoise": record.noise,
+        }  # fmt: skip
+        decided: dict[str, Any] = {"significant": record.significant}
+        if not record.significant:
+            candidate = next((t for t in state.trials if t.id == record.candidate), None)
+            if candidate is not None:
+                decided["candidate"] = knob_values(candidate.config)
+    else:
+        judged = judge(state)
+        if judged is None:
+            return {}
+        v = judged[0]
+        terms = {
+            "gain": v.gain, "confidence": v.confidence, "minGain": v.margin,
+            "requiredConfidence": v.required, "windowNoise": v.noise,
+        }  # fmt: skip
+        decided = {}
+    out: dict[str, Any] = {}
+    for key, number in terms.items():
+        value = finite(number)
+        if value is not None:
+            out[key] = round(value, 4) if key != "confidence" else round(min(max(value, 0.0), 1.0), 3)
+    return out | decided
 
 
 def diagnosis_status(diag: Diagnosis) -> dict[str, Any]:

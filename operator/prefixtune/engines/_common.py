@@ -90,7 +90,7 @@ ROUTING_SPECS: tuple[KnobSpec, ...] = (
         open_range=True,
         searched=False,
         flag="the router's --cache-threshold",
-        doc="Least share of the text the longest cached prefix must cover (cache_aware).",
+        doc="Share of the text the longest cached prefix must exceed (cache_aware).",
     ),
     KnobSpec(
         name=BALANCE_ABS_THRESHOLD,

@@ -226,7 +226,7 @@ KNOBS: tuple[Knob, ...] = (
         label="cache threshold",
         short="cache thr",
         config_doc="cache_aware: the least share of a request's text its longest cached prefix on a "
-        "worker must cover for the request to go there (the routers' --cache-threshold).",
+        "worker must exceed for the request to go there (the routers' --cache-threshold).",
         space_doc="Cache thresholds to try.",
         low=0.0,
         high=1.0,

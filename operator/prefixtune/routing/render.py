@@ -47,6 +47,14 @@ ENGINES_SUFFIX = "-engines"
 COMPONENT = "router"  # app.kubernetes.io/component of the router's objects and pods
 CONTAINER = "router"
 PORT_NAME = "http"
+# Both routers' own probe paths (sglang-router 0.3.2 and vllm-router 0.1.17 serve both; /readiness is
+# 503 until a worker is healthy, checked against the wheels in tests/sandbox/test_sandbox_router.py).
+READINESS_PATH = "/readiness"
+LIVENESS_PATH = "/liveness"
+# A deleted router pod drains this long before SIGTERM (preStop), within this grace period: time for
+# the endpoints to drop it and for the generations in flight through it to finish.
+ROUTER_DRAIN_S = 30
+ROUTER_GRACE_S = ROUTER_DRAIN_S + 60
 METRICS_PORT_NAME = "metrics"
 # The router pods' own selector label: they carry no prefixtune.io/resource label, so no selector of
 # the engine pods (the engines' Service, the operator's pod index, the router's discovery) sees them.
@@ -214,10 +222,23 @@ def render_deployment(
         # the model's tokenizer from the Hugging Face hub into $HOME/.cache when it can reach it).
         "env": [{"name": "HOME", "value": SCRATCH}],
         "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH}],
-        # The router answers on its port as soon as it listens; which workers are healthy is its own
-        # business (it health-checks them), so a TCP probe gates the Service without flapping with them.
-        "readinessProbe": {"tcpSocket": {"port": PORT_NAME}, "periodSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {"tcpSocket": {"port": PORT_NAME}, "periodSeconds": 10, "failureThreshold": 6},
+        # Ready = the router has a healthy worker to send to (its own /readiness, 503 "insufficient
+        # healthy workers" before discovery), so the Service never switches to a router that would
+        # refuse every request. Alive = it answers at all: it is not restarted when the engines go.
+        "readinessProbe": {
+            "httpGet": {"path": READINESS_PATH, "port": PORT_NAME},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": LIVENESS_PATH, "port": PORT_NAME},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        # A router pod being deleted (a routing trial's restart, the switch back to kube-proxy) has
+        # already left the Service's endpoints; it keeps serving the requests in flight on it for
+        # ROUTER_DRAIN_S before it is signalled (sleep: the images run the wheel on a Python base).
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(ROUTER_DRAIN_S)]}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "privileged": False,
@@ -249,6 +270,7 @@ def render_deployment(
                     "serviceAccountName": router_name(owner.name),
                     "automountServiceAccountToken": True,  # its discovery reads pods with this token
                     "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": ROUTER_GRACE_S,
                     "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [container],
                     "volumes": [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": SCRATCH_LIMIT}}],

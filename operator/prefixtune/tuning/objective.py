@@ -24,6 +24,26 @@ SLO breaches are penalised, once:
   while blowing the tail never outscores one that keeps the SLO.
 - ``ttft``: the TTFT itself is the objective; a breached ITL SLO divides it by ``min(1, slo/p99)``.
 
+Below capacity the rate objectives rank by headroom. When every config meets the SLOs, goodput
+(and throughput) equals the offered load whatever the config, so a window alone cannot rank them:
+caching on and off score the same and the tuner ends on whichever window counted a few more
+requests. A rate score is therefore the measured rate times the window's ``Headroom``: how much more
+load the config would carry within the SLOs, ``1 / max(share used)`` of three budgets, bounded to
+``HEADROOM_BOUNDS``:
+
+- ``ttft``: TTFT p99 / the TTFT SLO (prefill work and queueing: what prefix caching moves);
+- ``itl``: ITL p50 / the ITL SLO (the decode batch's step time; the p99 is not used: it is a prefill
+  stall's, at the SLO on a 70B model at 30% load whatever the config, while the per-request time per
+  output token that goodput checks is far inside it);
+- ``kv-pool``: the KV cache usage (the share of the pool the running requests hold).
+
+At or past saturation a share is >= 1 and the factor is 1: the score IS the measured goodput, and a
+config that serves more within the SLOs wins by that. Below it, the config whose tail is furthest
+inside the SLOs and whose pool is least used wins: on the twin, the ranking at 30% of a scenario's
+load predicts the ranking at its full load (docs/objective.md has the evidence and the candidates that
+lost). The measured rate is kept in ``Score.measured`` (what the benchmark's oracle compares, and
+what the objective was before ``v3``), the factor and the term that bounded it in ``Score.headroom``.
+
 ``SCORING`` names this definition; anything that stores scores (the tuner benchmark's true-score
 cache) keys on it.
 """
@@ -37,8 +57,11 @@ from enum import StrEnum
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.settings import Objective, Slo
 
-SCORING = "v2: goodput per-request SLO, tail penalty for throughput and ttft only"
+SCORING = "v3: rates times their SLO/KV headroom below saturation; tail penalty for throughput, ttft"
 LOAD_FACTOR_BOUNDS = (0.5, 2.0)  # load-aware normalisation is a first-order correction: keep it bounded
+# A rate score's headroom factor: 1 at saturation; at most 20 (a window under ~5% of a config's
+# capacity ranks it no further: its shares are too small to tell configs apart from noise)
+HEADROOM_BOUNDS = (1.0, 20.0)
 
 
 class ScoreBasis(StrEnum):
@@ -69,6 +92,11 @@ class Goal:
     @property
     def per_pod(self) -> bool:
         """A rate that traffic split by pod divides (paired canary/baseline scores)."""
+        return not self.negative
+
+    @property
+    def ranks_headroom(self) -> bool:
+        """A rate that equals the offered load below saturation: scored times its ``Headroom``."""
         return not self.negative
 
     @property
@@ -122,26 +150,96 @@ def goal(objective: str) -> Goal:
         raise ValueError(f"unknown objective {objective!r}; allowed: {', '.join(GOALS)}") from None
 
 
+class HeadroomLimit(StrEnum):
+    """A budget the window's load used a share of: the largest share bounds the ``Headroom``."""
+
+    TTFT = "ttft"  # TTFT p99 / TTFT SLO
+    ITL = "itl"  # ITL p50 / ITL SLO
+    KV = "kv-pool"  # KV cache usage
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """How much more load a config would carry within the SLOs, from one window: ``factor`` =
+    ``1 / share`` within ``HEADROOM_BOUNDS``, ``share`` being the largest share the window's load
+    used of a budget (``limit``). 1 at saturation (a share >= 1)."""
+
+    factor: float
+    limit: HeadroomLimit
+    share: float
+
+    @property
+    def saturated(self) -> bool:
+        return self.factor <= HEADROOM_BOUNDS[0]
+
+
+def headroom(signals: Signals, slo: Slo) -> Headroom | None:
+    """The window's headroom (module docstring); None when no budget's share was measured."""
+    shares: list[tuple[HeadroomLimit, float]] = []
+    for limit, used in (
+        (HeadroomLimit.TTFT, None if signals.ttft_p99_s is None else signals.ttft_p99_s / slo.ttft_p99_s),
+        (HeadroomLimit.ITL, None if signals.itl_p50_s is None else signals.itl_p50_s / slo.itl_p99_s),
+        (HeadroomLimit.KV, signals.kv_usage_mean),
+    ):
+        if used is not None and math.isfinite(used) and used >= 0:
+            shares.append((limit, float(used)))
+    if not shares:
+        return None
+    limit, share = max(shares, key=lambda ls: ls[1])  # the first listed on a tie
+    low, high = HEADROOM_BOUNDS
+    factor = high if share <= 1 / high else min(max(1 / share, low), high)
+    return Headroom(factor=float(factor), limit=limit, share=share)
+
+
+def decided_by(
+    objective: str, measured: tuple[float, float], factors: tuple[float, float], limit: HeadroomLimit | None
+) -> str:
+    """Which term decided between two rate scores ``measured[i] * factors[i]`` (0: the winner): the
+    objective itself (``"goodput"``: one served more within the SLOs) when the measured values differ
+    more, as a ratio, than the headroom factors; else the headroom and the winner's ``limit``
+    (``"headroom (ttft)"``: both served the load, one with more room to spare)."""
+    if measured[0] <= 0 or measured[1] <= 0 or factors[0] <= 0 or factors[1] <= 0:
+        return objective
+    by_rate = abs(math.log(measured[0] / measured[1]))
+    by_room = abs(math.log(factors[0] / factors[1]))
+    if by_rate >= by_room:
+        return objective
+    return f"headroom ({limit})" if limit is not None else "headroom"
+
+
 @dataclass(frozen=True)
 class Score:
-    value: float
+    value: float  # ``measured`` times the headroom factor (1 without one)
     objective: str
     basis: str  # which signals the value came from
-    raw: float  # the value before the SLO penalty
+    raw: float  # the measured value before the SLO penalty
     slo_met: bool
     breaches: tuple[str, ...] = ()  # e.g. ("ttft_p99 2.9s > 2.0s",)
     requests: float = 0.0
+    measured: float | None = None  # the objective as measured, SLO penalty applied (None: = value)
+    headroom: Headroom | None = None  # rate objectives below saturation (module docstring)
+
+    @property
+    def measured_value(self) -> float:
+        """The objective as measured over the window, without the headroom: what a long run at a
+        fixed load scores (the tuner benchmark's truth)."""
+        return self.value if self.measured is None else self.measured
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "value": float(self.value),
             "objective": self.objective,
             "basis": self.basis,
             "raw": float(self.raw),
+            "measured": float(self.measured_value),
             "sloMet": bool(self.slo_met),
             "breaches": list(self.breaches),
             "requests": float(self.requests),
         }
+        if self.headroom is not None:
+            out["headroom"] = float(self.headroom.factor)
+            out["headroomLimit"] = str(self.headroom.limit)
+        return out
 
 
 @dataclass(frozen=True)
@@ -202,15 +300,18 @@ def score(
             # goodput has charged each late request already; ttft's own tail is the objective
             if objective == "throughput" or (objective == "ttft" and name == "itl_p99"):
                 factor *= target / observed
-    value = goal(objective).penalized(raw, factor)
+    measured = goal(objective).penalized(raw, factor)
+    room = headroom(signals, slo) if goal(objective).ranks_headroom else None
     return Score(
-        value=float(value),
+        value=float(measured * (1.0 if room is None else room.factor)),
         objective=objective,
         basis=basis,
         raw=float(raw),
         slo_met=not breaches,
         breaches=tuple(breaches),
         requests=float(requests),
+        measured=float(measured),
+        headroom=room,
     )
 
 
@@ -318,20 +419,3 @@ def severe_breach(signals: Signals, slo: Slo, factor: float) -> str | None:
     if signals.itl_p99_s is not None and signals.itl_p99_s > factor * slo.itl_p99_s:
         return f"ITL p99 {signals.itl_p99_s:.3g}s > {factor:g}x SLO {slo.itl_p99_s:.3g}s"
     return None
-
-
-def confidence_better(best: float, best_requests: float, base: float, base_requests: float) -> float | None:
-    """How sure we are that ``best`` truly beats ``base``: P(true best > true base), 0..1.
-
-    Each window's score is treated as normal with a relative standard error of 1/sqrt(requests)
-    (the counting noise of a window of that many requests; load drift adds more, so this is an
-    upper bound on certainty). Scores share a sign (ttft scores are negative seconds, so "beats"
-    is still "greater"). None when a window had no requests or a score is not finite.
-    """
-    if best_requests <= 0 or base_requests <= 0 or not (math.isfinite(best) and math.isfinite(base)):
-        return None
-    se = math.hypot(abs(best) / math.sqrt(best_requests), abs(base) / math.sqrt(base_requests))
-    if se == 0:
-        return 1.0 if best > base else 0.0 if best < base else 0.5
-    z = (best - base) / se
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))

@@ -42,6 +42,7 @@ class TuningReason(StrEnum):
     EXPLORING = "Exploring"
     NO_CAPACITY = "NoCapacity"
     CONVERGED = "Converged"
+    NO_SIGNIFICANT_GAIN = "NoSignificantGain"  # converged, keeping the deployed config
     INSUFFICIENT_TRAFFIC = "InsufficientTraffic"
     OBSERVING = "Observing"
     SIGNALS_MISSING = "SignalsMissing"

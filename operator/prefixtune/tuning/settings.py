@@ -109,6 +109,14 @@ class TuningSettings:
     method: Method = "bo"  # the benchmark compares methods; the operator always uses "bo"
     n_initial: int = 5  # space-filling trials (baseline included) before the surrogate leads
     convergence_ei: float = 0.01  # converged when max EI < this share of the best score
+    # The significance gate (``tuning/significance.py``): leave the deployed config only for a gain
+    # of at least ``min_gain`` (a share: 0.02 is 2%) held with at least ``confidence`` (0..1).
+    min_gain: float = 0.02
+    confidence: float = 0.95
+    # A trial's price: seconds of service a restart of its pods loses (weights loaded, engine up),
+    # and how long a better config is expected to run (the gain that pays for the trials).
+    restart_cost_s: float = 60.0
+    payback_s: float = 86400.0
     seed_key: str = ""  # namespace/name of the resource; the optimizer seed derives from it
     # The engine release's gaps: signals the tuner reads that it does not export, and why the
     # objective cannot be scored there ("": it can). Set from the pod image by the controller.
@@ -151,3 +159,12 @@ class TuningSettings:
             raise ValueError(f"tuning.abort_factor must be > 1, got {self.abort_factor!r}")
         if self.n_initial < 1:
             raise ValueError(f"tuning.n_initial must be >= 1, got {self.n_initial!r}")
+        if not 0 <= self.min_gain <= 1:
+            raise ValueError(f"tuning.min_gain must be in [0, 1], got {self.min_gain!r}")
+        if not 0.5 <= self.confidence < 1:
+            raise ValueError(f"tuning.confidence must be in [0.5, 1), got {self.confidence!r}")
+        if self.restart_cost_s < 0 or self.payback_s <= 0:
+            raise ValueError(
+                f"tuning.restart_cost_s must be >= 0 and payback_s > 0, got {self.restart_cost_s!r}, "
+                f"{self.payback_s!r}"
+            )

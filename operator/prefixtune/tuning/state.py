@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from prefixtune.engines.base import KnobConfig
 from prefixtune.engines.knobs import Value, to_api
 from prefixtune.metrics.signals import Signals
-from prefixtune.tuning.objective import ScoreBasis
+from prefixtune.tuning.objective import HeadroomLimit, ScoreBasis
 from prefixtune.tuning.phases import Phase, Step, TuningReason
 from prefixtune.tuning.settings import Strategy, TuningSettings
 
@@ -66,6 +66,10 @@ class ValueTerms(_Model):
       rates (the ttft objective: baseline_window / score);
     - ``load-normalized`` (rolling): value = score * load_factor, load_factor = reference_rps /
       offered_rps within ``LOAD_FACTOR_BOUNDS``.
+
+    Whatever the basis, a rate objective's window score is ``measured * headroom``
+    (``objective.Headroom``: 1 at saturation, else how much more load the window's tail and KV pool
+    leave room for), ``headroom_limit`` the budget that bounded it; the ttft objective has none.
     """
 
     basis: ScoreBasis
@@ -79,6 +83,9 @@ class ValueTerms(_Model):
     load_factor: float | None = None
     offered_rps: float | None = None
     reference_rps: float | None = None
+    measured: float | None = None  # the window's objective as measured (score = measured * headroom)
+    headroom: float | None = None
+    headroom_limit: HeadroomLimit | None = None
 
 
 class Trial(_Model):
@@ -110,6 +117,8 @@ class Trial(_Model):
     # strategy, engines restarted (trials stored before routing was tuned).
     strategy: Strategy | None = None
     router_only: bool = False
+    # A window the significance gate asked for (``policy/gate.py``): not counted in the budget.
+    gate_window: bool = False
 
     def to_status(self) -> dict[str, Any]:
         """The trial as the resource's ``status.trials[]`` shows it (camelCase)."""
@@ -130,6 +139,21 @@ class Trial(_Model):
             "terms": None if self.terms is None else self.terms.model_dump(mode="json", exclude_none=True),
             "kvTokens": self.kv_tokens,
         }
+
+
+class GateRecord(_Model):
+    """The significance gate's decision of an epoch (``policy/gate.py``, ``tuning/significance.py``):
+    the candidate (the best by mean), the deployed config's trial, and the evidence."""
+
+    epoch: int
+    candidate: int  # the candidate's latest trial id
+    deployed: int  # the deployed config's latest trial id
+    gain: float  # the candidate's mean over the deployed config's, minus 1
+    min_gain: float
+    confidence: float  # P(true gain >= min_gain)
+    required: float
+    noise: float  # relative sd of a typical window under the noise model
+    significant: bool  # False: no significant gain, the deployed config is kept
 
 
 class PriorPoint(_Model):
@@ -337,6 +361,7 @@ class PolicyState(_Model):
     # Knobs not searched by default that this epoch's baseline put into the space, with their values
     # (``tuning/widening.py``; set once when the baseline is scored, empty until then).
     widened: dict[str, list[Value]] = Field(default_factory=dict)
+    gate: GateRecord | None = None  # the significance gate's decision this epoch (None: not decided)
 
     def to_json(self) -> str:
         return self.model_dump_json()

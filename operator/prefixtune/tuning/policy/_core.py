@@ -205,13 +205,15 @@ class Core:
 def trials_spent(s: PolicyState) -> int:
     """Trials of the current epoch spent from the budget (``maxTrials``): every trial started (the
     one in flight too) but the baseline and those invalidated by a pod restart, a spec change or a
-    lack of capacity or aborted by an invalid spec (re-run at no cost); a trial starved of traffic
-    counts, so a light workload cannot keep the search going forever."""
+    lack of capacity or aborted by an invalid spec (re-run at no cost), and the windows the
+    significance gate asked for (bounded apart: ``gate.MAX_GATE_WINDOWS``); a trial starved of
+    traffic counts, so a light workload cannot keep the search going forever."""
     return sum(
         1
         for t in s.trials
         if t.epoch == s.epoch
         and t.role == "trial"
+        and not t.gate_window
         and (t.outcome != "invalidated" or t.failure == TOO_LITTLE_TRAFFIC)
         and t.failure != SPEC_INVALID
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning import routed, widening
@@ -9,10 +11,12 @@ from prefixtune.tuning.optimizer import seed_from
 from prefixtune.tuning.phases import Phase, Step, TuningReason
 from prefixtune.tuning.policy import (
     exploration,
+    gate,
     rollout,
 )
 from prefixtune.tuning.policy._core import Core, space_of
 from prefixtune.tuning.policy.messages import config_label
+from prefixtune.tuning.significance import pays, trial_price
 from prefixtune.tuning.state import Trial, clip
 
 
@@ -40,14 +44,32 @@ def decide(self: Core) -> None:
         return
     space = space_of(self.s)
     seed = seed_from(settings.seed_key or self.s.engine, self.s.epoch)
-    suggestion = self.suggester(space, self.history(), seed, settings)
+    history = self.history()
+    suggestion = self.suggester(space, history, seed, settings)
+    stop = suggestion.reason
+    if (
+        suggestion.config is not None
+        and not suggestion.converged
+        and suggestion.acquisition is not None
+        and sum(1 for h in history if h.value is not None) > settings.n_initial
+    ):
+        # Priced: the next trial must earn back its restart, cold cache and SLO risk (once the
+        # surrogate has seen enough feasible points for its EI to mean something, as convergence).
+        price = trial_price(
+            settings.restart_cost_s, settings.warmup_s, settings.measure_s, suggestion.p_feasible,
+            gate.share(self),
+        )  # fmt: skip
+        if not pays(suggestion.acquisition, price, settings.payback_s):
+            stop = (
+                f"the next trial does not pay: expected improvement {suggestion.acquisition:.3%} of the best "
+                f"for {settings.payback_s:g}s < its price, {price.text()} ({suggestion.reason})"
+            )
+            suggestion = replace(suggestion, converged=True)
     if suggestion.config is None or suggestion.converged:
         if unconfirmed is not None:
-            rollout.start_trial(
-                self, unconfirmed.config, exploration.confirm_reason(self, unconfirmed, suggestion.reason)
-            )
+            rollout.start_trial(self, unconfirmed.config, exploration.confirm_reason(self, unconfirmed, stop))
             return
-        exploration.converge(self, suggestion.reason)
+        exploration.converge(self, stop)
         return
     suggested = space.normalize(suggestion.config)
     running = space.normalize(self.s.current)
@@ -82,6 +104,12 @@ def confirm_reason(self: Core, best: Trial, why: str) -> str:
 
 
 def converge(self: Core, reason: str, condition_reason: TuningReason = TuningReason.CONVERGED) -> None:
+    """Converge on the best, through the significance gate (``gate.py``): the deployed config is
+    kept without a significant gain, and the gate may first ask for one more window."""
+    decided = gate.decide(self, reason, condition_reason)
+    if decided is None:
+        return  # a gate window runs (or waits for the rate limit); the search decides after it
+    reason, condition_reason = decided
     self.goto(Phase.CONVERGED, Step.IDLE)
     self.s.note = reason
     self.s.note_reason = condition_reason

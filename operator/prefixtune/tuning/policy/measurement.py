@@ -29,7 +29,13 @@ from prefixtune.tuning.policy import (
     rollout,
 )
 from prefixtune.tuning.policy._core import MAX_STARVED_REPEATS, TOO_LITTLE_TRAFFIC, Core, all_missing
-from prefixtune.tuning.policy.messages import config_label, evidence, score_text, terms_text
+from prefixtune.tuning.policy.messages import (
+    config_label,
+    decided_text,
+    evidence,
+    score_text,
+    terms_text,
+)
 from prefixtune.tuning.state import (
     MetricsUnavailable,
     Trial,
@@ -50,6 +56,7 @@ def begin_baseline(self: Core, warm: bool) -> None:
     self.s.trials.append(t)
     self.s.active = t.id
     self.s.best = None
+    self.s.gate = None
     self.s.extensions = 0
     self.s.widened = {}  # the baseline's window decides the epoch's batch-limit knobs afresh
     self.goto(Phase.BASELINE)
@@ -192,6 +199,7 @@ def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
         measurement.insufficient(self, trial, result)
         return
     assert value is not None and terms is not None
+    terms = with_headroom(terms, result)
     trial.signals = obs.signals
     trial.score = result.value
     trial.basis = result.basis
@@ -207,12 +215,18 @@ def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
             self.s.reference_rps = obs.offered_rps
     elif best_now is not None and best_now.id != before and best_now.signals is not None:
         self.s.reference = best_now.signals  # a confirmation demoted the old best
+    previous = next((t for t in self.s.trials if t.id == before), None) if is_best else None
+    decided_by_term = "" if previous is None else decided_text(trial, previous, settings.objective)
     self.event(
         "Normal",
         "BaselineMeasured" if trial.role == "baseline" else "TrialScored",
         f"trial {trial.id} {config_label(trial.config)}: {score_text(result)}; value {value:.4g} "
         f"({terms_text(terms, settings.objective)})"
-        + (f" ({'new best' if is_best else f'best is trial {best_now.id}'})" if best_now else "")
+        + (
+            f" ({'new best' if is_best else f'best is trial {best_now.id}'}{decided_by_term})"
+            if best_now
+            else ""
+        )
         + f"; {evidence(obs.signals)}",
     )
     if trial.role == "baseline":
@@ -221,6 +235,19 @@ def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
     else:
         self.goto(step=Step.IDLE)
     exploration.decide(self)
+
+
+def with_headroom(terms: ValueTerms, result: Score) -> ValueTerms:
+    """``terms`` with the window score's own terms: what was measured and the headroom it was
+    multiplied by (rate objectives; ``objective.Headroom``)."""
+    room = result.headroom
+    return terms.model_copy(
+        update={
+            "measured": result.measured_value,
+            "headroom": None if room is None else room.factor,
+            "headroom_limit": None if room is None else room.limit,
+        }
+    )
 
 
 def paired_value(self: Core, pair: Paired) -> tuple[float, ValueTerms]:

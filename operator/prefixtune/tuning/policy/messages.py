@@ -8,11 +8,12 @@ from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.objective import (
     Score,
     ScoreBasis,
+    decided_by,
     goal,
 )
 from prefixtune.tuning.phases import Phase, Step, TuningReason
 from prefixtune.tuning.policy._core import trials_spent
-from prefixtune.tuning.state import PolicyState, ValueTerms
+from prefixtune.tuning.state import PolicyState, Trial, ValueTerms
 
 
 def config_label(c: KnobConfig) -> str:
@@ -20,7 +21,15 @@ def config_label(c: KnobConfig) -> str:
 
 
 def score_text(s: Score) -> str:
-    text = f"{s.objective} {s.value:.4g} ({s.basis}, {s.requests:g} requests)"
+    """``goodput 572.2 × headroom 8.38 (ttft) = 4794 (goodput_tokens_per_s, 962 requests)``: the
+    window's score and, for a rate objective, what was measured and the headroom it was multiplied by."""
+    room = s.headroom
+    shown = (
+        f"{s.value:.4g}"
+        if room is None
+        else f"{s.measured_value:.4g} × headroom {room.factor:.3g} ({room.limit}) = {s.value:.4g}"
+    )
+    text = f"{s.objective} {shown} ({s.basis}, {s.requests:g} requests)"
     if s.breaches:
         text += "; SLO breached: " + ", ".join(s.breaches)
     return text
@@ -41,6 +50,20 @@ def terms_text(terms: ValueTerms, objective: str) -> str:
             f"{terms.reference_rps or 0.0:.3g} / offered {terms.offered_rps or 0.0:.3g} req/s)"
         )
     return str(terms.basis)
+
+
+def decided_text(new: Trial, old: Trial, objective: str) -> str:
+    """`` over trial 3, by headroom (ttft)``: which term of the score made ``new`` the best over the
+    previous best ``old`` (``objective.decided_by``); "" when either has no terms to compare."""
+    if new.id == old.id or new.terms is None or old.terms is None:
+        return ""
+    a, b = new.terms, old.terms
+    if new.value is None or old.value is None or not a.headroom or not b.headroom:
+        return ""
+    # the value without its headroom: the measured rate as compared (load-normalized, paired)
+    rates = (new.value / a.headroom, old.value / b.headroom)
+    term = decided_by(objective, rates, (a.headroom, b.headroom), a.headroom_limit)
+    return f" over trial {old.id}, by {term}"
 
 
 def evidence(s: Signals) -> str:

@@ -214,7 +214,7 @@ def on_config_checked(self: Core, obs: ConfigChecked) -> None:
     rollout.rollback(self, self.best_config(), f"trial {trial.id} not applied by the engine")
 
 
-def start_trial(self: Core, config: KnobConfig, reason: str) -> None:
+def start_trial(self: Core, config: KnobConfig, reason: str, *, gate_window: bool = False) -> None:
     settings = self.s.settings
     running = space_of(self.s).normalize(self.s.current)  # ``auto`` resolved: the policy it runs
     strategy = routed.trial_strategy(settings.strategy, running, config)
@@ -222,6 +222,7 @@ def start_trial(self: Core, config: KnobConfig, reason: str) -> None:
     t = Trial(
         id=self.s.next_trial_id, epoch=self.s.epoch, role="trial", config=config, started_at=self.now,
         reason=reason, strategy=strategy, router_only=not cost.engines_restart and bool(cost.restarts),
+        gate_window=gate_window,
     )  # fmt: skip
     self.s.next_trial_id += 1
     self.s.trials.append(t)
