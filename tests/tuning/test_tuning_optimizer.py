@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig
+from prefixtune.tuning import optimizer
 from prefixtune.tuning.optimizer import Feasibility, TrialResult, seed_from, suggest
 from prefixtune.tuning.space import SearchSpace, build_space, categorical_key
 
@@ -273,3 +275,47 @@ def test_startup_failure_direction_follows_the_evidence() -> None:
     alone = Feasibility(sp, [TrialResult(c, None, "oom_startup")])
     assert alone.known_infeasible(c) and not alone.known_infeasible(c.with_(memory_fraction=0.7))
     assert not alone.known_infeasible(c.with_(memory_fraction=0.9))
+
+
+def _skopt_asks(sp: SearchSpace, hist: list[TrialResult], seed: int, n_initial: int) -> KnobConfig:
+    """What skopt's own ``Optimizer(base_estimator="GP")`` asks after being told ``hist``."""
+    from skopt import Optimizer
+    from skopt.sampler import Lhs
+
+    opt = Optimizer(
+        sp.to_skopt(),
+        base_estimator="GP",
+        acq_func="EI",
+        acq_optimizer="sampling",
+        acq_optimizer_kwargs={"n_points": optimizer.SKOPT_SAMPLE_POINTS},
+        n_initial_points=n_initial,
+        initial_point_generator=Lhs(criterion="maximin", iterations=optimizer.LHS_ITERATIONS),
+        random_state=seed,
+    )
+    if hist:
+        opt.tell([sp.to_point(t.config) for t in hist], [-float(t.value or 0.0) for t in hist])
+    return sp.to_config(opt.ask())
+
+
+def test_the_initial_design_without_a_fit_is_what_skopt_would_ask() -> None:
+    sp = space_for("vllm")
+    hist: list[TrialResult] = []
+    for i in range(5):
+        assert optimizer._initial_design(sp, 17, 5)[i] == _skopt_asks(sp, hist, 17, 5)
+        c = optimizer._initial_design(sp, 17, 5)[i]
+        hist.append(TrialResult(c, value_of(c)))
+
+
+def test_the_surrogate_is_skopts_default_gp_drawn_from_the_same_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(optimizer, "GP_RESTARTS", 2)  # skopt's own default: the same draws, the same fit
+    sp = space_for("vllm")
+    hist = [TrialResult(c, value_of(c)) for c in optimizer._initial_design(sp, 23, 5)]
+    hist.append(TrialResult(sp.base, value_of(sp.base)))
+    opt, _ = optimizer._fit(sp, hist, 23, 5)
+    assert sp.to_config(opt.ask()) == _skopt_asks_scaled(sp, hist, 23, 5)
+
+
+def _skopt_asks_scaled(sp: SearchSpace, hist: list[TrialResult], seed: int, n_initial: int) -> KnobConfig:
+    scale = max(abs(float(t.value or 0.0)) for t in hist)
+    scaled = [TrialResult(t.config, float(t.value or 0.0) / scale) for t in hist]
+    return _skopt_asks(sp, scaled, seed, n_initial)

@@ -1,8 +1,12 @@
 """Which configuration to try next: skopt rebuilt from the trial history at every decision.
 
-Nothing here keeps state between calls. ``suggest(space, history, seed)`` builds a fresh
-``skopt.Optimizer`` (GP with a white-noise term, EI, Latin-hypercube initial design, fixed seed),
-tells it every finished trial in one batch, asks, and then applies what skopt does not know:
+Nothing here keeps state between calls that could change an answer. ``suggest(space, history,
+seed)`` builds a fresh ``skopt.Optimizer`` (GP with a white-noise term, EI, Latin-hypercube initial
+design, fixed seed), tells it every finished trial in one batch, asks, and then applies what skopt
+does not know. While fewer than ``n_initial`` trials are told, skopt's ask is the next point of the
+Latin hypercube it draws from the seed (no fit): that design is computed once per (space, seed) and
+kept (``_initial_design``), as are the candidate grid and skopt's ``Space`` per space, all pure
+functions of their keys; a decision of the initial design then builds no ``Optimizer`` at all.
 
 - The initial design starts at the top: after the baseline, the deployed knobs with prefix caching
   on at the highest memory fraction of the range (one level lower if that fails), then the
@@ -37,8 +41,10 @@ from __future__ import annotations
 import math
 import random
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from prefixtune.engines.base import KnobConfig
@@ -52,6 +58,10 @@ OOM_FAILURES = frozenset({"oom", "oom_startup", "oom_runtime"})
 N_RANDOM_CANDIDATES = 250
 N_GRID_FRACTIONS = 13
 SKOPT_SAMPLE_POINTS = 500
+# The GP's hyperparameters: L-BFGS from the kernel's start, then from this many random starts. skopt
+# restarts twice; each restart costs as much as the fit, and on the bench's scenarios (bench tuner,
+# four scenarios x 3 seeds) none changed which config a run ends on for the worse.
+GP_RESTARTS = 0
 LHS_ITERATIONS = 50  # maximin LHS: skopt's default 1000 iterations cost ~1 s per decision
 CROSS_KNOB_OOM_CAP = 0.3  # P(feasible) ceiling above an OOM seen with other knobs (< 0.5: not suggested)
 
@@ -125,6 +135,7 @@ class Feasibility:
         self._names = frozenset(names)
         self._m = names.index(MEMORY_KNOB.name)
         self._log = tuple(k.log_scale for k in self.axes)
+        self._keys: dict[KnobConfig, Key] = {}  # key's answers
         self.too_large: dict[Key, list[Point]] = {}  # an OOM here fails everything above it
         self.too_small: dict[Key, list[Point]] = {}  # a pool too small here: smaller pools fail
         self.ok: dict[Key, list[Point]] = {}
@@ -193,7 +204,10 @@ class Feasibility:
 
     def key(self, cfg: KnobConfig) -> Key:
         """The knobs other than the OOM axes: configs with the same key differ only along them."""
-        return tuple(k.coerce(v) for k, v in cfg.items() if k.name not in self._names)
+        found = self._keys.get(cfg)
+        if found is None:  # each of a decision's candidates is keyed several times
+            found = self._keys[cfg] = tuple(k.coerce(v) for k, v in cfg.items() if k.name not in self._names)
+        return found
 
     def _smaller_pool(self, q: Point, p: Point) -> bool:
         """``q``'s KV pool is no larger than ``p``'s: no more memory, and no less of every other
@@ -292,14 +306,52 @@ class _Measured:
 
 
 def _candidates(space: SearchSpace, seed: int, first: Sequence[KnobConfig] = ()) -> list[KnobConfig]:
-    from skopt.space import Space
-
     out: dict[KnobConfig, None] = dict.fromkeys(first)
-    for cfg in space.candidate_grid(N_GRID_FRACTIONS):
+    for cfg in _grid(space):
         out.setdefault(cfg, None)
-    for point in Space(space.to_skopt()).rvs(n_samples=N_RANDOM_CANDIDATES, random_state=seed):
+    for point in _skopt_space(space).rvs(n_samples=N_RANDOM_CANDIDATES, random_state=seed):
         out.setdefault(space.to_config(point), None)
     return list(out)
+
+
+# What a decision derives from the space alone, kept per space: a fleet has a few spaces (one per
+# engine and spec.tuning.space), and every decision of every resource with that space reads them.
+CACHED_SPACES = 64
+# The initial design of each (resource, epoch): five configs, reread by each of its decisions.
+CACHED_DESIGNS = 4096
+
+
+@lru_cache(maxsize=CACHED_SPACES)
+def _grid(space: SearchSpace) -> tuple[KnobConfig, ...]:
+    return tuple(space.candidate_grid(N_GRID_FRACTIONS))
+
+
+@lru_cache(maxsize=CACHED_SPACES)
+def _skopt_space(space: SearchSpace) -> Any:
+    """skopt's ``Space`` of ``space``, only ever sampled (``rvs`` reads it): building its dimensions
+    (a scipy distribution each) cost more than the sampling."""
+    from skopt.space import Space
+
+    return Space(space.to_skopt())
+
+
+@lru_cache(maxsize=1)
+def _blas_controller() -> Any:
+    """threadpoolctl's view of the loaded BLAS and OpenMP libraries, found once (``threadpool_limits``
+    looks them up again on every call: ~5 ms each, a tenth of a decision in the initial design)."""
+    import numpy  # noqa: F401  (its BLAS, and scipy's and sklearn's, loaded before the lookup)
+    import scipy.linalg  # noqa: F401
+    import sklearn  # noqa: F401
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Tiny matrices: BLAS threads only contend (and 1 thread keeps the fit bit-for-bit repeatable)."""
+    with _blas_controller().limit(limits=1):
+        yield
 
 
 def suggest(
@@ -323,15 +375,45 @@ def suggest(
     return _suggest_bo(space, history, seed, n_initial, convergence_ei)
 
 
+def _optimizer(space: SearchSpace, seed: int, n_initial: int) -> Any:
+    """skopt's ``Optimizer`` with its default GP (``cook_estimator("GP")``: constant x Matern 5/2
+    with a length scale per dimension, plus white noise), drawn from the seed's random stream in
+    the order ``Optimizer(base_estimator="GP")`` draws it, with ``GP_RESTARTS`` restarts."""
+    import numpy as np
+    from skopt import Optimizer
+    from skopt.sampler import Lhs
+    from skopt.utils import cook_estimator
+
+    dimensions = space.to_skopt()
+    rng = np.random.RandomState(seed)
+    gp = cook_estimator("GP", space=dimensions, random_state=rng.randint(0, np.iinfo(np.int32).max))
+    gp.set_params(n_restarts_optimizer=GP_RESTARTS)
+    return Optimizer(
+        dimensions,
+        base_estimator=gp,
+        acq_func="EI",
+        acq_optimizer="sampling",
+        acq_optimizer_kwargs={"n_points": SKOPT_SAMPLE_POINTS},
+        n_initial_points=n_initial,
+        initial_point_generator=Lhs(criterion="maximin", iterations=LHS_ITERATIONS),
+        random_state=rng,
+    )
+
+
+@lru_cache(maxsize=CACHED_DESIGNS)
+def _initial_design(space: SearchSpace, seed: int, n_initial: int) -> tuple[KnobConfig, ...]:
+    """The Latin hypercube skopt's ``Optimizer`` draws at construction, as configs: what its ``ask``
+    returns for the i-th point while fewer than ``n_initial`` trials are told (no fit before that)."""
+    opt = _optimizer(space, seed, n_initial)
+    return tuple(space.to_config(point) for point in opt._initial_samples)
+
+
 def _fit(
     space: SearchSpace, history: Sequence[TrialResult], seed: int, n_initial: int
 ) -> tuple[Any, list[TrialResult]]:
     """skopt's Optimizer told every finished trial in the space (infeasible ones at a penalty), and
     those trials. Values are scaled by the largest one so that the GP sees O(1) numbers."""
-    from skopt import Optimizer
-    from skopt.sampler import Lhs
-
-    told = [t for t in history if space.contains(space.normalize(t.config))]
+    told = _told(space, history)
     feasible_values = [float(t.value) for t in told if t.value is not None]
     scale = max((abs(v) for v in feasible_values), default=1.0) or 1.0
     ys_ok = [-v / scale for v in feasible_values]
@@ -339,32 +421,23 @@ def _fit(
     xs = [space.to_point(space.normalize(t.config)) for t in told]
     ys = [(-float(t.value) / scale if t.value is not None else penalty) for t in told]
 
-    opt = Optimizer(
-        space.to_skopt(),
-        base_estimator="GP",
-        acq_func="EI",
-        acq_optimizer="sampling",
-        acq_optimizer_kwargs={"n_points": SKOPT_SAMPLE_POINTS},
-        n_initial_points=n_initial,
-        initial_point_generator=Lhs(criterion="maximin", iterations=LHS_ITERATIONS),
-        random_state=seed,
-    )
-    from threadpoolctl import threadpool_limits
-
-    # Tiny matrices: BLAS threads only contend (and 1 thread keeps the fit bit-for-bit repeatable).
-    with warnings.catch_warnings(), threadpool_limits(limits=1):
+    opt = _optimizer(space, seed, n_initial)
+    with warnings.catch_warnings(), _one_thread():
         warnings.simplefilter("ignore")
         if xs:
             opt.tell(xs, ys)
     return opt, told
 
 
+def _told(space: SearchSpace, history: Sequence[TrialResult]) -> list[TrialResult]:
+    """The finished trials inside the space: what the surrogate is told."""
+    return [t for t in history if space.contains(space.normalize(t.config))]
+
+
 def _posterior_means(opt: Any, space: SearchSpace, configs: Sequence[KnobConfig]) -> list[float]:
     """The surrogate's mean at each config, in the fit's units (lower is better)."""
-    from threadpoolctl import threadpool_limits
-
     points = [space.to_point(space.normalize(c)) for c in configs]
-    with threadpool_limits(limits=1):
+    with _one_thread():
         mu = opt.models[-1].predict(opt.space.transform(points))
     return [float(m) for m in mu]
 
@@ -375,13 +448,16 @@ def _suggest_bo(
     from skopt.acquisition import gaussian_ei
 
     feas = Feasibility(space, history)
-    opt, told = _fit(space, history, seed, n_initial)
+    told = _told(space, history)
+    opt: Any = None
+    if len(told) >= n_initial:  # skopt fits its surrogate once n_initial trials are told
+        opt, told = _fit(space, history, seed, n_initial)
+        with warnings.catch_warnings(), _one_thread():
+            warnings.simplefilter("ignore")
+            asked = space.to_config(opt.ask())
+    else:  # the initial design: skopt's ask is the next point of its Latin hypercube, no fit
+        asked = _initial_design(space, seed, n_initial)[len(told)]
     feasible_values = [float(t.value) for t in told if t.value is not None]
-    from threadpoolctl import threadpool_limits
-
-    with warnings.catch_warnings(), threadpool_limits(limits=1):
-        warnings.simplefilter("ignore")
-        asked = space.to_config(opt.ask())
     seen = _Measured([space.normalize(t.config) for t in history if t.value is not None])
     candidates = _candidates(space, seed, first=[asked])
     probs = feas.p_feasible(candidates)
@@ -390,7 +466,7 @@ def _suggest_bo(
     if not open_:
         return Suggestion(None, "every candidate is measured or known infeasible", converged=True)
 
-    if not opt.models:  # still in the space-filling initial design
+    if opt is None:  # still in the space-filling initial design
         probe = _top_probe(space, history, feas)
         if probe is not None:
             limits = "".join(f", {name} {probe.to_dict()[name]}" for name in space.widened)
