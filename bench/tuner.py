@@ -51,6 +51,7 @@ CONTROL_DIR = SCENARIO_DIR / "controls"
 CONTROL_SPREAD = 1.01  # "every config within 1%": best / worst true score over the oracle grid
 CONTROL_KEEP = 0.95  # a control passes when at least this fraction of seeds ends on the deployed config
 LIGHT_RATIO = 0.95  # the light-load suite passes when bo's median full-load ratio is at least this
+SUITE_RATIO = 0.97  # and the named suite keeps bo's median at least this (issue 20's target)
 # A scenario's sustainable load is its ``rate``: the suite sizes each scenario at a load its best
 # config sustains within the SLOs (docs/scenarios.md); ``--load-fraction F`` tunes at F x rate.
 SUSTAINABLE = "the scenario's rate (each is sized at a load its oracle config sustains within the SLOs)"
@@ -656,7 +657,8 @@ def run_scenarios(
 
 def checks(result: dict[str, Any]) -> dict[str, Any]:
     """The suite's targets: bo >= 0.95 of the oracle (at full load, wherever it tuned) in every
-    scenario that is not a control; bo reaches 95% in no more trials than random in at least 6 of 8
+    scenario that is not a control (and >= 0.97, ``SUITE_RATIO``, as issue 20 asks of the named
+    suite); bo reaches 95% in no more trials than random in at least 6 of 8
     scenarios (never-reached counts as worse than any number); how many scenarios discriminate at
     all (the engine default, or the deployed config the methods start from, <= 0.90 of the oracle);
     and for each control, that every config is within 1% at the load it was tuned at and bo ends on
@@ -665,6 +667,9 @@ def checks(result: dict[str, Any]) -> dict[str, Any]:
     named = {n: s for n, s in scen.items() if not s.get("control", False)}
     bo_ok = {
         n: s["methods"]["bo"]["median_ratio"] >= LIGHT_RATIO for n, s in named.items() if "bo" in s["methods"]
+    }
+    bo_97 = {
+        n: s["methods"]["bo"]["median_ratio"] >= SUITE_RATIO for n, s in named.items() if "bo" in s["methods"]
     }
     not_worse = {}
     for n, s in named.items():
@@ -688,6 +693,8 @@ def checks(result: dict[str, Any]) -> dict[str, Any]:
         "tuning_matters_count": sum(either.values()),
         "bo_ratio_ge_0.95": bo_ok,
         "bo_ratio_ge_0.95_all": all(bo_ok.values()) if bo_ok else None,
+        "bo_ratio_ge_0.97": bo_97,
+        "bo_ratio_ge_0.97_all": all(bo_97.values()) if bo_97 else None,
         "bo_trials_to_95_le_random": not_worse,
         "bo_not_worse_than_random_count": sum(not_worse.values()),
         **control_checks(scen),

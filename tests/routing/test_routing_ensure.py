@@ -71,6 +71,8 @@ async def test_no_router_runs_under_a_service_account_of_its_name_that_is_not_ou
         assert (
             ready["reason"] == "ResourceExists" and "ServiceAccount default/chat-router" in ready["message"]
         )
+        for kind in ("roles", "rolebindings"):  # nothing of ours grants that account anything
+            assert await h.get(f"{RBAC}/namespaces/default/{kind}/chat-router") is None, kind
 
 
 async def test_a_router_whose_account_was_replaced_by_someone_elses_is_removed() -> None:
@@ -86,6 +88,8 @@ async def test_a_router_whose_account_was_replaced_by_someone_elses_is_removed()
         assert await h.get(ROUTER_OBJECTS[0]) is None
         sa = await h.get(f"{account}/chat-router")
         assert sa is not None and not sa["metadata"].get("ownerReferences")  # theirs, left alone
+        for kind in ("roles", "rolebindings"):  # nothing of ours grants that account anything
+            assert await h.get(f"{RBAC}/namespaces/default/{kind}/chat-router") is None, kind
 
 
 class _Recorder:

@@ -281,3 +281,13 @@ def test_gate_windows_are_rolled_out_as_trials() -> None:
     rollouts = [a for a in run.actions if isinstance(a, RollOut) and a.trial is not None]
     assert [r.config for r in rollouts] == [C1, C1, DEFAULT, C1]
     assert [r.config for r in run.actions if isinstance(r, RollOut) and r.trial is None] == [DEFAULT]
+
+
+def test_a_gain_over_a_deployed_config_that_served_nothing_keeps_the_state_loadable() -> None:
+    # the deployed config scores 0 (it served nothing within the SLOs): the gain is unbounded, and
+    # the state the operator writes to the status must read back (JSON has no infinity)
+    run = Run(SETTINGS, {DEFAULT: [0.0], C1: [1000.0, 1000.0]}, scripted([C1]))
+    run.run()
+    assert run.final() == C1 and run.state.gate is not None and run.state.gate.gain is None
+    again = type(run.state).model_validate_json(run.state.model_dump_json())
+    assert again.gate == run.state.gate

@@ -461,16 +461,26 @@ async def _ensure_routing(
     if settings.routed:
         ready = live is not None and claim(live, owner) is Claim.OURS and _ready_replicas(live) > 0
         objects = render_routed(owner, spec, settings, router_ready=ready, monitoring=monitoring)
-        identity = [body for body in objects if body["kind"] in ROUTER_IDENTITY]
-        ours = [await put(body) for body in identity]
+        # The account first, then its Role and binding, each only while the ones before are ours.
+        identity = sorted(
+            (body for body in objects if body["kind"] in ROUTER_IDENTITY),
+            key=lambda body: ROUTER_IDENTITY_ORDER.index(str(body["kind"])),
+        )
+        ours = True
+        for body in identity:
+            ours = ours and await put(body)
         rest = [body for body in objects if body["kind"] not in ROUTER_IDENTITY]
-        if not all(ours):
-            # An account, Role or binding of the router's name is someone else's (reported): no pod of
-            # ours runs under it. The Service stays on the engines and our router Deployment goes.
+        if not ours:
+            # An account, Role or binding of the router's name is someone else's (reported): no pod
+            # of ours runs under it and no Role of ours grants it anything. The Service stays on the
+            # engines; our router Deployment, Role and binding go.
             objects = render_routed(owner, spec, settings, router_ready=False, monitoring=monitoring)
             rest = [body for body in objects if body["kind"] not in ROUTER_IDENTITY | {"Deployment"}]
             if live is not None:
                 await delete(ns_path(APPS, ns, "deployments", name), "apps", "deployments", "Deployment")
+            for kind in ("RoleBinding", "Role"):
+                group, resource = _COLLECTIONS[kind]
+                await delete(ns_path(_API[group], ns, resource, name), group, resource, kind)
         for body in rest:
             await put(body)
         if not monitoring:
@@ -496,7 +506,8 @@ _COLLECTIONS: dict[str, tuple[str, str]] = {
 }
 _API: dict[str, str] = {"": CORE, "apps": APPS, RBAC_GROUP: RBAC}
 # What the router's pods run as: a Deployment of ours never names an account that is not.
-ROUTER_IDENTITY = frozenset({"ServiceAccount", "Role", "RoleBinding"})
+ROUTER_IDENTITY_ORDER = ("ServiceAccount", "Role", "RoleBinding")  # each refers to the one before
+ROUTER_IDENTITY = frozenset(ROUTER_IDENTITY_ORDER)
 
 
 def _ready_replicas(deployment: Mapping[str, Any]) -> int:

@@ -37,6 +37,11 @@ load the config would carry within the SLOs, ``1 / max(share used)`` of three bu
   output token that goodput checks is far inside it);
 - ``kv-pool``: the KV cache usage (the share of the pool the running requests hold).
 
+A window that served more than ``LATE_SHARE_MAX`` of its requests late (past either SLO, per
+request) has no headroom whatever its shares (factor 1, limit ``late``): it already does not carry
+its load within the SLOs, so a low ITL p50 must not let it outscore a config that served every
+request on time.
+
 At or past saturation a share is >= 1 and the factor is 1: the score IS the measured goodput, and a
 config that serves more within the SLOs wins by that. Below it, the config whose tail is furthest
 inside the SLOs and whose pool is least used wins: on the twin, the ranking at 30% of a scenario's
@@ -62,6 +67,7 @@ LOAD_FACTOR_BOUNDS = (0.5, 2.0)  # load-aware normalisation is a first-order cor
 # A rate score's headroom factor: 1 at saturation; at most 20 (a window under ~5% of a config's
 # capacity ranks it no further: its shares are too small to tell configs apart from noise)
 HEADROOM_BOUNDS = (1.0, 20.0)
+LATE_SHARE_MAX = 0.01  # requests that missed an SLO, beyond which a window has no headroom
 
 
 class ScoreBasis(StrEnum):
@@ -156,6 +162,7 @@ class HeadroomLimit(StrEnum):
     TTFT = "ttft"  # TTFT p99 / TTFT SLO
     ITL = "itl"  # ITL p50 / ITL SLO
     KV = "kv-pool"  # KV cache usage
+    LATE = "late"  # requests served late: more than LATE_SHARE_MAX of them, no headroom at all
 
 
 @dataclass(frozen=True)
@@ -173,8 +180,22 @@ class Headroom:
         return self.factor <= HEADROOM_BOUNDS[0]
 
 
+def late_share(signals: Signals) -> float | None:
+    """The share of the window's requests that missed an SLO (per request): from the SLO attainment,
+    else from goodput over throughput (tokens); None when neither was measured."""
+    if signals.slo_attainment is not None and math.isfinite(signals.slo_attainment):
+        return min(max(1.0 - float(signals.slo_attainment), 0.0), 1.0)
+    good, out = signals.goodput_tokens_per_s, signals.output_tokens_per_s
+    if good is not None and out and math.isfinite(good) and math.isfinite(out) and out > 0:
+        return min(max(1.0 - float(good) / float(out), 0.0), 1.0)
+    return None
+
+
 def headroom(signals: Signals, slo: Slo) -> Headroom | None:
     """The window's headroom (module docstring); None when no budget's share was measured."""
+    late = late_share(signals)
+    if late is not None and late > LATE_SHARE_MAX:
+        return Headroom(factor=HEADROOM_BOUNDS[0], limit=HeadroomLimit.LATE, share=late)
     shares: list[tuple[HeadroomLimit, float]] = []
     for limit, used in (
         (HeadroomLimit.TTFT, None if signals.ttft_p99_s is None else signals.ttft_p99_s / slo.ttft_p99_s),

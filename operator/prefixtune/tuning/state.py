@@ -148,7 +148,8 @@ class GateRecord(_Model):
     epoch: int
     candidate: int  # the candidate's latest trial id
     deployed: int  # the deployed config's latest trial id
-    gain: float  # the candidate's mean over the deployed config's, minus 1
+    # the candidate's mean over the deployed config's, minus 1; None: unbounded (the deployed scored 0)
+    gain: float | None
     min_gain: float
     confidence: float  # P(true gain >= min_gain)
     required: float

@@ -18,6 +18,8 @@ Every decision is recorded in ``PolicyState.gate`` (the status shows gain, margi
 
 from __future__ import annotations
 
+import math
+
 from prefixtune.engines.base import KnobConfig
 from prefixtune.tuning.objective import ScoreBasis, goal
 from prefixtune.tuning.phases import TuningReason
@@ -136,7 +138,8 @@ def decide(self: Core, reason: str, why: TuningReason) -> tuple[str, TuningReaso
             )
             return None
     self.s.gate = GateRecord(
-        epoch=self.s.epoch, candidate=cand.id, deployed=dep.id, gain=v.gain, min_gain=v.margin,
+        epoch=self.s.epoch, candidate=cand.id, deployed=dep.id, min_gain=v.margin,
+        gain=v.gain if math.isfinite(v.gain) else None,  # JSON has no infinity: the state must load
         confidence=v.confidence, required=v.required, noise=v.noise, significant=v.significant,
     )  # fmt: skip
     if v.significant:
