@@ -37,10 +37,12 @@ load the config would carry within the SLOs, ``1 / max(share used)`` of three bu
   output token that goodput checks is far inside it);
 - ``kv-pool``: the KV cache usage (the share of the pool the running requests hold).
 
-A window that served more than ``LATE_SHARE_MAX`` of its requests late (past either SLO, per
-request) has no headroom whatever its shares (factor 1, limit ``late``): it already does not carry
-its load within the SLOs, so a low ITL p50 must not let it outscore a config that served every
-request on time.
+Requests served late (past either SLO, per request) take the headroom away in proportion: the
+factor's excess over 1 shrinks linearly with the late share and is gone at ``LATE_SHARE_MAX``
+(limit ``late`` once the late share is what bounds it). A window that does not carry its load within
+the SLOs must not outscore one that served every request on time on a low ITL p50; a proportional
+cut, not a cliff, so that the few late requests of a light window's noise move the score a little,
+not by the whole factor.
 
 At or past saturation a share is >= 1 and the factor is 1: the score IS the measured goodput, and a
 config that serves more within the SLOs wins by that. Below it, the config whose tail is furthest
@@ -67,7 +69,7 @@ LOAD_FACTOR_BOUNDS = (0.5, 2.0)  # load-aware normalisation is a first-order cor
 # A rate score's headroom factor: 1 at saturation; at most 20 (a window under ~5% of a config's
 # capacity ranks it no further: its shares are too small to tell configs apart from noise)
 HEADROOM_BOUNDS = (1.0, 20.0)
-LATE_SHARE_MAX = 0.01  # requests that missed an SLO, beyond which a window has no headroom
+LATE_SHARE_MAX = 0.25  # the share of requests late at which a window's headroom is all gone
 
 
 class ScoreBasis(StrEnum):
@@ -162,7 +164,7 @@ class HeadroomLimit(StrEnum):
     TTFT = "ttft"  # TTFT p99 / TTFT SLO
     ITL = "itl"  # ITL p50 / ITL SLO
     KV = "kv-pool"  # KV cache usage
-    LATE = "late"  # requests served late: more than LATE_SHARE_MAX of them, no headroom at all
+    LATE = "late"  # requests served late: their share cut the headroom more than the budgets did
 
 
 @dataclass(frozen=True)
@@ -193,9 +195,6 @@ def late_share(signals: Signals) -> float | None:
 
 def headroom(signals: Signals, slo: Slo) -> Headroom | None:
     """The window's headroom (module docstring); None when no budget's share was measured."""
-    late = late_share(signals)
-    if late is not None and late > LATE_SHARE_MAX:
-        return Headroom(factor=HEADROOM_BOUNDS[0], limit=HeadroomLimit.LATE, share=late)
     shares: list[tuple[HeadroomLimit, float]] = []
     for limit, used in (
         (HeadroomLimit.TTFT, None if signals.ttft_p99_s is None else signals.ttft_p99_s / slo.ttft_p99_s),
@@ -209,6 +208,14 @@ def headroom(signals: Signals, slo: Slo) -> Headroom | None:
     limit, share = max(shares, key=lambda ls: ls[1])  # the first listed on a tie
     low, high = HEADROOM_BOUNDS
     factor = high if share <= 1 / high else min(max(1 / share, low), high)
+    late = late_share(signals)
+    if late:
+        kept = max(0.0, 1.0 - late / LATE_SHARE_MAX)  # the excess over 1 the late requests leave
+        cut = low + (factor - low) * kept
+        if cut < factor:
+            if kept < 0.5:  # the late requests took most of the excess: they bound it
+                limit, share = HeadroomLimit.LATE, late
+            factor = cut
     return Headroom(factor=float(factor), limit=limit, share=share)
 
 
