@@ -174,11 +174,9 @@ def test_severe_breach() -> None:
 # on an H100, one window): caching off served as much within the SLOs (it even finished a few more
 # tokens), but re-prefilled every context.
 CACHED = {"requests": 966.0, "goodput_tokens_per_s": 591.6, "ttft_p50_s": 0.023, "ttft_p99_s": 0.196,
-          "itl_p50_s": 0.0083, "itl_p99_s": 0.020, "kv_usage_mean": 0.072, "gpu_util": 0.99,
-          "slo_attainment": 1.0}  # fmt: skip
+          "itl_p50_s": 0.0083, "itl_p99_s": 0.020, "kv_usage_mean": 0.072, "gpu_util": 0.99}  # fmt: skip
 UNCACHED = {"requests": 969.0, "goodput_tokens_per_s": 596.5, "ttft_p50_s": 0.201, "ttft_p99_s": 0.902,
-            "itl_p50_s": 0.0117, "itl_p99_s": 0.200, "kv_usage_mean": 0.214, "gpu_util": 0.99,
-            "slo_attainment": 1.0}  # fmt: skip
+            "itl_p50_s": 0.0117, "itl_p99_s": 0.200, "kv_usage_mean": 0.214, "gpu_util": 0.99}  # fmt: skip
 RAG_SLO = Slo(ttft_p99_s=2.0, itl_p99_s=0.3)
 
 
@@ -207,38 +205,29 @@ def test_at_saturation_the_score_is_the_measured_goodput_and_the_more_served_win
 def test_a_config_that_serves_the_load_outranks_one_that_drops_part_of_it() -> None:
     # near capacity: one config keeps its tail just inside the SLOs, the other misses on 10% of
     # requests; a saturated config never gains from headroom, so the SLO-meeting one wins
-    keeps = score(
-        sig(goodput_tokens_per_s=1000.0, slo_attainment=1.0, ttft_p99_s=1.8, itl_p99_s=0.09),
-        "goodput",
-        SLO,
-        1,
-    )
-    drops = score(
-        sig(goodput_tokens_per_s=900.0, slo_attainment=0.9, ttft_p99_s=3.0, itl_p99_s=0.05), "goodput", SLO, 1
-    )
+    keeps = score(sig(goodput_tokens_per_s=1000.0, ttft_p99_s=1.8, itl_p99_s=0.09), "goodput", SLO, 1)
+    drops = score(sig(goodput_tokens_per_s=900.0, ttft_p99_s=3.0, itl_p99_s=0.05), "goodput", SLO, 1)
     assert isinstance(keeps, Score) and isinstance(drops, Score)
     assert drops.value == 900.0 and keeps.value > 1000.0
-    assert drops.headroom is not None and drops.headroom.factor == 1.0
 
 
 def test_headroom_is_bounded_by_the_largest_share_a_budget_was_used() -> None:
-    on_time = {"slo_attainment": 1.0}
-    kv = headroom(sig(ttft_p99_s=0.2, itl_p99_s=0.01, kv_usage_mean=0.5, **on_time), SLO)
+    kv = headroom(sig(ttft_p99_s=0.2, itl_p99_s=0.01, kv_usage_mean=0.5), SLO)
     assert kv is not None and (kv.limit, kv.factor) == (HeadroomLimit.KV, 2.0)
-    itl = headroom(sig(ttft_p99_s=0.2, itl_p50_s=0.05, itl_p99_s=0.5, kv_usage_mean=0.1, **on_time), SLO)
+    itl = headroom(sig(ttft_p99_s=0.2, itl_p50_s=0.05, itl_p99_s=0.5, kv_usage_mean=0.1), SLO)
     assert itl is not None and (itl.limit, itl.factor) == (
         HeadroomLimit.ITL,
         2.0,
     )  # the p50: the p99 is a stall's
-    idle = headroom(sig(ttft_p99_s=0.001, itl_p99_s=0.001, kv_usage_mean=0.0, **on_time), SLO)
+    idle = headroom(sig(ttft_p99_s=0.001, itl_p99_s=0.001, kv_usage_mean=0.0), SLO)
     assert idle is not None and idle.factor == HEADROOM_BOUNDS[1]  # an idle window ranks no further
-    nothing = headroom(sig(ttft_p99_s=None, itl_p99_s=None, **on_time), SLO)
+    nothing = headroom(sig(ttft_p99_s=None, itl_p99_s=None), SLO)
     assert nothing is None
 
 
 def test_throughput_ranks_by_headroom_and_ttft_has_none() -> None:
-    fast = score(sig(ttft_p99_s=0.5, slo_attainment=1.0), "throughput", SLO, 1)
-    slow = score(sig(ttft_p99_s=1.5, slo_attainment=1.0), "throughput", SLO, 1)
+    fast = score(sig(ttft_p99_s=0.5), "throughput", SLO, 1)
+    slow = score(sig(ttft_p99_s=1.5), "throughput", SLO, 1)
     assert isinstance(fast, Score) and isinstance(slow, Score)
     assert fast.measured_value == slow.measured_value and fast.value > slow.value
     ttft = score(sig(ttft_p99_s=0.5), "ttft", SLO, 1)
@@ -250,32 +239,3 @@ def test_the_decision_names_the_term_that_differed_more() -> None:
     assert decided_by("goodput", (591.6, 596.5), (10.2, 1.5), HeadroomLimit.TTFT) == "headroom (ttft)"
     # one served 30% more; its headroom is a little smaller: goodput decided
     assert decided_by("goodput", (1300.0, 1000.0), (1.0, 1.1), HeadroomLimit.KV) == "goodput"
-
-
-def test_a_window_that_served_requests_late_loses_its_headroom_in_proportion() -> None:
-    # A serves everything on time with some room; B lost 20% to late requests (ITL p99 3x the SLO)
-    # but its ITL p50 and TTFT are low: its shares alone would give it twice A's headroom.
-    on_time = sig(goodput_tokens_per_s=1000.0, slo_attainment=1.0, ttft_p99_s=0.5, kv_usage_mean=0.3)
-    late = sig(
-        goodput_tokens_per_s=800.0, slo_attainment=0.8, ttft_p99_s=0.25, itl_p50_s=0.01, itl_p99_s=0.45,
-        kv_usage_mean=0.2,
-    )  # fmt: skip
-    a, b = score(on_time, "goodput", SLO, 1), score(late, "goodput", SLO, 1)
-    assert isinstance(a, Score) and isinstance(b, Score)
-    # 20% late of the 25% that takes it all: a fifth of B's excess headroom (5 - 1) is left
-    assert b.headroom == Headroom(
-        factor=pytest.approx(1.8), limit=HeadroomLimit.LATE, share=pytest.approx(0.2)
-    )
-    assert a.value > b.value
-
-
-def test_a_few_late_requests_cut_the_headroom_a_little() -> None:
-    s = score(
-        sig(goodput_tokens_per_s=990.0, slo_attainment=0.995, ttft_p99_s=0.5, kv_usage_mean=0.3),
-        "goodput",
-        SLO,
-        1,
-    )
-    assert isinstance(s, Score) and s.headroom is not None and s.headroom.limit is HeadroomLimit.KV
-    # 30% of the KV pool used: headroom 1 / 0.3; 0.5% late of the 25% that takes it all keeps 98%
-    assert s.headroom.factor == pytest.approx(1 + (1 / 0.3 - 1) * 0.98)

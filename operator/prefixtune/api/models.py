@@ -1183,8 +1183,7 @@ class ScoreTerms(_Model):
         "cache usage), within [1, 20]: 1 at saturation, where the score is the measured rate."
     )
     headroom_limit: HeadroomLimit | None = _omittable(
-        "The budget with the largest share (ttft, itl, kv-pool), or late: the window's requests that "
-        "missed an SLO took most of the headroom (it shrinks with their share, gone at 25%)."
+        "The budget with the largest share (ttft, itl, kv-pool)."
     )
 
 

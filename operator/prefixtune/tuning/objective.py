@@ -37,13 +37,6 @@ load the config would carry within the SLOs, ``1 / max(share used)`` of three bu
   output token that goodput checks is far inside it);
 - ``kv-pool``: the KV cache usage (the share of the pool the running requests hold).
 
-Requests served late (past either SLO, per request) take the headroom away in proportion: the
-factor's excess over 1 shrinks linearly with the late share and is gone at ``LATE_SHARE_MAX``
-(limit ``late`` once the late share is what bounds it). A window that does not carry its load within
-the SLOs must not outscore one that served every request on time on a low ITL p50; a proportional
-cut, not a cliff, so that the few late requests of a light window's noise move the score a little,
-not by the whole factor.
-
 At or past saturation a share is >= 1 and the factor is 1: the score IS the measured goodput, and a
 config that serves more within the SLOs wins by that. Below it, the config whose tail is furthest
 inside the SLOs and whose pool is least used wins: on the twin, the ranking at 30% of a scenario's
@@ -69,7 +62,6 @@ LOAD_FACTOR_BOUNDS = (0.5, 2.0)  # load-aware normalisation is a first-order cor
 # A rate score's headroom factor: 1 at saturation; at most 20 (a window under ~5% of a config's
 # capacity ranks it no further: its shares are too small to tell configs apart from noise)
 HEADROOM_BOUNDS = (1.0, 20.0)
-LATE_SHARE_MAX = 0.25  # the share of requests late at which a window's headroom is all gone
 
 
 class ScoreBasis(StrEnum):
@@ -164,7 +156,6 @@ class HeadroomLimit(StrEnum):
     TTFT = "ttft"  # TTFT p99 / TTFT SLO
     ITL = "itl"  # ITL p50 / ITL SLO
     KV = "kv-pool"  # KV cache usage
-    LATE = "late"  # requests served late: their share cut the headroom more than the budgets did
 
 
 @dataclass(frozen=True)
@@ -182,17 +173,6 @@ class Headroom:
         return self.factor <= HEADROOM_BOUNDS[0]
 
 
-def late_share(signals: Signals) -> float | None:
-    """The share of the window's requests that missed an SLO (per request): from the SLO attainment,
-    else from goodput over throughput (tokens); None when neither was measured."""
-    if signals.slo_attainment is not None and math.isfinite(signals.slo_attainment):
-        return min(max(1.0 - float(signals.slo_attainment), 0.0), 1.0)
-    good, out = signals.goodput_tokens_per_s, signals.output_tokens_per_s
-    if good is not None and out and math.isfinite(good) and math.isfinite(out) and out > 0:
-        return min(max(1.0 - float(good) / float(out), 0.0), 1.0)
-    return None
-
-
 def headroom(signals: Signals, slo: Slo) -> Headroom | None:
     """The window's headroom (module docstring); None when no budget's share was measured."""
     shares: list[tuple[HeadroomLimit, float]] = []
@@ -208,14 +188,6 @@ def headroom(signals: Signals, slo: Slo) -> Headroom | None:
     limit, share = max(shares, key=lambda ls: ls[1])  # the first listed on a tie
     low, high = HEADROOM_BOUNDS
     factor = high if share <= 1 / high else min(max(1 / share, low), high)
-    late = late_share(signals)
-    if late:
-        kept = max(0.0, 1.0 - late / LATE_SHARE_MAX)  # the excess over 1 the late requests leave
-        cut = low + (factor - low) * kept
-        if cut < factor:
-            if kept < 0.5:  # the late requests took most of the excess: they bound it
-                limit, share = HeadroomLimit.LATE, late
-            factor = cut
     return Headroom(factor=float(factor), limit=limit, share=share)
 
 
