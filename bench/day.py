@@ -215,21 +215,41 @@ class Change:
 
     context_scale: float = 2.0
     corpus_scale: int = 1
+    output_scale: float = 1.0
+    suffix_scale: float = 1.0
+
+    def key(self) -> dict[str, float]:
+        """What identifies the change in the sample cache: the scales that move something (the
+        output and suffix scales only when they do, so that caches of earlier changes stay valid)."""
+        out = {"context_scale": self.context_scale, "corpus_scale": self.corpus_scale}
+        for name in ("output_scale", "suffix_scale"):
+            if getattr(self, name) != 1.0:
+                out[name] = getattr(self, name)
+        return out
 
     def apply(self, spec: WorkloadSpec) -> WorkloadSpec:
-        def scaled(dist: Dist) -> Dist:
+        def scaled(dist: Dist, by: float) -> Dist:
             keys = ("value", "low", "high", "mean", "std", "median", "min", "max")
-            update = {k: getattr(dist, k) * self.context_scale for k in keys if getattr(dist, k) is not None}
+            update = {k: getattr(dist, k) * by for k in keys if getattr(dist, k) is not None}
             return dist.model_copy(update=update)
 
         pools = tuple(
             p
             if p.name in SYSTEM_POOLS
-            else p.model_copy(update={"length": scaled(p.length), "count": p.count * self.corpus_scale})
+            else p.model_copy(
+                update={"length": scaled(p.length, self.context_scale), "count": p.count * self.corpus_scale}
+            )
             for p in spec.prefixes
         )
-        session = spec.session.model_copy(update={"context": scaled(spec.session.context)})
-        return spec.model_copy(update={"name": f"{spec.name}-v2", "prefixes": pools, "session": session})
+        context = scaled(spec.session.context, self.context_scale)
+        return spec.model_copy(
+            update={
+                "name": f"{spec.name}-v2", "prefixes": pools,
+                "session": spec.session.model_copy(update={"context": context}),
+                "output": scaled(spec.output, self.output_scale),
+                "suffix": scaled(spec.suffix, self.suffix_scale),
+            }
+        )  # fmt: skip
 
 
 SYSTEM_POOLS = ("system", "preamble")
@@ -447,7 +467,7 @@ class DayScenario:
         fields = {
             "engine": sc.engine, "model": sc.model, "gpu": sc.gpu, "workload": sc.workload,
             "rate": sc.rate, "slo": [sc.slo.ttft_p99_s, sc.slo.itl_p99_s], "reference": self.reference,
-            "change": self.change.__dict__,
+            "change": self.change.key(),
         }  # fmt: skip
         text = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
