@@ -859,15 +859,27 @@ def changes_that_did_not_pay(day: Day, run: DayRun, deployed: KnobConfig) -> lis
         end = changes[i + 1][0] if i + 1 < len(changes) else DAY_S
         new = sum(t.goodput_tokens for _, t in day.charge(cfg, -math.inf, start, end))
         old = sum(t.goodput_tokens for _, t in day.charge(old_cfg, -math.inf, start, end))
+        ttft = {"from": day.median_ttft(old_cfg, start, end), "to": day.median_ttft(cfg, start, end)}
         out.append({
             "at_h": round(start / HOUR, 2), "until_h": round(end / HOUR, 2), "from": old_cfg.to_dict(),
             "to": cfg.to_dict(), "gain": round(new / old - 1.0, 4) if old > 0 else None,
-            "paid_off": new > old,
-            "ttft_p50_s": {
-                "from": day.median_ttft(old_cfg, start, end), "to": day.median_ttft(cfg, start, end)
-            },
+            "paid_off": new > old, "ttft_p50_s": ttft,
+            "faster_at_equal_goodput": faster_at_equal_goodput(new, old, ttft["to"], ttft["from"]),
         })  # fmt: skip
     return out
+
+
+GOODPUT_TIE = 1e-3  # two configs' goodput within 0.1%: both served the same requests within the SLOs
+TTFT_GAIN = 0.02  # a TTFT p50 at least 2% lower (the significance gate's default margin)
+
+
+def faster_at_equal_goodput(new: float, old: float, ttft_new: float | None, ttft_old: float | None) -> bool:
+    """Below capacity every config serves the load within the SLOs and goodput ties: what a change
+    gains there is latency (what the objective's headroom ranks by). True when the goodput is within
+    ``GOODPUT_TIE`` and the TTFT p50 fell by ``TTFT_GAIN`` or more."""
+    if old <= 0 or abs(new / old - 1.0) > GOODPUT_TIE or not ttft_new or not ttft_old:
+        return False
+    return ttft_new <= (1.0 - TTFT_GAIN) * ttft_old
 
 
 def trial_windows(run: DayRun) -> list[tuple[float, float]]:
@@ -939,6 +951,9 @@ def summarize_method(
         changes = changes_that_did_not_pay(day, run, deployed)
         out["config_changes"] = changes
         out["config_changes_not_paid_off"] = sum(1 for c in changes if not c["paid_off"])
+        out["config_changes_without_gain"] = sum(
+            1 for c in changes if not c["paid_off"] and not c["faster_at_equal_goodput"]
+        )
         out["reconverge"] = reconverge(day, run, day.traffic.change_h * HOUR, best or deployed)
         out["final_config"] = run.timeline[-1].config.to_dict()
         if run.final_state is not None:
@@ -1028,7 +1043,7 @@ def run_day(day_sc: DayScenario, traffic: Traffic, samples: SampleSource, timing
 
 def _seed_summary(tuned: dict[str, Any], seed: int) -> dict[str, Any]:
     keys = ("goodput_vs_oracle", "slo_violating_requests", "slo_violating_in_trial_windows", "restarts",
-            "trials", "epochs", "config_changes_not_paid_off")  # fmt: skip
+            "trials", "epochs", "config_changes_not_paid_off", "config_changes_without_gain")  # fmt: skip
     return {"policy_seed": seed, **{k: tuned[k] for k in keys}, "reconverge_h": tuned["reconverge"]["hours"]}
 
 
@@ -1049,6 +1064,7 @@ def checks(methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "extra_violating_share": round(extra / max(tuned["requests"], 1), 5),
         "extra_violating_le_1pct": extra <= 0.01 * tuned["requests"],
         "changes_not_paid_off": tuned["config_changes_not_paid_off"],
+        "changes_without_gain": tuned["config_changes_without_gain"],
         "reconverged_within_2h": hours is not None and hours <= 2.0,
         "searched_after_change": retuned,
     }  # fmt: skip

@@ -118,6 +118,19 @@ def test_the_workload_change_renames_the_prefixes_and_doubles_the_contexts_not_t
     assert after.session.context.median == 2 * (before.session.context.median or 0)
 
 
+def test_the_workload_change_can_lengthen_outputs_and_suffixes() -> None:
+    before = preset("chatbot")
+    after = d.Change(context_scale=1.0, output_scale=2.0, suffix_scale=0.5).apply(before)
+    assert after.output.median == 2 * (before.output.median or 0)
+    assert after.suffix.median == 0.5 * (before.suffix.median or 0)
+    assert after.session.context == before.session.context
+
+
+def test_a_change_that_does_not_scale_outputs_or_suffixes_keeps_its_cache_key() -> None:
+    assert d.Change(context_scale=1.0, corpus_scale=2).key() == {"context_scale": 1.0, "corpus_scale": 2}
+    assert d.Change(output_scale=2.0).key()["output_scale"] == 2.0
+
+
 def test_a_config_that_never_changes_is_charged_its_warm_rates_all_day_with_no_restart() -> None:
     day, _ = _day()
     cfg = _caching(True)
@@ -202,11 +215,25 @@ def test_a_change_to_a_config_with_more_capacity_pays_off() -> None:
     assert changes[0]["paid_off"] and changes[0]["gain"] > 0
 
 
+def test_the_diurnal_load_and_its_bursts_alone_do_not_reopen_the_search() -> None:
+    run, _ = _tuned()  # the fake twin's mix is the same all day: only the load moves (20%-90%, 2x bursts)
+    assert [e for _, e in run.epochs] == [0]
+    assert not [m for _, reason, m in run.events if reason == "DriftDetected"]
+
+
+def test_a_change_that_serves_the_same_goodput_faster_is_told_apart_from_one_without_gain() -> None:
+    assert d.faster_at_equal_goodput(1000.0, 1000.0, 0.09, 0.10)
+    assert not d.faster_at_equal_goodput(1000.0, 1000.0, 0.099, 0.10)  # 1% faster: within the margin
+    assert not d.faster_at_equal_goodput(990.0, 1000.0, 0.05, 0.10)  # served less
+    assert not d.faster_at_equal_goodput(1000.0, 1000.0, None, 0.10)
+
+
 def test_the_checks_compare_the_tuned_run_with_the_baselines() -> None:
     base: dict[str, Any] = {"goodput_tokens": 100, "requests": 1000, "slo_violating_requests": 10}
     reconverge = {"search_began_h": 14.5, "hours": 2.5}
     tuned = {**base, "goodput_tokens": 98, "goodput_vs_oracle": 0.98, "slo_violating_requests": 25,
-             "config_changes_not_paid_off": 0, "reconverge": reconverge}  # fmt: skip
+             "config_changes_not_paid_off": 0, "config_changes_without_gain": 0,
+             "reconverge": reconverge}  # fmt: skip
     methods = {
         d.Method.TUNED: tuned,
         d.Method.NEVER_TUNED: {**base, "goodput_tokens": 90},
