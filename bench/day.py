@@ -808,6 +808,45 @@ def one_shot_pick(day_sc: DayScenario, day: Day) -> tuple[KnobConfig, list[dict[
     raise RuntimeError(f"{day_sc.name}: no memory fraction of the grid boots")
 
 
+def screen_change(day_sc: DayScenario, samples: SampleSource, levels: Sequence[float]) -> dict[str, Any]:
+    """Does the scenario's workload change move the best config? Every grid config on the changed
+    workload at ``levels`` of the reference config's capacity after the change (both arrival seeds
+    of the day): its goodput tokens over the best config's, its requests outside the SLOs, and
+    where the one-shot tuner's pick (the hour-0 best at capacity) stands. A cheap look before a
+    whole day is simulated (docs/day.md)."""
+    day = Day(Traffic(), samples, SampleTiming().cold_s)
+    after = WorkloadPhase.AFTER
+    pick, _ = one_shot_pick(day_sc, day)
+    rows: list[tuple[float, int, KnobConfig, set[str]]] = []
+    for c in grid_of(day_sc):
+        tokens, violating, status = 0.0, 0, set()
+        for level in levels:
+            for seed in range(Traffic().n_seeds):
+                s = samples.sample(c, round(level * day.capacity[after], 6), after, seed)
+                status.add(s.status)
+                good = (0, 0) if s.status == "oom_startup" else (s.warm.good, s.warm.good_tokens)
+                tokens += good[1]
+                violating += s.warm.arrived - good[0]
+        rows.append((tokens, violating, c, status))
+    rows.sort(key=lambda r: -r[0])
+    best = rows[0][0] or 1.0
+    ranked = [
+        {"config": c.to_dict(), "goodput_vs_best": round(t / best, 4), "slo_violating": v,
+         "status": sorted(st)}
+        for t, v, c, st in rows
+    ]  # fmt: skip
+    pick_row = next(r for r in ranked if r["config"] == pick.to_dict())
+    return {
+        "change": day_sc.change.key(),
+        "levels": list(levels),
+        "capacity_rps": {str(p): v for p, v in day.capacity.items()},
+        "one_shot_pick": pick.to_dict(),
+        "one_shot_vs_best": pick_row["goodput_vs_best"],
+        "best": ranked[0]["config"],
+        "grid": ranked,
+    }
+
+
 def static_totals(day: Day, config: KnobConfig) -> Totals:
     return day.account([Serving(0.0, config, -math.inf)])[0]
 
@@ -1231,6 +1270,14 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--no-scaling-check", action="store_true", help="skip the samples-against-full-segments check"
     )
+    p.add_argument(
+        "--screen-change",
+        type=json.loads,
+        metavar="JSON",
+        help="instead of the day: screen the grid on this workload change (Change's fields, e.g. "
+        '\'{"context_scale": 1, "suffix_scale": 0.25}\') at --screen-levels of capacity',
+    )
+    p.add_argument("--screen-levels", default="0.9,1.4", help="levels of capacity --screen-change screens at")
     args = p.parse_args(argv)
     all_ = day_scenarios()
     names = args.scenario or (["vllm-chatbot"] if args.quick else list(all_))
@@ -1246,6 +1293,8 @@ def main(argv: list[str]) -> int:
         print("--sample-s must be > 0", file=sys.stderr)
         return 2
     timing = SampleTiming(sample_s=sample_s)
+    if args.screen_change is not None:
+        return _screen(args, [all_[n] for n in names], timing)
     traffic = Traffic()
     scenarios = [all_[n] for n in names]
     if args.quick:
@@ -1301,3 +1350,35 @@ def main(argv: list[str]) -> int:
             print(f"{name}: {row}  (goodput vs oracle / violating requests / restarts)")
             print(f"  checks: {json.dumps(res['checks'])}")
     return 0
+
+
+def _screen(args: argparse.Namespace, scenarios: list[DayScenario], timing: SampleTiming) -> int:
+    try:
+        change = Change(**args.screen_change)
+        levels = [float(x) for x in str(args.screen_levels).split(",")]
+    except (TypeError, ValueError) as e:
+        print(f"--screen-change / --screen-levels: {e}", file=sys.stderr)
+        return 2
+    out: dict[str, Any] = {}
+    for d in scenarios:
+        changed = replace(d, change=change)
+        samples = TwinSamples(changed, timing, None if args.no_cache else args.cache_dir)
+        try:
+            out[d.name] = screen_change(changed, samples, levels)
+        finally:
+            samples.save()
+        r = out[d.name]
+        print(f"{d.name} {r['change']}: one-shot's pick {r['one_shot_vs_best']:.4f} of the best "
+              f"{_label(r['best'])}", file=sys.stderr)  # fmt: skip
+    text = json.dumps({"setup": {"timing": timing.__dict__, "levels": levels}, "scenarios": out}, indent=1)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+    if args.json:
+        print(text)
+    return 0
+
+
+def _label(config: dict[str, Any]) -> str:
+    keys = ("memory_fraction", "block_size", "prefix_caching", "schedule_policy")
+    return "/".join(str(config[k]) for k in keys)

@@ -266,3 +266,13 @@ def test_a_search_that_ends_on_the_settled_config_is_not_a_change() -> None:
     run.settled = [(3600.0, 7200.0, off), (9000.0, 20000.0, on), (21000.0, 30000.0, on)]
     changes = d.changes_that_did_not_pay(day, run, deployed=off)
     assert [(c["at_h"], c["until_h"]) for c in changes] == [(2.5, 24.0)]
+
+
+def test_screening_a_change_ranks_the_grid_after_it_and_places_the_one_shot_pick() -> None:
+    samples = FakeSamples()
+    out = d.screen_change(_scenario(), samples, [0.9, 1.4])
+    assert out["grid"][0]["goodput_vs_best"] == 1.0 and out["best"]["prefix_caching"] is True
+    assert out["one_shot_pick"]["prefix_caching"] is True and out["one_shot_vs_best"] == 1.0
+    assert out["grid"][-1]["config"]["prefix_caching"] is False and out["grid"][-1]["goodput_vs_best"] < 1.0
+    after = {(rate, seed) for _, rate, phase, seed in samples.calls if phase == d.WorkloadPhase.AFTER}
+    assert after == {(7.2, 0), (7.2, 1), (11.2, 0), (11.2, 1)}  # 0.9 and 1.4 of capacity after, both seeds
