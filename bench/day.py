@@ -211,12 +211,28 @@ class SampleTiming:
 class Change:
     """The workload change: every shared prefix new (new keys: nothing cached before hits after), the
     contexts ``context_scale`` times as long (every prefix pool but the system prompt and preamble,
-    and the sessions' own context) and each context pool ``corpus_scale`` times as large."""
+    and the sessions' own context), each context pool ``corpus_scale`` times as large, and the
+    outputs and per-turn suffixes (user messages, tool results) ``output_scale`` and
+    ``suffix_scale`` times as long."""
 
     context_scale: float = 2.0
     corpus_scale: int = 1
     output_scale: float = 1.0
     suffix_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        scales = {k: v for k, v in self.__dict__.items() if k != "corpus_scale"}
+        bad = [f"{k}={v!r}" for k, v in scales.items() if not isinstance(v, int | float) or not v > 0]
+        if (
+            not isinstance(self.corpus_scale, int)
+            or isinstance(self.corpus_scale, bool)
+            or self.corpus_scale < 1
+        ):
+            bad.append(f"corpus_scale={self.corpus_scale!r}")
+        if bad:
+            raise ValueError(
+                f"workload change: scales must be > 0 and corpus_scale an integer >= 1; got {', '.join(bad)}"
+            )
 
     def key(self) -> dict[str, float]:
         """What identifies the change in the sample cache: the scales that move something (the

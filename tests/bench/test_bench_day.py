@@ -126,6 +126,16 @@ def test_the_workload_change_can_lengthen_outputs_and_suffixes() -> None:
     assert after.session.context == before.session.context
 
 
+def test_a_change_with_a_scale_that_is_not_positive_is_refused() -> None:
+    for bad in ({"output_scale": 0.0}, {"context_scale": -1.0}, {"corpus_scale": 0}, {"corpus_scale": 1.5}):
+        try:
+            d.Change(**bad)  # type: ignore[arg-type]
+        except ValueError as exc:
+            assert next(iter(bad)) in str(exc)
+        else:
+            raise AssertionError(f"{bad} was accepted")
+
+
 def test_a_change_that_does_not_scale_outputs_or_suffixes_keeps_its_cache_key() -> None:
     assert d.Change(context_scale=1.0, corpus_scale=2).key() == {"context_scale": 1.0, "corpus_scale": 2}
     assert d.Change(output_scale=2.0).key()["output_scale"] == 2.0
