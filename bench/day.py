@@ -211,25 +211,61 @@ class SampleTiming:
 class Change:
     """The workload change: every shared prefix new (new keys: nothing cached before hits after), the
     contexts ``context_scale`` times as long (every prefix pool but the system prompt and preamble,
-    and the sessions' own context) and each context pool ``corpus_scale`` times as large."""
+    and the sessions' own context), each context pool ``corpus_scale`` times as large, and the
+    outputs and per-turn suffixes (user messages, tool results) ``output_scale`` and
+    ``suffix_scale`` times as long."""
 
     context_scale: float = 2.0
     corpus_scale: int = 1
+    output_scale: float = 1.0
+    suffix_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        scales = {k: v for k, v in self.__dict__.items() if k != "corpus_scale"}
+        bad = [f"{k}={v!r}" for k, v in scales.items() if not isinstance(v, int | float) or not v > 0]
+        if (
+            not isinstance(self.corpus_scale, int)
+            or isinstance(self.corpus_scale, bool)
+            or self.corpus_scale < 1
+        ):
+            bad.append(f"corpus_scale={self.corpus_scale!r}")
+        if bad:
+            raise ValueError(
+                f"workload change: scales must be > 0 and corpus_scale an integer >= 1; got {', '.join(bad)}"
+            )
+
+    def key(self) -> dict[str, float]:
+        """What identifies the change in the sample cache: the scales that move something (the
+        output and suffix scales only when they do, so that caches of earlier changes stay valid)."""
+        out = {"context_scale": self.context_scale, "corpus_scale": self.corpus_scale}
+        for name in ("output_scale", "suffix_scale"):
+            if getattr(self, name) != 1.0:
+                out[name] = getattr(self, name)
+        return out
 
     def apply(self, spec: WorkloadSpec) -> WorkloadSpec:
-        def scaled(dist: Dist) -> Dist:
+        def scaled(dist: Dist, by: float) -> Dist:
             keys = ("value", "low", "high", "mean", "std", "median", "min", "max")
-            update = {k: getattr(dist, k) * self.context_scale for k in keys if getattr(dist, k) is not None}
+            update = {k: getattr(dist, k) * by for k in keys if getattr(dist, k) is not None}
             return dist.model_copy(update=update)
 
         pools = tuple(
             p
             if p.name in SYSTEM_POOLS
-            else p.model_copy(update={"length": scaled(p.length), "count": p.count * self.corpus_scale})
+            else p.model_copy(
+                update={"length": scaled(p.length, self.context_scale), "count": p.count * self.corpus_scale}
+            )
             for p in spec.prefixes
         )
-        session = spec.session.model_copy(update={"context": scaled(spec.session.context)})
-        return spec.model_copy(update={"name": f"{spec.name}-v2", "prefixes": pools, "session": session})
+        context = scaled(spec.session.context, self.context_scale)
+        return spec.model_copy(
+            update={
+                "name": f"{spec.name}-v2", "prefixes": pools,
+                "session": spec.session.model_copy(update={"context": context}),
+                "output": scaled(spec.output, self.output_scale),
+                "suffix": scaled(spec.suffix, self.suffix_scale),
+            }
+        )  # fmt: skip
 
 
 SYSTEM_POOLS = ("system", "preamble")
@@ -447,7 +483,7 @@ class DayScenario:
         fields = {
             "engine": sc.engine, "model": sc.model, "gpu": sc.gpu, "workload": sc.workload,
             "rate": sc.rate, "slo": [sc.slo.ttft_p99_s, sc.slo.itl_p99_s], "reference": self.reference,
-            "change": self.change.__dict__,
+            "change": self.change.key(),
         }  # fmt: skip
         text = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -788,6 +824,45 @@ def one_shot_pick(day_sc: DayScenario, day: Day) -> tuple[KnobConfig, list[dict[
     raise RuntimeError(f"{day_sc.name}: no memory fraction of the grid boots")
 
 
+def screen_change(day_sc: DayScenario, samples: SampleSource, levels: Sequence[float]) -> dict[str, Any]:
+    """Does the scenario's workload change move the best config? Every grid config on the changed
+    workload at ``levels`` of the reference config's capacity after the change (both arrival seeds
+    of the day): its goodput tokens over the best config's, its requests outside the SLOs, and
+    where the one-shot tuner's pick (the hour-0 best at capacity) stands. A cheap look before a
+    whole day is simulated (docs/day.md)."""
+    day = Day(Traffic(), samples, SampleTiming().cold_s)
+    after = WorkloadPhase.AFTER
+    pick, _ = one_shot_pick(day_sc, day)
+    rows: list[tuple[float, int, KnobConfig, set[str]]] = []
+    for c in grid_of(day_sc):
+        tokens, violating, status = 0.0, 0, set()
+        for level in levels:
+            for seed in range(Traffic().n_seeds):
+                s = samples.sample(c, round(level * day.capacity[after], 6), after, seed)
+                status.add(s.status)
+                good = (0, 0) if s.status == "oom_startup" else (s.warm.good, s.warm.good_tokens)
+                tokens += good[1]
+                violating += s.warm.arrived - good[0]
+        rows.append((tokens, violating, c, status))
+    rows.sort(key=lambda r: -r[0])
+    best = rows[0][0] or 1.0
+    ranked = [
+        {"config": c.to_dict(), "goodput_vs_best": round(t / best, 4), "slo_violating": v,
+         "status": sorted(st)}
+        for t, v, c, st in rows
+    ]  # fmt: skip
+    pick_row = next(r for r in ranked if r["config"] == pick.to_dict())
+    return {
+        "change": day_sc.change.key(),
+        "levels": list(levels),
+        "capacity_rps": {str(p): v for p, v in day.capacity.items()},
+        "one_shot_pick": pick.to_dict(),
+        "one_shot_vs_best": pick_row["goodput_vs_best"],
+        "best": ranked[0]["config"],
+        "grid": ranked,
+    }
+
+
 def static_totals(day: Day, config: KnobConfig) -> Totals:
     return day.account([Serving(0.0, config, -math.inf)])[0]
 
@@ -839,15 +914,27 @@ def changes_that_did_not_pay(day: Day, run: DayRun, deployed: KnobConfig) -> lis
         end = changes[i + 1][0] if i + 1 < len(changes) else DAY_S
         new = sum(t.goodput_tokens for _, t in day.charge(cfg, -math.inf, start, end))
         old = sum(t.goodput_tokens for _, t in day.charge(old_cfg, -math.inf, start, end))
+        ttft = {"from": day.median_ttft(old_cfg, start, end), "to": day.median_ttft(cfg, start, end)}
         out.append({
             "at_h": round(start / HOUR, 2), "until_h": round(end / HOUR, 2), "from": old_cfg.to_dict(),
             "to": cfg.to_dict(), "gain": round(new / old - 1.0, 4) if old > 0 else None,
-            "paid_off": new > old,
-            "ttft_p50_s": {
-                "from": day.median_ttft(old_cfg, start, end), "to": day.median_ttft(cfg, start, end)
-            },
+            "paid_off": new > old, "ttft_p50_s": ttft,
+            "faster_at_equal_goodput": faster_at_equal_goodput(new, old, ttft["to"], ttft["from"]),
         })  # fmt: skip
     return out
+
+
+GOODPUT_TIE = 1e-3  # two configs' goodput within 0.1%: both served the same requests within the SLOs
+TTFT_GAIN = 0.02  # a TTFT p50 at least 2% lower (the significance gate's default margin)
+
+
+def faster_at_equal_goodput(new: float, old: float, ttft_new: float | None, ttft_old: float | None) -> bool:
+    """Below capacity every config serves the load within the SLOs and goodput ties: what a change
+    gains there is latency (what the objective's headroom ranks by). True when the goodput is within
+    ``GOODPUT_TIE`` and the TTFT p50 fell by ``TTFT_GAIN`` or more."""
+    if old <= 0 or abs(new / old - 1.0) > GOODPUT_TIE or not ttft_new or not ttft_old:
+        return False
+    return ttft_new <= (1.0 - TTFT_GAIN) * ttft_old
 
 
 def trial_windows(run: DayRun) -> list[tuple[float, float]]:
@@ -919,6 +1006,9 @@ def summarize_method(
         changes = changes_that_did_not_pay(day, run, deployed)
         out["config_changes"] = changes
         out["config_changes_not_paid_off"] = sum(1 for c in changes if not c["paid_off"])
+        out["config_changes_without_gain"] = sum(
+            1 for c in changes if not c["paid_off"] and not c["faster_at_equal_goodput"]
+        )
         out["reconverge"] = reconverge(day, run, day.traffic.change_h * HOUR, best or deployed)
         out["final_config"] = run.timeline[-1].config.to_dict()
         if run.final_state is not None:
@@ -1008,7 +1098,7 @@ def run_day(day_sc: DayScenario, traffic: Traffic, samples: SampleSource, timing
 
 def _seed_summary(tuned: dict[str, Any], seed: int) -> dict[str, Any]:
     keys = ("goodput_vs_oracle", "slo_violating_requests", "slo_violating_in_trial_windows", "restarts",
-            "trials", "epochs", "config_changes_not_paid_off")  # fmt: skip
+            "trials", "epochs", "config_changes_not_paid_off", "config_changes_without_gain")  # fmt: skip
     return {"policy_seed": seed, **{k: tuned[k] for k in keys}, "reconverge_h": tuned["reconverge"]["hours"]}
 
 
@@ -1029,6 +1119,7 @@ def checks(methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "extra_violating_share": round(extra / max(tuned["requests"], 1), 5),
         "extra_violating_le_1pct": extra <= 0.01 * tuned["requests"],
         "changes_not_paid_off": tuned["config_changes_not_paid_off"],
+        "changes_without_gain": tuned["config_changes_without_gain"],
         "reconverged_within_2h": hours is not None and hours <= 2.0,
         "searched_after_change": retuned,
     }  # fmt: skip
@@ -1195,6 +1286,14 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--no-scaling-check", action="store_true", help="skip the samples-against-full-segments check"
     )
+    p.add_argument(
+        "--screen-change",
+        type=json.loads,
+        metavar="JSON",
+        help="instead of the day: screen the grid on this workload change (Change's fields, e.g. "
+        '\'{"context_scale": 1, "suffix_scale": 0.25}\') at --screen-levels of capacity',
+    )
+    p.add_argument("--screen-levels", default="0.9,1.4", help="levels of capacity --screen-change screens at")
     args = p.parse_args(argv)
     all_ = day_scenarios()
     names = args.scenario or (["vllm-chatbot"] if args.quick else list(all_))
@@ -1210,6 +1309,8 @@ def main(argv: list[str]) -> int:
         print("--sample-s must be > 0", file=sys.stderr)
         return 2
     timing = SampleTiming(sample_s=sample_s)
+    if args.screen_change is not None:
+        return _screen(args, [all_[n] for n in names], timing)
     traffic = Traffic()
     scenarios = [all_[n] for n in names]
     if args.quick:
@@ -1265,3 +1366,35 @@ def main(argv: list[str]) -> int:
             print(f"{name}: {row}  (goodput vs oracle / violating requests / restarts)")
             print(f"  checks: {json.dumps(res['checks'])}")
     return 0
+
+
+def _screen(args: argparse.Namespace, scenarios: list[DayScenario], timing: SampleTiming) -> int:
+    try:
+        change = Change(**args.screen_change)
+        levels = [float(x) for x in str(args.screen_levels).split(",")]
+    except (TypeError, ValueError) as e:
+        print(f"--screen-change / --screen-levels: {e}", file=sys.stderr)
+        return 2
+    out: dict[str, Any] = {}
+    for d in scenarios:
+        changed = replace(d, change=change)
+        samples = TwinSamples(changed, timing, None if args.no_cache else args.cache_dir)
+        try:
+            out[d.name] = screen_change(changed, samples, levels)
+        finally:
+            samples.save()
+        r = out[d.name]
+        print(f"{d.name} {r['change']}: one-shot's pick {r['one_shot_vs_best']:.4f} of the best "
+              f"{_label(r['best'])}", file=sys.stderr)  # fmt: skip
+    text = json.dumps({"setup": {"timing": timing.__dict__, "levels": levels}, "scenarios": out}, indent=1)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+    if args.json:
+        print(text)
+    return 0
+
+
+def _label(config: dict[str, Any]) -> str:
+    keys = ("memory_fraction", "block_size", "prefix_caching", "schedule_policy")
+    return "/".join(str(config[k]) for k in keys)

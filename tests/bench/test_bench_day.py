@@ -118,6 +118,29 @@ def test_the_workload_change_renames_the_prefixes_and_doubles_the_contexts_not_t
     assert after.session.context.median == 2 * (before.session.context.median or 0)
 
 
+def test_the_workload_change_can_lengthen_outputs_and_suffixes() -> None:
+    before = preset("chatbot")
+    after = d.Change(context_scale=1.0, output_scale=2.0, suffix_scale=0.5).apply(before)
+    assert after.output.median == 2 * (before.output.median or 0)
+    assert after.suffix.median == 0.5 * (before.suffix.median or 0)
+    assert after.session.context == before.session.context
+
+
+def test_a_change_with_a_scale_that_is_not_positive_is_refused() -> None:
+    for bad in ({"output_scale": 0.0}, {"context_scale": -1.0}, {"corpus_scale": 0}, {"corpus_scale": 1.5}):
+        try:
+            d.Change(**bad)  # type: ignore[arg-type]
+        except ValueError as exc:
+            assert next(iter(bad)) in str(exc)
+        else:
+            raise AssertionError(f"{bad} was accepted")
+
+
+def test_a_change_that_does_not_scale_outputs_or_suffixes_keeps_its_cache_key() -> None:
+    assert d.Change(context_scale=1.0, corpus_scale=2).key() == {"context_scale": 1.0, "corpus_scale": 2}
+    assert d.Change(output_scale=2.0).key()["output_scale"] == 2.0
+
+
 def test_a_config_that_never_changes_is_charged_its_warm_rates_all_day_with_no_restart() -> None:
     day, _ = _day()
     cfg = _caching(True)
@@ -202,11 +225,25 @@ def test_a_change_to_a_config_with_more_capacity_pays_off() -> None:
     assert changes[0]["paid_off"] and changes[0]["gain"] > 0
 
 
+def test_the_diurnal_load_and_its_bursts_alone_do_not_reopen_the_search() -> None:
+    run, _ = _tuned()  # the fake twin's mix is the same all day: only the load moves (20%-90%, 2x bursts)
+    assert [e for _, e in run.epochs] == [0]
+    assert not [m for _, reason, m in run.events if reason == "DriftDetected"]
+
+
+def test_a_change_that_serves_the_same_goodput_faster_is_told_apart_from_one_without_gain() -> None:
+    assert d.faster_at_equal_goodput(1000.0, 1000.0, 0.09, 0.10)
+    assert not d.faster_at_equal_goodput(1000.0, 1000.0, 0.099, 0.10)  # 1% faster: within the margin
+    assert not d.faster_at_equal_goodput(990.0, 1000.0, 0.05, 0.10)  # served less
+    assert not d.faster_at_equal_goodput(1000.0, 1000.0, None, 0.10)
+
+
 def test_the_checks_compare_the_tuned_run_with_the_baselines() -> None:
     base: dict[str, Any] = {"goodput_tokens": 100, "requests": 1000, "slo_violating_requests": 10}
     reconverge = {"search_began_h": 14.5, "hours": 2.5}
     tuned = {**base, "goodput_tokens": 98, "goodput_vs_oracle": 0.98, "slo_violating_requests": 25,
-             "config_changes_not_paid_off": 0, "reconverge": reconverge}  # fmt: skip
+             "config_changes_not_paid_off": 0, "config_changes_without_gain": 0,
+             "reconverge": reconverge}  # fmt: skip
     methods = {
         d.Method.TUNED: tuned,
         d.Method.NEVER_TUNED: {**base, "goodput_tokens": 90},
@@ -239,3 +276,13 @@ def test_a_search_that_ends_on_the_settled_config_is_not_a_change() -> None:
     run.settled = [(3600.0, 7200.0, off), (9000.0, 20000.0, on), (21000.0, 30000.0, on)]
     changes = d.changes_that_did_not_pay(day, run, deployed=off)
     assert [(c["at_h"], c["until_h"]) for c in changes] == [(2.5, 24.0)]
+
+
+def test_screening_a_change_ranks_the_grid_after_it_and_places_the_one_shot_pick() -> None:
+    samples = FakeSamples()
+    out = d.screen_change(_scenario(), samples, [0.9, 1.4])
+    assert out["grid"][0]["goodput_vs_best"] == 1.0 and out["best"]["prefix_caching"] is True
+    assert out["one_shot_pick"]["prefix_caching"] is True and out["one_shot_vs_best"] == 1.0
+    assert out["grid"][-1]["config"]["prefix_caching"] is False and out["grid"][-1]["goodput_vs_best"] < 1.0
+    after = {(rate, seed) for _, rate, phase, seed in samples.calls if phase == d.WorkloadPhase.AFTER}
+    assert after == {(7.2, 0), (7.2, 1), (11.2, 0), (11.2, 1)}  # 0.9 and 1.4 of capacity after, both seeds

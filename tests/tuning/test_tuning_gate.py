@@ -17,6 +17,7 @@ from prefixtune.tuning.actions import Action, EmitEvent, RollOut
 from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.phases import Phase, TuningReason
 from prefixtune.tuning.policy import initial_state, step
+from prefixtune.tuning.policy.drift_watch import DRIFT_WINDOWS
 from prefixtune.tuning.policy.messages import tuning_condition
 from prefixtune.tuning.settings import Slo, TuningSettings
 from prefixtune.tuning.significance import (
@@ -218,8 +219,9 @@ def test_a_retune_after_drift_warm_starts_from_history_and_passes_the_same_gate(
     )
     run.run()
     assert run.final() == C1
-    run.now += 600
-    run(WindowMeasured(signals=replace(signals(1150.0), hit_rate=0.1), offered_rps=1.0))
+    for _ in range(DRIFT_WINDOWS):  # drift re-tunes once it shows in consecutive windows
+        run.now += 600
+        run(WindowMeasured(signals=replace(signals(1150.0), hit_rate=0.1), offered_rps=1.0))
     assert run.state.epoch == 1 and run.state.phase == Phase.BASELINE
     run.run()
     assert seen and seen[0] > 1  # the new baseline plus the earlier epoch's trials

@@ -322,10 +322,11 @@ def load_normalized(
 
     Below saturation the tokens served scale with the requests offered, so a goodput/throughput
     value is rescaled to the reference arrival rate: ``value * reference / offered``, bounded to
-    [0.5, 2] (a first-order correction; a window whose load moved more than 2x is not comparable and
-    the drift detector re-tunes instead). TTFT scores are not rescaled. Without both rates the value
-    is returned unchanged. ``offered_rps`` must be the ARRIVAL rate, not the completion rate (which
-    depends on the config under test).
+    [0.5, 2] (a first-order correction of the measured rate, not of the headroom factor's own
+    change with the load; a window whose load moved more than 2x is not comparable, and the drift
+    detector does not re-tune on the load level: ``policy/drift_watch.py``). TTFT scores are not
+    rescaled. Without both rates the value is returned unchanged. ``offered_rps`` must be the ARRIVAL
+    rate, not the completion rate (which depends on the config under test).
     """
     factor = load_factor(objective, offered_rps, reference_rps)
     return value if factor is None else value * factor

@@ -349,6 +349,9 @@ class PolicyState(_Model):
     best: int | None = None  # id of the best ok trial of the current epoch
     reference: Signals | None = None  # the signals the best was measured under (drift reference)
     reference_rps: float | None = None
+    # Consecutive watch windows whose workload moved from ``reference`` (drift re-tunes at
+    # ``policy/drift_watch.DRIFT_WINDOWS``; a window that did not move resets it)
+    drift_windows: int = 0
     recommendation: KnobConfig | None = None  # last recommendation made (observe mode)
     capacity_wait: CapacityWait | None = None  # a trial that found no capacity, to retry
     # Paused by spec.tuning.paused: the phase it resumes in (None: not paused by it; mode off has its
