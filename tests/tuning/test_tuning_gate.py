@@ -18,9 +18,9 @@ from prefixtune.tuning.actions import Action, EmitEvent, RollOut
 from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.phases import Phase, TuningReason
 from prefixtune.tuning.policy import initial_state, step
+from prefixtune.tuning.policy.gate import MAX_GATE_WINDOWS
 from prefixtune.tuning.policy.messages import tuning_condition
 from prefixtune.tuning.settings import Slo, TuningSettings
-from prefixtune.tuning.policy.gate import MAX_GATE_WINDOWS
 from prefixtune.tuning.significance import (
     K0,
     POOLED_DOF,

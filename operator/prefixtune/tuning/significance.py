@@ -37,12 +37,13 @@ variance alone counts. The confidence that the gain is at least the margin ``m``
 ``T_nu((ln r - ln(1 + m)) / se)``, ``T_nu`` the Student-t distribution of ``nu = K0 + d`` degrees
 of freedom (the fewer of the two sides'): the variance is estimated from a few windows, and the
 normal tail trusted that estimate as if it were exact (the controls, where every config is within
-1%, left the deployed config on +10-20% "gains" in 1 to 3 seeds of 20). The deployed config is
+1%, left the deployed config on +12-22% "gains" in 1 or 2 seeds of 20). The deployed config is
 left only when that reaches the required confidence, and only on the candidate's windows after
-the one that made it a contender (``confirmed``). When the measured gain clears the margin but the confidence does not, one more window
-of the side with the larger variance (the candidate when paired) can decide (bounded by the
+the one that made it a contender (``confirmed``). When the measured gain clears the margin but the
+confidence does not (or the candidate has only its selecting window), one more window of the side
+with the larger variance (the candidate when paired or unconfirmed) can decide (bounded by the
 policy). A margin of 0 and a confidence of 0.5 pass every candidate whose mean is not below the
-deployed config's: the behaviour before the gate.
+deployed config's: the behaviour before the gate (``policy/gate.py`` then counts every window).
 
 **The price of a trial** (seconds of the whole deployment's service lost, ``TrialPrice``): the
 restart of the pods it moves (``restart_cost_s`` each time, times the share of the pods), their
