@@ -4,6 +4,7 @@ tuning/policy/gate.py): rollouts only on significant gains."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -49,9 +50,9 @@ SETTINGS = TuningSettings(
 TODAY = replace(SETTINGS, min_gain=0.0, confidence=0.5)
 
 
-def signals(goodput: float, requests: float = 2000.0) -> Signals:
+def signals(goodput: float, requests: float = 2000.0, ttft_p99_s: float = 0.5) -> Signals:
     return Signals(
-        window_s=300.0, requests=requests, hit_rate=0.6, ttft_p99_s=0.5, itl_p99_s=0.05,
+        window_s=300.0, requests=requests, hit_rate=0.6, ttft_p99_s=ttft_p99_s, itl_p99_s=0.05,
         output_tokens_per_s=goodput * 1.05, input_tokens_per_s=2000.0, requests_per_s=1.0,
         goodput_tokens_per_s=goodput, slo_attainment=0.95,
     )  # fmt: skip
@@ -75,10 +76,15 @@ class Run:
     of its config from ``values`` (a config's list is consumed in order)."""
 
     def __init__(
-        self, settings: TuningSettings, values: dict[KnobConfig, list[float]], suggester: Any
+        self,
+        settings: TuningSettings,
+        values: dict[KnobConfig, list[float]],
+        suggester: Any,
+        ttft_p99_s: dict[KnobConfig, float] | None = None,
     ) -> None:
         self.state = initial_state(ENGINE, settings, DEFAULT)
         self.values = {c: list(v) for c, v in values.items()}
+        self.ttft_p99_s = ttft_p99_s or {}  # a config's windows' TTFT p99 (default: within the SLO)
         self.suggester = suggester
         self.actions: list[Action] = []
         self.measured: list[KnobConfig] = []
@@ -104,7 +110,8 @@ class Run:
                 config = s.target or (s.trial(s.active).config if s.active is not None else s.current)
                 self.measured.append(config)
                 self.now = s.measure_until or self.now
-                self(WindowMeasured(signals=signals(self.values[config].pop(0)), offered_rps=1.0))
+                window = signals(self.values[config].pop(0), ttft_p99_s=self.ttft_p99_s.get(config, 0.5))
+                self(WindowMeasured(signals=window, offered_rps=1.0))
             else:
                 self.now += 60
                 self(Tick())
@@ -138,6 +145,22 @@ def test_the_window_that_selected_the_candidate_is_left_out_of_its_gain() -> Non
     run.run()
     assert run.final() == DEFAULT and run.measured == [DEFAULT, C1, C1]
     assert run.state.gate is not None and run.state.gate.gain == pytest.approx(0.0)
+
+
+def test_a_deployed_config_breaching_the_slos_in_every_window_counts_the_selecting_window() -> None:
+    # The deployed config's TTFT p99 is over the SLO in its window: no benefit of the doubt to keep,
+    # so C1's gain is on both its windows; with the deployed config within the SLOs, on the window
+    # after the selecting one.
+    values = {DEFAULT: [1000.0], C1: [2000.0, 1800.0]}
+    breaching = Run(SETTINGS, values, scripted([C1]), ttft_p99_s={DEFAULT: 3.0})
+    breaching.run()
+    within = Run(SETTINGS, values, scripted([C1]))
+    within.run()
+    assert breaching.measured == within.measured == [DEFAULT, C1, C1]
+    for run, windows in ((breaching, slice(0, 2)), (within, slice(1, 2))):
+        dep, *cand = [t.value or 0.0 for t in run.state.trials]
+        assert run.state.gate is not None and run.state.gate.significant
+        assert run.state.gate.gain == pytest.approx(statistics.fmean(cand[windows]) / dep - 1)
 
 
 def test_a_candidate_with_only_its_selecting_window_is_never_significant() -> None:

@@ -5,7 +5,12 @@ The deployed config is the one the epoch's baseline measured (what ran when the 
 drift, the previous epoch's best). The candidate is the best config by mean; its gain is judged on
 its windows after the first (the first made it a contender: the best of many noisy windows is
 biased up, the winner's curse), each side's noise from its own repeated windows and the pooled
-estimate (``significance.config_noise``). At convergence:
+estimate (``significance.config_noise``). Unless the deployed config breached the SLOs in every
+window of the epoch (``breached``): the gate keeps a config that serves against noise, and one that
+fails its users in every window has no benefit of the doubt to keep, so there every window of the
+candidate counts (at full load on the twin, `sglang-long-prompts-chunk` sits at every config's KV
+cliff: the deployed config's windows breach, the best config's confirming window collapses in about
+one window in three and the gain never cleared). At convergence:
 
 - the candidate is the deployed config: nothing to decide;
 - the candidate has only the window that selected it: one more window of it (as below);
@@ -25,7 +30,7 @@ from __future__ import annotations
 import math
 
 from prefixtune.engines.base import KnobConfig
-from prefixtune.tuning.objective import ScoreBasis, goal
+from prefixtune.tuning.objective import Score, ScoreBasis, goal, score
 from prefixtune.tuning.phases import TuningReason
 from prefixtune.tuning.policy import rollout
 from prefixtune.tuning.policy._core import Core
@@ -90,6 +95,15 @@ def noise_of(s: PolicyState, config: KnobConfig | None = None) -> Noise:
     return config_noise(pooled_noise([v for (_, c), v in groups.items() if c == config]), pooled)
 
 
+def breached(s: PolicyState, t: Trial) -> bool:
+    """Whether ``t``'s window breached the SLOs (a p99 over its target, ``Score.slo_met``); a window
+    without the signals to tell counts as not breached."""
+    if t.signals is None:
+        return False
+    result = score(t.signals, s.settings.objective, s.settings.slo, 1)
+    return isinstance(result, Score) and not result.slo_met
+
+
 def judge(s: PolicyState) -> tuple[Verdict, Trial, Trial] | None:
     """The verdict on the best config (by mean) against the deployed one, with the latest trial of
     each; None when there is nothing to decide (no scored baseline, no best, or the same config)."""
@@ -103,11 +117,15 @@ def judge(s: PolicyState) -> tuple[Verdict, Trial, Trial] | None:
     # The candidate's first window of the epoch is the one that made it a contender (the best of
     # many windows, biased up: the winner's curse); its later windows are confirmations. With the
     # gate off (margin 0, confidence 0.5) the best mean wins, as before the gate: every window counts.
+    # A deployed config that breached the SLOs in every window of the epoch has no benefit of the
+    # doubt to keep: staying on it is the risk the gate guards against, so there the candidate's
+    # every window counts (the gain must still be significant).
     settings = s.settings
     gate_off = settings.min_gain == 0 and settings.confidence <= 0.5
-    confirmed = gate_off or len(cand) > 1
+    every_window = gate_off or all(breached(s, t) for t in dep)
+    confirmed = every_window or len(cand) > 1
     latest = cand[-1]
-    if not gate_off and confirmed:
+    if not every_window and confirmed:
         cand = cand[1:]
     mean_c = sum(t.value or 0.0 for t in cand) / len(cand)
     mean_d = sum(t.value or 0.0 for t in dep) / len(dep)
