@@ -39,11 +39,13 @@ of freedom (the fewer of the two sides'): the variance is estimated from a few w
 normal tail trusted that estimate as if it were exact (the controls, where every config is within
 1%, left the deployed config on +12-22% "gains" in 1 or 2 seeds of 20). The deployed config is
 left only when that reaches the required confidence, and only on the candidate's windows after
-the one that made it a contender (``confirmed``). When the measured gain clears the margin but the
-confidence does not (or the candidate has only its selecting window), one more window of the side
-with the larger variance (the candidate when paired or unconfirmed) can decide (bounded by the
-policy). A margin of 0 and a confidence of 0.5 pass every candidate whose mean is not below the
-deployed config's: the behaviour before the gate (``policy/gate.py`` then counts every window).
+the one that made it a contender (``confirmed``; every window counts over a deployed config that
+breached the SLOs in each of its windows, ``policy/gate.py``). When the measured gain clears the
+margin but the confidence does not (or the candidate has only its selecting window), one more
+window of the side with the larger variance (the candidate when paired or unconfirmed) can decide
+(bounded by the policy). A margin of 0 and a confidence of 0.5 pass every candidate whose mean is
+not below the deployed config's: the behaviour before the gate (``policy/gate.py`` then counts
+every window).
 
 **The price of a trial** (seconds of the whole deployment's service lost, ``TrialPrice``): the
 restart of the pods it moves (``restart_cost_s`` each time, times the share of the pods), their
