@@ -4,11 +4,13 @@ tuning/policy/gate.py): rollouts only on significant gains."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from scipy.special import stdtr
 
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig
@@ -18,14 +20,17 @@ from prefixtune.tuning.optimizer import Suggestion, TrialResult
 from prefixtune.tuning.phases import Phase, TuningReason
 from prefixtune.tuning.policy import initial_state, step
 from prefixtune.tuning.policy.drift_watch import DRIFT_WINDOWS
+from prefixtune.tuning.policy.gate import MAX_GATE_WINDOWS
 from prefixtune.tuning.policy.messages import tuning_condition
 from prefixtune.tuning.settings import Slo, TuningSettings
 from prefixtune.tuning.significance import (
     K0,
+    POOLED_DOF,
     TAU0,
     Noise,
     Side,
     Window,
+    config_noise,
     pays,
     pooled_noise,
     trial_price,
@@ -46,9 +51,9 @@ SETTINGS = TuningSettings(
 TODAY = replace(SETTINGS, min_gain=0.0, confidence=0.5)
 
 
-def signals(goodput: float, requests: float = 2000.0) -> Signals:
+def signals(goodput: float, requests: float = 2000.0, ttft_p99_s: float = 0.5) -> Signals:
     return Signals(
-        window_s=300.0, requests=requests, hit_rate=0.6, ttft_p99_s=0.5, itl_p99_s=0.05,
+        window_s=300.0, requests=requests, hit_rate=0.6, ttft_p99_s=ttft_p99_s, itl_p99_s=0.05,
         output_tokens_per_s=goodput * 1.05, input_tokens_per_s=2000.0, requests_per_s=1.0,
         goodput_tokens_per_s=goodput, slo_attainment=0.95,
     )  # fmt: skip
@@ -72,10 +77,15 @@ class Run:
     of its config from ``values`` (a config's list is consumed in order)."""
 
     def __init__(
-        self, settings: TuningSettings, values: dict[KnobConfig, list[float]], suggester: Any
+        self,
+        settings: TuningSettings,
+        values: dict[KnobConfig, list[float]],
+        suggester: Any,
+        ttft_p99_s: dict[KnobConfig, float] | None = None,
     ) -> None:
         self.state = initial_state(ENGINE, settings, DEFAULT)
         self.values = {c: list(v) for c, v in values.items()}
+        self.ttft_p99_s = ttft_p99_s or {}  # a config's windows' TTFT p99 (default: within the SLO)
         self.suggester = suggester
         self.actions: list[Action] = []
         self.measured: list[KnobConfig] = []
@@ -101,7 +111,8 @@ class Run:
                 config = s.target or (s.trial(s.active).config if s.active is not None else s.current)
                 self.measured.append(config)
                 self.now = s.measure_until or self.now
-                self(WindowMeasured(signals=signals(self.values[config].pop(0)), offered_rps=1.0))
+                window = signals(self.values[config].pop(0), ttft_p99_s=self.ttft_p99_s.get(config, 0.5))
+                self(WindowMeasured(signals=window, offered_rps=1.0))
             else:
                 self.now += 60
                 self(Tick())
@@ -115,15 +126,49 @@ class Run:
 
 
 def test_a_2_percent_gain_with_4_percent_window_noise_keeps_the_deployed_config() -> None:
-    # C1 measures +6% then -2% (mean +2%, windows 4% from their mean); the gate asks for one more
-    # window of each side (the baseline 995, C1 1000): +1.6%, below the margin, the noise ~3%.
-    run = Run(SETTINGS, {DEFAULT: [1000.0, 995.0], C1: [1060.0, 980.0, 1000.0]}, scripted([C1]))
+    # C1 measures +8% (the window that selects it), then +4%: above the margin, not clear of the
+    # noise; the gate asks for one more window of each side (the baseline 1000, C1 1000, 1000):
+    # +1.3% over C1's windows after the first, below the margin.
+    values = {DEFAULT: [1000.0, 1000.0], C1: [1080.0, 1040.0, 1000.0, 1000.0]}
+    run = Run(SETTINGS, values, scripted([C1]))
     run.run()
     assert run.final() == DEFAULT
     assert run.state.gate is not None and not run.state.gate.significant
-    assert run.measured == [DEFAULT, C1, C1, DEFAULT, C1]
-    assert abs(run.state.gate.gain - 0.016) < 0.001 and run.state.gate.confidence < 0.5
+    assert run.measured == [DEFAULT, C1, C1, DEFAULT, C1, C1]
+    assert abs(run.state.gate.gain - 0.0133) < 0.001 and run.state.gate.confidence < 0.5
     assert run.state.best is not None and run.state.trial(run.state.best).config == DEFAULT
+
+
+def test_the_window_that_selected_the_candidate_is_left_out_of_its_gain() -> None:
+    # +15% in the window that made C1 the best, +0% in its confirmation: no gain (the mean of both,
+    # +7.5%, is the winner's curse), kept out without more windows.
+    run = Run(SETTINGS, {DEFAULT: [1000.0], C1: [1150.0, 1000.0]}, scripted([C1]))
+    run.run()
+    assert run.final() == DEFAULT and run.measured == [DEFAULT, C1, C1]
+    assert run.state.gate is not None and run.state.gate.gain == pytest.approx(0.0)
+
+
+def test_a_deployed_config_breaching_the_slos_in_every_window_counts_the_selecting_window() -> None:
+    # The deployed config's TTFT p99 is over the SLO in its window: no benefit of the doubt to keep,
+    # so C1's gain is on both its windows; with the deployed config within the SLOs, on the window
+    # after the selecting one.
+    values = {DEFAULT: [1000.0], C1: [2000.0, 1800.0]}
+    breaching = Run(SETTINGS, values, scripted([C1]), ttft_p99_s={DEFAULT: 3.0})
+    breaching.run()
+    within = Run(SETTINGS, values, scripted([C1]))
+    within.run()
+    assert breaching.measured == within.measured == [DEFAULT, C1, C1]
+    for run, windows in ((breaching, slice(0, 2)), (within, slice(1, 2))):
+        dep, *cand = [t.value or 0.0 for t in run.state.trials]
+        assert run.state.gate is not None and run.state.gate.significant
+        assert run.state.gate.gain == pytest.approx(statistics.fmean(cand[windows]) / dep - 1)
+
+
+def test_a_candidate_with_only_its_selecting_window_is_never_significant() -> None:
+    tight = Noise(0.0001, 100)
+    v = verdict([Window(2000.0, 1e9)], [Window(1000.0, 1e9)], 2.0, tight, 0.02, 0.95, confirmed=False)
+    assert v.confidence > 0.99 and not v.significant and v.more == Side.CANDIDATE
+    assert "the candidate's only window the one that selected it" in v.text()
 
 
 def test_a_15_percent_gain_with_tight_windows_converges_on_it() -> None:
@@ -157,17 +202,19 @@ def test_the_converged_event_and_the_tuning_condition_name_no_significant_gain()
     assert reason == TuningReason.NO_SIGNIFICANT_GAIN and message.startswith("no significant gain")
 
 
-def test_the_gate_asks_for_at_most_two_windows_outside_the_budget() -> None:
-    # +4% then +0% against a steady baseline: the gain stays above the margin, never clear of the
-    # noise; after two windows the gate decides on what it has.
-    values = {DEFAULT: [1000.0, 1000.0, 1000.0], C1: [1080.0, 1000.0, 1000.0, 1000.0]}
+def test_the_gate_asks_for_at_most_four_windows_outside_the_budget() -> None:
+    # C1's windows after the first alternate +7% and +3% against a baseline alternating 1000 and
+    # 1010: the gain stays above the margin, never clear of the noise; after four windows the gate
+    # decides on what it has.
+    values = {DEFAULT: [1000.0, 1010.0, 1000.0], C1: [1100.0, 1070.0, 1030.0, 1070.0, 1030.0]}
     run = Run(SETTINGS, values, scripted([C1]))
     run.run()
     windows = [t for t in run.state.trials if t.gate_window]
-    # the side whose mean is the less certain: the baseline's one window, then the candidate's two
-    assert [t.config for t in windows] == [DEFAULT, C1]
+    assert len(windows) == MAX_GATE_WINDOWS == 4
+    # the side whose mean is the less certain each time: the baseline's one window first
+    assert [t.config for t in windows] == [DEFAULT, C1, C1, DEFAULT]
     started = [m for m in run.events("TrialStarted") if "significance gate" in m]
-    assert len(started) == 2 and "of the deployed config" in started[0] and "of the candidate" in started[1]
+    assert len(started) == 4 and "of the deployed config" in started[0] and "of the candidate" in started[1]
     assert run.state.gate is not None and run.state.gate.gain > 0.02 and not run.state.gate.significant
     spent = [t for t in run.state.trials if t.role == "trial" and not t.gate_window]
     assert len(spent) == 2  # C1 and its confirmation: the gate's windows cost no budget
@@ -243,6 +290,15 @@ def test_repeated_windows_take_over_from_the_prior() -> None:
     assert wide.variance(2000.0) == pytest.approx((K0 * prior + 5 * 0.02) / (K0 + 5))
 
 
+def test_a_configs_own_repeats_weigh_over_the_pooled_estimate_of_every_config() -> None:
+    pooled = Noise(0.30**2, 10)  # a config at its cliff swings by 30% and dominates the pool
+    steady = config_noise(Noise(0.02**2, 3), pooled)
+    assert steady.dof == 3 + POOLED_DOF
+    assert steady.s2 == pytest.approx((3 * 0.02**2 + POOLED_DOF * 0.30**2) / (3 + POOLED_DOF))
+    assert config_noise(Noise(), pooled) == Noise(0.30**2, POOLED_DOF)  # no repeats: the pool
+    assert config_noise(Noise(), Noise()) == Noise()  # nothing repeated anywhere: the prior
+
+
 def test_a_paired_candidate_carries_the_comparison_in_its_own_windows() -> None:
     noise = Noise(0.0004, 4)
     cand = [Window(1100.0, 2000.0, paired=True)] * 2
@@ -253,11 +309,12 @@ def test_a_paired_candidate_carries_the_comparison_in_its_own_windows() -> None:
     assert paired.se < alone.se and paired.confidence > alone.confidence
 
 
-def test_the_confidence_is_the_normal_tail_of_the_gain_over_the_margin() -> None:
-    noise = Noise(0.04**2, 100)  # the data decide: ~4% per window
+def test_the_confidence_is_the_student_t_tail_of_the_gain_over_the_margin() -> None:
+    noise = Noise(0.04**2, 3)  # ~4% per window, over 3 degrees of freedom and the prior's K0
     v = verdict([Window(1020.0, 1e9)], [Window(1000.0, 1e9)], 1.02, noise, 0.0, 0.95)
     se = math.sqrt(2 * noise.variance(1e9))
-    assert v.confidence == pytest.approx(0.5 * math.erfc(-math.log(1.02) / se / math.sqrt(2)))
+    assert v.confidence == pytest.approx(float(stdtr(K0 + 3, math.log(1.02) / se)))
+    assert v.confidence < 0.5 * math.erfc(-math.log(1.02) / se / math.sqrt(2))  # heavier tails
     assert not v.significant and v.more == Side.CANDIDATE  # equal windows: the candidate first
     below = verdict([Window(1010.0, 1e9)], [Window(1000.0, 1e9)], 1.01, noise, 0.02, 0.95)
     assert below.confidence < 0.5 and below.more is None
@@ -278,10 +335,11 @@ def test_gate_settings_out_of_range_are_refused(field: str, value: float) -> Non
 
 
 def test_gate_windows_are_rolled_out_as_trials() -> None:
-    run = Run(SETTINGS, {DEFAULT: [1000.0, 995.0], C1: [1060.0, 980.0, 1000.0]}, scripted([C1]))
+    values = {DEFAULT: [1000.0, 1000.0], C1: [1080.0, 1040.0, 1000.0, 1000.0]}
+    run = Run(SETTINGS, values, scripted([C1]))
     run.run()
     rollouts = [a for a in run.actions if isinstance(a, RollOut) and a.trial is not None]
-    assert [r.config for r in rollouts] == [C1, C1, DEFAULT, C1]
+    assert [r.config for r in rollouts] == [C1, C1, DEFAULT, C1, C1]
     assert [r.config for r in run.actions if isinstance(r, RollOut) and r.trial is None] == [DEFAULT]
 
 

@@ -2,9 +2,18 @@
 significant gain (``tuning/significance.py`` has the noise model and the verdict).
 
 The deployed config is the one the epoch's baseline measured (what ran when the search began; after
-drift, the previous epoch's best). The candidate is the best config by mean. At convergence:
+drift, the previous epoch's best). The candidate is the best config by mean; its gain is judged on
+its windows after the first (the first made it a contender: the best of many noisy windows is
+biased up, the winner's curse), each side's noise from its own repeated windows and the pooled
+estimate (``significance.config_noise``). Unless the deployed config breached the SLOs in every
+window of the epoch (``breached``): the gate keeps a config that serves against noise, and one that
+fails its users in every window has no benefit of the doubt to keep, so there every window of the
+candidate counts (at full load on the twin, `sglang-long-prompts-chunk` sits at every config's KV
+cliff: the deployed config's windows breach, the best config's confirming window collapses in about
+one window in three and the gain never cleared). At convergence:
 
 - the candidate is the deployed config: nothing to decide;
+- the candidate has only the window that selected it: one more window of it (as below);
 - the verdict is significant (gain >= ``min_gain`` with confidence >= ``confidence``): converge on it;
 - the measured gain clears the margin but the noise hides it: one more window of the side whose mean
   is the less certain (``Trial.gate_window``: not counted in the budget; at most
@@ -21,7 +30,7 @@ from __future__ import annotations
 import math
 
 from prefixtune.engines.base import KnobConfig
-from prefixtune.tuning.objective import ScoreBasis, goal
+from prefixtune.tuning.objective import Score, ScoreBasis, goal, score
 from prefixtune.tuning.phases import TuningReason
 from prefixtune.tuning.policy import rollout
 from prefixtune.tuning.policy._core import Core
@@ -31,6 +40,7 @@ from prefixtune.tuning.significance import (
     Side,
     Verdict,
     Window,
+    config_noise,
     counting_requests,
     pays,
     pooled_noise,
@@ -39,7 +49,7 @@ from prefixtune.tuning.significance import (
 )
 from prefixtune.tuning.state import GateRecord, PolicyState, Trial
 
-MAX_GATE_WINDOWS = 2  # windows the gate may ask for in an epoch before it decides on what it has
+MAX_GATE_WINDOWS = 4  # windows the gate may ask for in an epoch before it decides on what it has
 
 
 def measured(s: PolicyState, config: KnobConfig) -> list[Trial]:
@@ -72,13 +82,26 @@ def window_of(t: Trial) -> Window:
     return Window(float(t.value or 0.0), requests)
 
 
-def noise_of(s: PolicyState) -> Noise:
-    """Pooled over the repeated windows of every config, per epoch, in the trials kept in full."""
+def noise_of(s: PolicyState, config: KnobConfig | None = None) -> Noise:
+    """Pooled over the repeated windows of every config, per epoch, in the trials kept in full;
+    with ``config``, that config's own repeats weighed with the pooled estimate (``config_noise``)."""
     groups: dict[tuple[int, KnobConfig], list[float]] = {}
     for t in s.trials:
         if t.outcome == "ok" and t.value is not None:
             groups.setdefault((t.epoch, t.config), []).append(float(t.value))
-    return pooled_noise(list(groups.values()))
+    pooled = pooled_noise(list(groups.values()))
+    if config is None:
+        return pooled
+    return config_noise(pooled_noise([v for (_, c), v in groups.items() if c == config]), pooled)
+
+
+def breached(s: PolicyState, t: Trial) -> bool:
+    """Whether ``t``'s window breached the SLOs (a p99 over its target, ``Score.slo_met``); a window
+    without the signals to tell counts as not breached."""
+    if t.signals is None:
+        return False
+    result = score(t.signals, s.settings.objective, s.settings.slo, 1)
+    return isinstance(result, Score) and not result.slo_met
 
 
 def judge(s: PolicyState) -> tuple[Verdict, Trial, Trial] | None:
@@ -91,18 +114,30 @@ def judge(s: PolicyState) -> tuple[Verdict, Trial, Trial] | None:
     cand, dep = measured(s, best.config), measured(s, base.config)
     if not cand or not dep:
         return None
+    # The candidate's first window of the epoch is the one that made it a contender (the best of
+    # many windows, biased up: the winner's curse); its later windows are confirmations. With the
+    # gate off (margin 0, confidence 0.5) the best mean wins, as before the gate: every window counts.
+    # A deployed config that breached the SLOs in every window of the epoch has no benefit of the
+    # doubt to keep: staying on it is the risk the gate guards against, so there the candidate's
+    # every window counts (the gain must still be significant).
+    settings = s.settings
+    gate_off = settings.min_gain == 0 and settings.confidence <= 0.5
+    every_window = gate_off or all(breached(s, t) for t in dep)
+    confirmed = every_window or len(cand) > 1
+    latest = cand[-1]
+    if not every_window and confirmed:
+        cand = cand[1:]
     mean_c = sum(t.value or 0.0 for t in cand) / len(cand)
     mean_d = sum(t.value or 0.0 for t in dep) / len(dep)
     try:
         ratio = goal(s.settings.objective).ratio(mean_c, mean_d)
     except ValueError:
         return None  # scores of the wrong sign for the objective: nothing comparable
-    settings = s.settings
     v = verdict(
-        [window_of(t) for t in cand], [window_of(t) for t in dep], ratio, noise_of(s),
-        settings.min_gain, settings.confidence,
+        [window_of(t) for t in cand], [window_of(t) for t in dep], ratio, noise_of(s, best.config),
+        settings.min_gain, settings.confidence, confirmed, noise_of(s, base.config),
     )  # fmt: skip
-    return v, cand[-1], dep[-1]
+    return v, latest, dep[-1]
 
 
 def share(self: Core) -> float:
