@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from bench import _reliability_tenant as tenant
-from prefixtune.controller.children import Freshness, Indexes, index_entry, name_entry
+from prefixtune.controller.children import Freshness, Indexes, index_entry, name_entry, pod_entry
 from prefixtune.controller.execute import NotOurs, _apply, read_children
+from prefixtune.controller.observe import pod_view
 from prefixtune.controller.reconcile import current_body, reconcile
 from prefixtune.controller.render import LABEL_MANAGED_BY, LABEL_RESOURCE, MANAGER, Owner
 
@@ -214,3 +215,22 @@ async def test_a_create_over_a_name_the_index_has_not_seen_yet_reads_it_and_repo
             await _apply(
                 h.ctx.client, apps, body, "apps", "deployments", owner, None, {f"{apps}/{name}": None}
             )
+
+
+def test_a_pods_index_entry_is_what_the_operator_reads_of_it_not_the_pod() -> None:
+    labels = {LABEL_RESOURCE: "fleet", LABEL_MANAGED_BY: MANAGER}
+    pod: dict[str, Any] = {
+        "metadata": {"name": "fleet-abc", "labels": labels},
+        "spec": {"containers": [{"name": "engine", "args": ["--x"] * 50}]},
+        "status": {
+            "podIP": "10.0.0.7",
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    entry = pod_entry("default", labels, pod)[("default", "fleet")]
+    assert entry == pod_view(pod) and entry.ready and entry.ip == "10.0.0.7"
+    pod["status"]["conditions"][0]["status"] = "False"  # a later change of the body does not reach it
+    assert entry.ready
+    assert pod_entry("default", {LABEL_MANAGED_BY: MANAGER}, pod) == {}
+    assert pod_entry(None, labels, pod) == {}

@@ -104,14 +104,14 @@ async def read_children(
                 by_name.pop(name, None)
                 if got is not None:
                     by_name[name] = got
-        pods: list[Mapping[str, Any]] = indexes.pods_of(ns, owner.name)
+        views = indexes.pods_of(ns, owner.name)
     else:
         require("apps", "deployments", "list")
         require("", "pods", "list")
         selector = selector_labels(owner.name)
         listed = await client.list(ns_path(APPS, ns, "deployments"), selector)
         by_name = {str((d.get("metadata") or {}).get("name")): d for d in listed}
-        pods = list(await client.list(ns_path(CORE, ns, "pods"), selector))
+        views = [pod_view(p) for p in await client.list(ns_path(CORE, ns, "pods"), selector)]
     if owner.adopted is not None:
         require("apps", "deployments", "get")
         adopted = await client.get(ns_path(APPS, ns, "deployments", owner.adopted))
@@ -141,7 +141,7 @@ async def read_children(
             elif indexes.exists(ns, name) is False:
                 known[ns_path(APPS, ns, "deployments", name)] = None
             # else: one without our labels (or no index of names): an ensure reads it by its name
-    return Children(deployments, [pod_view(p) for p in pods], found, router, known)
+    return Children(deployments, views, found, router, known)
 
 
 Known = Mapping[str, Mapping[str, Any] | None]

@@ -40,6 +40,7 @@ from prefixtune.controller.children import (
     index_entry,
     indexes_from,
     name_entry,
+    pod_entry,
 )
 from prefixtune.controller.reconcile import OperatorContext, reconcile
 
@@ -115,7 +116,11 @@ def build_registry(tick_s: float = 5.0) -> kopf.OperatorRegistry:
     kopf.index("apps", "v1", "deployments", registry=registry, id=DEPLOYMENTS_INDEX, labels=WATCH_LABELS)(
         index_child
     )
-    kopf.index("", "v1", "pods", registry=registry, id=PODS_INDEX, labels=WATCH_LABELS)(index_child)
+
+    async def index_pod(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> Any:
+        return pod_entry(namespace, labels, body)
+
+    kopf.index("", "v1", "pods", registry=registry, id=PODS_INDEX, labels=WATCH_LABELS)(index_pod)
 
     async def index_name(namespace: str | None, name: str | None, **_: Any) -> Any:
         return name_entry(namespace, name)
