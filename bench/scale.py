@@ -318,7 +318,8 @@ async def run_one(
     sync_floor_s: float = SYNC_FLOOR_S,
 ) -> dict[str, Any]:
     from prefixtune.api.crd import build_crd
-    from prefixtune.controller.operator import operator_argv, quiet_collector, spawn_operator, stop_operator
+    from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
+    from prefixtune.controller.process import quiet_collector
     from prefixtune.sandbox.kubelet import KubeletConfig
     from prefixtune.sandbox.up import SandboxOptions, sandbox
 

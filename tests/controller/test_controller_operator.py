@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import urllib.request
 from typing import Any
 
@@ -327,20 +324,3 @@ def test_demo_names_each_router_pod_its_policy_readiness_and_registered_engines(
         "  default/chat-router-1: vllm-router --policy consistent_hash, ready, 4 engine pods registered",
         "  default/gw-2: sglang-router --policy cache_aware, not ready, ? engine pods registered",
     ]
-
-
-def test_the_operators_own_process_freezes_its_imports_and_collects_young_objects_less_often() -> None:
-    # In a subprocess: the collector is process-wide (a test process keeps its own settings).
-    code = (
-        "import gc, json\n"
-        "from prefixtune.controller.operator import YOUNG_THRESHOLD, _preload, quiet_collector\n"
-        "_preload()\n"
-        "before = gc.get_freeze_count()\n"
-        "quiet_collector()\n"
-        "print(json.dumps([before, gc.get_freeze_count(), gc.get_threshold()[0], YOUNG_THRESHOLD]))\n"
-    )
-    argv = [sys.executable, "-c", code]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120)
-    before, frozen, young, want = json.loads(out.stdout)
-    assert before == 0 and frozen > 100_000  # the optimizer's libraries and ours: never scanned again
-    assert young == want > 700  # CPython's default is 700

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import contextlib
 import faulthandler
-import gc
 import logging
 import os
 import signal
@@ -35,6 +34,7 @@ from typing import Any
 import kopf
 
 from prefixtune.clockfile import FileClock
+from prefixtune.controller import process
 from prefixtune.controller.admin import AdminPolicy, add_spec_policy_arguments, spec_policy_from_args
 from prefixtune.controller.handlers import build_registry
 from prefixtune.controller.kube import Connection, KubeClient
@@ -109,24 +109,6 @@ def _preload() -> None:
     import skopt.space  # noqa: F401
 
 
-# Python's collector: a young collection every this many net allocations (CPython's default: 700).
-# A reconcile allocates a few thousand objects that live across its awaits; at the default, a
-# fleet's reconciles promote them to the old generation, whose full collections (every few
-# seconds at N = 500, 0.3 s each) stop the event loop and every reconcile in flight.
-YOUNG_THRESHOLD = 20_000
-
-
-def quiet_collector() -> None:
-    """Keep the cyclic garbage collector's pauses short in a long-running process: everything
-    alive now (modules, classes, functions: ~155,000 objects once the optimizer is imported) goes
-    to the permanent generation (``gc.freeze``), which full collections never scan again, and
-    young collections run less often, so that a reconcile's temporaries die young."""
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
-
-
 def operator_clock(opts: OperatorOptions) -> tuple[Callable[[], float], Meter]:
     """The operator's clock and its Meter: the wall clock, or with ``--clock-file`` the sandbox's
     (``sandbox.clock``), which stands still while the sandbox cannot keep up, so that its windows,
@@ -166,8 +148,8 @@ async def run_operator(
     own_process: bool = False,
 ) -> None:
     """Run the operator until stopped. ``own_process``: the process is the operator's alone
-    (``prefixtune run``), so its garbage collector is set for it (``quiet_collector``); an operator
-    run in a thread of another program (tests) leaves that program's collector as it is."""
+    (``prefixtune run``), so it is set for a long life (``process.py``: the collector, freed memory);
+    an operator run in a thread of another program (tests) leaves that program's process as it is."""
     connection = Connection.load(opts.kubeconfig)
     install_log_redaction(connection.token)
     clock, meter = operator_clock(opts)
@@ -183,8 +165,10 @@ async def run_operator(
         ctx.metrics.serve(opts.metrics_port, opts.metrics_address)
     beating = asyncio.create_task(heartbeat(ctx.metrics.liveness), name="liveness heartbeat")
     await asyncio.to_thread(_preload)
+    trimming: asyncio.Task[None] | None = None
     if own_process:
-        quiet_collector()
+        process.quiet_collector()
+        trimming = asyncio.create_task(process.trim_memory(), name="malloc trim")
     try:
         await kopf.operator(
             registry=build_registry_with_login(opts, connection),
@@ -200,6 +184,8 @@ async def run_operator(
         )
     finally:
         beating.cancel()
+        if trimming is not None:
+            trimming.cancel()
         await ctx.client.close()
 
 
@@ -325,6 +311,7 @@ def options_from_args(argv: Sequence[str]) -> OperatorOptions:
 
 
 def main(argv: Sequence[str]) -> int:
+    process.limit_malloc_arenas()  # before any thread starts (``process.py``)
     opts = options_from_args(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: dump the stacks
     verbose = "-v" in argv or "--verbose" in argv
