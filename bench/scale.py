@@ -319,6 +319,7 @@ async def run_one(
 ) -> dict[str, Any]:
     from prefixtune.api.crd import build_crd
     from prefixtune.controller.operator import operator_argv, spawn_operator, stop_operator
+    from prefixtune.controller.process import quiet_collector
     from prefixtune.sandbox.kubelet import KubeletConfig
     from prefixtune.sandbox.up import SandboxOptions, sandbox
 
@@ -353,6 +354,10 @@ async def run_one(
             # fixed sleep from the creates would measure a window in which a slow-starting operator
             # (imports, the first list) may not have reconciled anything yet.
             handled_s = await _until_handled(sb, n, proc, log) - t0
+            # The sandbox's cluster of N resources is built: its collector stops rescanning it,
+            # as the operator's does after its imports (a full collection of this process's
+            # million objects stalled the API server the operator waits on for 1-2 s).
+            quiet_collector()
             if settle_trials > 0:
                 await _until_trials(sb, n, settle_trials, proc, log)
             settled_s = time.monotonic() - t0

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from bench import _reliability_tenant as tenant
-from prefixtune.controller.children import Freshness, Indexes, index_entry
-from prefixtune.controller.execute import read_children
+from prefixtune.controller.children import Freshness, Indexes, index_entry, name_entry, pod_entry
+from prefixtune.controller.execute import NotOurs, _apply, read_children
+from prefixtune.controller.observe import pod_view
 from prefixtune.controller.reconcile import current_body, reconcile
 from prefixtune.controller.render import LABEL_MANAGED_BY, LABEL_RESOURCE, MANAGER, Owner
 
@@ -157,3 +160,77 @@ async def test_children_come_from_the_indexes_and_a_written_deployment_from_the_
         counted.clear()
         children = await read_children(h.ctx.client, owner, indexes, fresh)
         assert counted.gets == [] and not fresh.pending
+
+
+async def test_an_ensure_reads_indexed_deployments_and_gets_only_a_name_held_by_someone_else() -> None:
+    assert name_entry("default", "x") == {("default", "x"): True}
+    assert name_entry(None, "x") == {} and name_entry("default", None) == {}
+    apps = "/apis/apps/v1/namespaces/default/deployments"
+    async with tenant.harness() as h:
+        path, name, extra = tenant.FOREIGN[1]  # a Deployment "web-canary" of another team
+        await h.api.create(path, {"metadata": {"name": name, "labels": {"team": "other"}}, **extra})
+        theirs = await h.get(f"{apps}/web-canary")
+        spec = {"engine": "vllm", "model": tenant.MODEL, "replicas": 2}
+        await h.apply(tenant.resource("web", spec))
+        assert await reconcile(h.ctx, "default", "web") is not None  # creates the children
+        everything = await h.api.list(apps)
+        ours = [d for d in everything if d["metadata"].get("labels", {}).get(LABEL_RESOURCE) == "web"]
+        assert sorted(d["metadata"]["name"] for d in ours) == ["web", "web-router"]  # 2 replicas: routed
+        deployments = _Index({("default", "web"): ours})
+        names = _Index({("default", d["metadata"]["name"]): [True] for d in everything})
+        indexes = Indexes(deployments, _Index(), names)
+        owner = Owner.of(await h.get(f"{SDEP}/web") or {})
+        children = await read_children(h.ctx.client, owner, indexes, Freshness())
+        # Ours as indexed; the canary's name is someone else's: left out, to be read by its name.
+        assert children.known == {f"{apps}/{d['metadata']['name']}": d for d in ours}
+        h.ctx.fresh.forget("default", ["web", "web-router"])  # the index holds what this process wrote
+
+        counted = _Counting(h.ctx.client)
+        h.ctx.ensured.clear()  # the next reconcile ensures every child, as it does periodically
+        assert await reconcile(h.ctx, "default", "web", live=None, indexes=indexes) is not None
+        assert [p for p in counted.gets if p.startswith(apps)] == [f"{apps}/web-canary"], counted.gets
+        ready = await h.ready("web")
+        assert (ready["status"], ready["reason"]) == ("False", "ResourceExists"), ready
+        assert "Deployment default/web-canary" in ready["message"]
+        assert tenant._content(await h.get(f"{apps}/web-canary")) == tenant._content(theirs)  # untouched
+
+
+def test_without_an_index_of_names_every_absent_name_is_read_from_the_api_server() -> None:
+    indexes = Indexes(_Index(), _Index())
+    assert indexes.exists("default", "web-canary") is None
+    names = Indexes(_Index(), _Index(), _Index({("default", "a"): [True]}))
+    assert names.exists("default", "a") is True and names.exists("default", "b") is False
+
+
+async def test_a_create_over_a_name_the_index_has_not_seen_yet_reads_it_and_reports_it() -> None:
+    apps = "/apis/apps/v1/namespaces/default/deployments"
+    async with tenant.harness() as h:
+        path, name, extra = tenant.FOREIGN[1]
+        await h.api.create(path, {"metadata": {"name": name, "labels": {"team": "other"}}, **extra})
+        await h.apply(tenant.resource("web", {"engine": "vllm", "model": tenant.MODEL}))
+        owner = Owner.of(await h.get(f"{SDEP}/web") or {})
+        body = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": {}}}
+        # The tick's view says no Deployment of that name (the watch has not delivered it yet).
+        with pytest.raises(NotOurs, match="Deployment default/web-canary"):
+            await _apply(
+                h.ctx.client, apps, body, "apps", "deployments", owner, None, {f"{apps}/{name}": None}
+            )
+
+
+def test_a_pods_index_entry_is_what_the_operator_reads_of_it_not_the_pod() -> None:
+    labels = {LABEL_RESOURCE: "fleet", LABEL_MANAGED_BY: MANAGER}
+    pod: dict[str, Any] = {
+        "metadata": {"name": "fleet-abc", "labels": labels},
+        "spec": {"containers": [{"name": "engine", "args": ["--x"] * 50}]},
+        "status": {
+            "podIP": "10.0.0.7",
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    entry = pod_entry("default", labels, pod)[("default", "fleet")]
+    assert entry == pod_view(pod) and entry.ready and entry.ip == "10.0.0.7"
+    pod["status"]["conditions"][0]["status"] = "False"  # a later change of the body does not reach it
+    assert entry.ready
+    assert pod_entry("default", {LABEL_MANAGED_BY: MANAGER}, pod) == {}
+    assert pod_entry(None, labels, pod) == {}

@@ -714,3 +714,23 @@ async def test_a_fresh_built_in_object_has_its_empty_status_and_a_custom_resourc
     assert "status" not in widget
     _, cm = await call(em, "POST", CMS, json={"metadata": {"name": "plain"}})
     assert "status" not in cm  # no status subresource, no status struct
+
+
+async def test_the_store_keeps_an_objects_current_version_only(em: RealisticEmulator) -> None:
+    # kmock keeps every version written under the key; a fleet's status writes grew that without
+    # bound (bench scale). The emulator keeps the last one, or the deletion's marker.
+    created = await make_cm(em)
+    for value in ("a", "b", "c"):
+        status, _ = await call(em, "PATCH", f"{CMS}/cm", json={"data": {"k": value}}, headers=MERGE)
+        assert status == 200
+    key = next(k for k in em._store() if k[2] == "cm")
+    history = em._store()[key].history
+    assert len(history) == 1 and history[-1] is not None and history[-1]["data"] == {"k": "c"}
+    status, body = await call(em, "GET", f"{CMS}/cm")
+    assert status == 200 and body["metadata"]["uid"] == created["metadata"]["uid"]
+    status, _ = await call(em, "DELETE", f"{CMS}/cm")
+    assert status == 200 and len(history) == 1 and em._store()[key].deleted
+    status, _ = await call(em, "GET", f"{CMS}/cm")
+    assert status == 404
+    await make_cm(em)  # created again under the same key
+    assert len(em._store()[key].history) == 1 and not em._store()[key].deleted

@@ -96,3 +96,35 @@ async def test_one_server_answers_each_pod_on_its_address_with_its_own_config() 
     finally:
         await server.close()
         pool.close()
+
+
+async def test_a_scrape_is_answered_while_the_sandboxs_loop_is_busy() -> None:
+    # The stand-ins serve on their own loop and thread: a pod answers while the sandbox's loop
+    # (API server, controllers, kubelet) is stuck in work of its own, as a real pod would.
+    import asyncio
+    import threading
+    import urllib.request
+
+    server = StandInServer()
+    pool = AddressPool.claim()
+    pod = StandInPod(server, pool.allocate(), 8000, _parsed("vllm", 16), speedup=1.0, clock=time.time,
+                     exit_delay_s=0.0)  # fmt: skip
+    answered: list[float] = []
+
+    def scrape() -> None:
+        with urllib.request.urlopen(pod.url + "/metrics", timeout=10) as resp:
+            assert resp.status == 200 and b"vllm:" in resp.read()
+        answered.append(time.monotonic())
+
+    try:
+        await pod.start()
+        client = threading.Thread(target=scrape)
+        began = time.monotonic()
+        client.start()
+        time.sleep(3.0)  # the sandbox's loop blocked: nothing of it runs meanwhile
+        blocked_until = time.monotonic()
+        await asyncio.to_thread(client.join, 10.0)
+        assert answered and began < answered[0] < blocked_until  # answered during the block
+    finally:
+        await server.close()
+        pool.close()

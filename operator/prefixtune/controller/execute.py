@@ -60,6 +60,10 @@ class Children:
     pods: list[PodView] = field(default_factory=list)
     foreign: list[Foreign] = field(default_factory=list)  # objects of our names that are not ours
     router: Mapping[str, Any] | None = None  # the router's Deployment (``<name>-router``), when ours
+    # Deployments of the resource's names (engine roles, router) as this tick read them from kopf's
+    # indexes, by API path; None: no Deployment of that name exists. A name held by a Deployment
+    # without our labels is left out. ``ensure_children`` reads these instead of GETs.
+    known: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)
 
     @property
     def router_ready(self) -> bool:
@@ -100,14 +104,14 @@ async def read_children(
                 by_name.pop(name, None)
                 if got is not None:
                     by_name[name] = got
-        pods: list[Mapping[str, Any]] = indexes.pods_of(ns, owner.name)
+        views = indexes.pods_of(ns, owner.name)
     else:
         require("apps", "deployments", "list")
         require("", "pods", "list")
         selector = selector_labels(owner.name)
         listed = await client.list(ns_path(APPS, ns, "deployments"), selector)
         by_name = {str((d.get("metadata") or {}).get("name")): d for d in listed}
-        pods = list(await client.list(ns_path(CORE, ns, "pods"), selector))
+        views = [pod_view(p) for p in await client.list(ns_path(CORE, ns, "pods"), selector)]
     if owner.adopted is not None:
         require("apps", "deployments", "get")
         adopted = await client.get(ns_path(APPS, ns, "deployments", owner.adopted))
@@ -128,7 +132,26 @@ async def read_children(
     router = by_name.get(router_name(owner.name))
     if router is not None and claim(router, owner) is not Claim.OURS:
         router = None
-    return Children(deployments, [pod_view(p) for p in pods], found, router)
+    known: dict[str, Mapping[str, Any] | None] = {}
+    if indexes is not None:
+        names = [owner.deployment(role) for role in ROLES if owner.deployment(role) != owner.adopted]
+        for name in [*names, router_name(owner.name)]:
+            if name in by_name:
+                known[ns_path(APPS, ns, "deployments", name)] = by_name[name]
+            elif indexes.exists(ns, name) is False:
+                known[ns_path(APPS, ns, "deployments", name)] = None
+            # else: one without our labels (or no index of names): an ensure reads it by its name
+    return Children(deployments, views, found, router, known)
+
+
+Known = Mapping[str, Mapping[str, Any] | None]
+
+
+async def _read(client: KubeClient, path: str, known: Known) -> Mapping[str, Any] | None:
+    """The object at ``path``: as this tick read it (``Children.known``), else from the API server.
+    At N resources a periodic ensure's GETs of Deployments the watch already holds were most of the
+    operator's API requests (``bench scale``)."""
+    return known[path] if path in known else await client.get(path)
 
 
 RENDERED_HASH = "prefixtune.io/rendered-hash"
@@ -267,11 +290,14 @@ async def _apply(
     resource: str,
     owner: Owner,
     adopted: Mapping[str, Any] | None = None,
+    known: Known | None = None,
 ) -> tuple[str | None, Drift | None]:
     """Create ``body`` at ``path`` or merge-patch the existing object if it is ours (an orphan with
     our markers is adopted: our controller reference is added); raises ``NotOurs`` otherwise.
     ``adopted``: ``body`` is the adopted Deployment, rendered over this very read of it (never
-    created; patched only while it opts in, guarded by the read's resourceVersion).
+    created; patched only while it opts in, guarded by the read's resourceVersion). ``known``: what
+    this tick read (``Children.known``); an object of our name that it lacks (one without our labels)
+    is found by the create's conflict and read then.
 
     An object of ours is patched when the rendering changed (its hash annotation) or when a field
     the operator owns was changed by someone else (``live_drift``: returned, to be reported)."""
@@ -282,11 +308,18 @@ async def _apply(
         relation = claim_adopted(adopted, owner)
     else:
         require(group, resource, "get")
-        existing = await client.get(f"{path}/{name}")
+        existing = await _read(client, f"{path}/{name}", known or {})
         if existing is None:
             require(group, resource, "create")
-            await client.create(path, body)
-            return f"created {body['kind']} {name}", None
+            try:
+                await client.create(path, body)
+                return f"created {body['kind']} {name}", None
+            except KubeError as err:
+                if err.status != 409 or f"{path}/{name}" not in (known or {}):
+                    raise
+            existing = await client.get(f"{path}/{name}")  # not in the tick's view: not our labels
+            if existing is None:
+                raise KubeError(409, "POST", path, f"{name} exists and cannot be read")
         relation = claim(existing, owner)
     assert existing is not None
     if relation is Claim.FOREIGN:
@@ -321,12 +354,19 @@ async def _apply(
 
 
 async def _delete(
-    client: KubeClient, path: str, group: str, resource: str, kind: str, owner: Owner
+    client: KubeClient,
+    path: str,
+    group: str,
+    resource: str,
+    kind: str,
+    owner: Owner,
+    known: Known | None = None,
 ) -> bool | Foreign:
     """Delete the object at ``path`` only if this resource controls it (the uid is a precondition
-    of the DELETE, so an object replaced since the read is not deleted either)."""
+    of the DELETE, so an object replaced since the read is not deleted either). ``known``: what this
+    tick read (``Children.known``)."""
     require(group, resource, "get")
-    existing = await client.get(path)
+    existing = await _read(client, path, known or {})
     if existing is None:
         return False
     if claim(existing, owner) is not Claim.OURS:
@@ -353,10 +393,13 @@ async def ensure_children(
     *,
     monitoring: bool = False,
     pool_tokens: int | None = None,
+    known: Known | None = None,
 ) -> Ensured:
     """Make the children match ``want`` at the replicas of ``scale`` (``observe.scale_plan``: canary
     up first); objects of our names that are not ours are left alone and reported in
-    ``Ensured.foreign``."""
+    ``Ensured.foreign``. ``known``: the Deployments as this tick read them (``Children.known``),
+    read instead of GETs."""
+    seen: Known = known or {}
     done = Ensured()
     ns = owner.namespace
     adopted: dict[str, Any] | None = None
@@ -371,7 +414,7 @@ async def ensure_children(
     ) -> bool:
         """Create or patch ``body``; False when an object of its name is not ours (left alone)."""
         try:
-            change, drift = await _apply(client, path, body, group, resource, owner, live)
+            change, drift = await _apply(client, path, body, group, resource, owner, live, seen)
         except NotOurs as err:
             done.foreign.append(err.found)
             return False
@@ -388,7 +431,7 @@ async def ensure_children(
         return True
 
     async def delete(path: str, group: str, resource: str, kind: str) -> None:
-        result = await _delete(client, path, group, resource, kind, owner)
+        result = await _delete(client, path, group, resource, kind, owner, seen)
         if isinstance(result, Foreign):
             done.foreign.append(result)
         elif result:
@@ -415,7 +458,7 @@ async def ensure_children(
         replicas = scale.canary if role == "canary" else scale.baseline
         deployment = render_engine_deployment(owner, spec, config, role, replicas, adopted)
         await apply(dep_path, deployment, "apps", "deployments", adopted if role == "baseline" else None)
-    await _ensure_routing(client, owner, spec, want, monitoring, pool_tokens, apply, delete)
+    await _ensure_routing(client, owner, spec, want, monitoring, pool_tokens, apply, delete, seen)
     if monitoring:
         try:
             await apply(
@@ -442,6 +485,7 @@ async def _ensure_routing(
     pool_tokens: int | None,
     apply: Apply,
     delete: Delete,
+    known: Known,
 ) -> None:
     """The user-facing Service, and the router's objects when the routing resolves to a router (the
     baseline config's routing knobs: the fleet's; a routing knob's change re-renders only these).
@@ -452,7 +496,7 @@ async def _ensure_routing(
     services = ns_path(CORE, ns, "services")
     name = router_name(owner.name)
     require("apps", "deployments", "get")
-    live = await client.get(ns_path(APPS, ns, "deployments", name))
+    live = await _read(client, ns_path(APPS, ns, "deployments", name), known)
 
     async def put(body: dict[str, Any]) -> bool:
         group, resource = _COLLECTIONS[str(body["kind"])]

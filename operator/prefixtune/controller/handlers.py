@@ -34,10 +34,13 @@ import kopf
 from prefixtune.api.models import API_GROUP, API_VERSION, PLURAL
 from prefixtune.controller.children import (
     DEPLOYMENTS_INDEX,
+    NAMES_INDEX,
     PODS_INDEX,
     WATCH_LABELS,
     index_entry,
     indexes_from,
+    name_entry,
+    pod_entry,
 )
 from prefixtune.controller.reconcile import OperatorContext, reconcile
 
@@ -113,7 +116,18 @@ def build_registry(tick_s: float = 5.0) -> kopf.OperatorRegistry:
     kopf.index("apps", "v1", "deployments", registry=registry, id=DEPLOYMENTS_INDEX, labels=WATCH_LABELS)(
         index_child
     )
-    kopf.index("", "v1", "pods", registry=registry, id=PODS_INDEX, labels=WATCH_LABELS)(index_child)
+
+    async def index_pod(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> Any:
+        return pod_entry(namespace, labels, body)
+
+    kopf.index("", "v1", "pods", registry=registry, id=PODS_INDEX, labels=WATCH_LABELS)(index_pod)
+
+    async def index_name(namespace: str | None, name: str | None, **_: Any) -> Any:
+        return name_entry(namespace, name)
+
+    # Every Deployment's name (the same watch: kopf filters by label on its side): an ensure tells
+    # "none of that name" from "someone else's" without a GET (``children.py``).
+    kopf.index("apps", "v1", "deployments", registry=registry, id=NAMES_INDEX)(index_name)
     kopf.on.create(*resource, registry=registry, id="reconcile-create", backoff=2.0)(on_change)
     kopf.on.update(*resource, registry=registry, id="reconcile-update", backoff=2.0)(on_change)
     kopf.on.resume(*resource, registry=registry, id="reconcile-resume", backoff=2.0)(on_change)

@@ -34,6 +34,7 @@ from typing import Any
 import kopf
 
 from prefixtune.clockfile import FileClock
+from prefixtune.controller import process
 from prefixtune.controller.admin import AdminPolicy, add_spec_policy_arguments, spec_policy_from_args
 from prefixtune.controller.handlers import build_registry
 from prefixtune.controller.kube import Connection, KubeClient
@@ -144,7 +145,11 @@ async def run_operator(
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
     context: OperatorContext | None = None,
+    own_process: bool = False,
 ) -> None:
+    """Run the operator until stopped. ``own_process``: the process is the operator's alone
+    (``prefixtune run``), so it is set for a long life (``process.py``: the collector, freed memory);
+    an operator run in a thread of another program (tests) leaves that program's process as it is."""
     connection = Connection.load(opts.kubeconfig)
     install_log_redaction(connection.token)
     clock, meter = operator_clock(opts)
@@ -160,6 +165,10 @@ async def run_operator(
         ctx.metrics.serve(opts.metrics_port, opts.metrics_address)
     beating = asyncio.create_task(heartbeat(ctx.metrics.liveness), name="liveness heartbeat")
     await asyncio.to_thread(_preload)
+    trimming: asyncio.Task[None] | None = None
+    if own_process:
+        process.quiet_collector()
+        trimming = asyncio.create_task(process.trim_memory(), name="malloc trim")
     try:
         await kopf.operator(
             registry=build_registry_with_login(opts, connection),
@@ -175,6 +184,8 @@ async def run_operator(
         )
     finally:
         beating.cancel()
+        if trimming is not None:
+            trimming.cancel()
         await ctx.client.close()
 
 
@@ -300,6 +311,7 @@ def options_from_args(argv: Sequence[str]) -> OperatorOptions:
 
 
 def main(argv: Sequence[str]) -> int:
+    process.limit_malloc_arenas()  # before any thread starts (``process.py``)
     opts = options_from_args(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: dump the stacks
     verbose = "-v" in argv or "--verbose" in argv
@@ -313,7 +325,7 @@ def main(argv: Sequence[str]) -> int:
     peering = "standalone" if opts.standalone else f"peering {opts.peering or 'auto'}"
     logger.info("prefixtune operator: watching %s (%s), tick %gs", scope, peering, opts.tick_s)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_operator(opts))
+        asyncio.run(run_operator(opts, own_process=True))
     return 0
 
 

@@ -42,6 +42,7 @@ from prefixtune.controller.execute import (
     Children,
     DriftMemo,
     Ensured,
+    Known,
     deployment_drift,
     ensure_children,
     monitoring_installed,
@@ -445,7 +446,9 @@ async def _reconcile(
     key = ensure_key(generation, want, scale, children)
     last = ctx.ensured.get(uid)
     if last is None or last[0] != key or now - last[1] > ENSURE_EVERY_S or found or drift:
-        ensured = await _ensure(ctx, owner, spec, want, scale, stable_pool(state.trials, want.baseline))
+        ensured = await _ensure(
+            ctx, owner, spec, want, scale, stable_pool(state.trials, want.baseline), children.known
+        )
         outcome.changes = ensured.changes
         ctx.ensured[uid] = (key, now)
         seen = {(d.kind, d.name) for d in drift}
@@ -483,12 +486,15 @@ async def _ensure(
     want: Desired,
     scale: Scale,
     pool_tokens: int | None = None,
+    known: Known | None = None,
 ) -> Ensured:
     """``ensure_children``, with the Deployments it wrote marked for a fresh read (``Freshness``).
-    ``pool_tokens``: the engines' KV pool as last reported (the router's tree mirrors it)."""
+    ``pool_tokens``: the engines' KV pool as last reported (the router's tree mirrors it);
+    ``known``: the Deployments as this tick read them (``Children.known``)."""
     ensured = await ensure_children(
-        ctx.client, owner, spec, want, scale, monitoring=bool(ctx.monitoring), pool_tokens=pool_tokens
-    )
+        ctx.client, owner, spec, want, scale, monitoring=bool(ctx.monitoring), pool_tokens=pool_tokens,
+        known=known,
+    )  # fmt: skip
     for name in ensured.written:
         if name != owner.adopted:  # read by its name every time (``read_children``)
             ctx.fresh.wrote(owner.namespace, name)

@@ -19,8 +19,11 @@ Every score is the same whatever the knobs (the recording does not depend on the
 exercises the operator's machinery, not its judgement. There is no OpenAI API and no DCGM endpoint.
 
 One ``StandInServer`` per kubelet serves every stand-in pod: one aiohttp low-level server (one
-handler, one event loop, no thread per pod) listening on each pod's loopback address and port,
-dispatching each request by the local address it arrived on.
+handler, no thread per pod) listening on each pod's loopback address and port, dispatching each
+request by the local address it arrived on. It runs on an event loop of its own, in a thread of its
+own, as a pod is a process of its own: on the sandbox's loop a scrape waited behind every API request
+queued before it (``bench scale`` at N = 500: half of a slow reconcile's time was its scrape). The
+interpreter's switch interval (5 ms) bounds how long a scrape waits for the sandbox's thread.
 """
 
 from __future__ import annotations
@@ -30,18 +33,20 @@ import asyncio
 import json
 import math
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import ParsedCommand
 
+T = TypeVar("T")
 DATA = Path(__file__).resolve().parent / "data"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CUMULATIVE = ("counter", "histogram", "summary")  # families whose samples advance over time
@@ -243,12 +248,15 @@ class StandInPod:
         self.oom_reason = ""
         self.url = f"http://{host}:{port}"
         self._dying: asyncio.Task[None] | None = None
+        self._last_t = 0.0
 
     def sim_now(self) -> float:
         return (self.clock() - self.started) * self.speedup
 
     def exposition(self) -> str:
-        t = self.sim_now()
+        # Never behind an earlier answer: the clock is read from the stand-ins' thread while the
+        # sandbox's may be between the two halves of a tick, and a counter must not go down.
+        t = self._last_t = max(self._last_t, self.sim_now())
         lines = [self.gauges.rstrip("\n")]
         for family in self.families:
             lines.extend(family.header)
@@ -285,18 +293,24 @@ class StandInPod:
         await self.server.remove(self)
 
 
-@dataclass
 class StandInServer:
-    """Every stand-in pod of a kubelet on one aiohttp server (see the module docstring)."""
+    """Every stand-in pod of a kubelet on one aiohttp server, on its own loop and thread (see the
+    module docstring). ``add``, ``remove`` and ``close`` are called from the sandbox's loop."""
 
-    pods: dict[tuple[str, int], StandInPod] = field(default_factory=dict)
-    _listeners: dict[tuple[str, int], asyncio.AbstractServer] = field(default_factory=dict)
-    _server: web.Server | None = None
+    def __init__(self) -> None:
+        self.pods: dict[tuple[str, int], StandInPod] = {}
+        self._listeners: dict[tuple[str, int], asyncio.AbstractServer] = {}
+        self._server: web.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
-    def _web(self) -> web.Server:
-        if self._server is None:
-            self._server = web.Server(self._handle, access_log=None)
-        return self._server
+    async def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the stand-ins' loop (started on first use) and wait for it here."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="stand-in pods", daemon=True)
+            self._thread.start()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         sock = request.transport.get_extra_info("sockname") if request.transport is not None else None
@@ -305,19 +319,12 @@ class StandInServer:
             return web.Response(status=503, text="no engine listens here")
         return pod.answer(request.path)
 
-    async def add(self, pod: StandInPod) -> None:
-        """Listen on the pod's address (OSError, as a bind does, when it is taken)."""
-        key = (pod.host, pod.port)
-        listener = await asyncio.get_running_loop().create_server(
-            self._web(), pod.host, pod.port, reuse_address=True
-        )
-        self.pods[key], self._listeners[key] = pod, listener
+    async def _listen(self, host: str, port: int) -> asyncio.AbstractServer:
+        if self._server is None:
+            self._server = web.Server(self._handle, access_log=None)
+        return await asyncio.get_running_loop().create_server(self._server, host, port, reuse_address=True)
 
-    async def remove(self, pod: StandInPod) -> None:
-        key = (pod.host, pod.port)
-        if self.pods.get(key) is not pod:
-            return
-        del self.pods[key]
+    async def _unlisten(self, key: tuple[str, int]) -> None:
         listener = self._listeners.pop(key)
         listener.close()
         if self._server is not None:  # a killed container: its open connections go too
@@ -326,11 +333,32 @@ class StandInServer:
                 if transport is not None and transport.get_extra_info("sockname")[:2] == key:
                     transport.close()
 
+    async def add(self, pod: StandInPod) -> None:
+        """Listen on the pod's address (OSError, as a bind does, when it is taken)."""
+        key = (pod.host, pod.port)
+        listener = await self._run(self._listen(pod.host, pod.port))
+        self.pods[key], self._listeners[key] = pod, listener
+
+    async def remove(self, pod: StandInPod) -> None:
+        key = (pod.host, pod.port)
+        if self.pods.get(key) is not pod:
+            return
+        del self.pods[key]
+        await self._run(self._unlisten(key))
+
     async def close(self) -> None:
         for pod in list(self.pods.values()):
             await self.remove(pod)
+        if self._loop is None:
+            return
         if self._server is not None:
-            await self._server.shutdown(0.1)
+            await self._run(self._server.shutdown(0.1))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5.0)
+        if not self._loop.is_running():
+            self._loop.close()
+        self._loop = self._thread = self._server = None
 
 
 def record(

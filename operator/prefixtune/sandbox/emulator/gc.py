@@ -134,7 +134,7 @@ class GarbageCollection(EmulatorCore):
                     deletionGracePeriodSeconds=0,
                     resourceVersion=str(self._next_rv()),
                 )
-                stored.history.append(marked)
+                self._record(key, marked)
                 await self._emit(res, "MODIFIED", marked, current)
         else:
             final = copy.deepcopy(current)

@@ -313,6 +313,7 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
         meta["resourceVersion"] = str(self._next_rv())
         if key in self._objects:
             self._objects[key].create(obj)
+            self._keep_last(key)
         else:
             self._objects[key] = obj
         if res == CRD_RESOURCE:
@@ -427,7 +428,7 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
         meta["resourceVersion"] = str(self._next_rv())
         if terminating and not [f for f in meta.get("finalizers") or [] if f != "orphan"]:
             return await self._remove(res, key, result)  # the last finalizer is gone: really delete
-        self._objects[key].history.append(result)
+        self._record(key, result)
         if res == CRD_RESOURCE:
             self.register_crd(result)
         await self._emit(res, "MODIFIED", result, current)
@@ -474,7 +475,7 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             )
             if orphan:
                 meta["finalizers"] = [*meta["finalizers"], "orphan"]
-            self._objects[key].history.append(marked)
+            self._record(key, marked)
             await self._emit(res, "MODIFIED", marked, current)
             return marked
         grace = options.get("gracePeriodSeconds", request.params.get("gracePeriodSeconds"))
@@ -500,7 +501,7 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             grace = (final.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
         marked = copy.deepcopy(final)
         marked["metadata"].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=int(grace))
-        self._objects[key].history.append(marked)
+        self._record(key, marked)
         await self._emit(res, "MODIFIED", marked, self._objects[key].raw)
         gone = copy.deepcopy(marked)
         gone["metadata"]["resourceVersion"] = str(self._next_rv())
@@ -524,6 +525,7 @@ class RealisticEmulator(GarbageCollection, CustomResources, Watches, Discovery):
             orphan = True
             final["metadata"]["finalizers"] = [f for f in finalizers if f != "orphan"]
         self._objects[key].delete()
+        self._keep_last(key)
         await self._emit(res, "DELETED", final, None)
         if res == CRD_RESOURCE:
             await self._drop_crd(final)
