@@ -311,7 +311,7 @@ def options_from_args(argv: Sequence[str]) -> OperatorOptions:
 
 
 def main(argv: Sequence[str]) -> int:
-    process.limit_malloc_arenas()  # before any thread starts (``process.py``)
+    process.limit_malloc_arenas()  # before the operator's threads start (``process.py``)
     opts = options_from_args(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: dump the stacks
     verbose = "-v" in argv or "--verbose" in argv

@@ -13,8 +13,9 @@ belong to the process, not to any reconcile:
 * **glibc's malloc arenas.** Each thread that allocates gets an arena of its own (up to 8 per
   core), and freed memory stays in the arena it was freed in: the decision threads' Gaussian-process
   fits (numpy, scipy) and the default thread pool's work left tens of MB resident. The process
-  keeps ``MALLOC_ARENAS`` (``mallopt(M_ARENA_MAX)``, as the ``MALLOC_ARENA_MAX`` variable does, set
-  before any thread starts).
+  keeps ``MALLOC_ARENAS`` (``mallopt(M_ARENA_MAX)``, as the ``MALLOC_ARENA_MAX`` variable does), set
+  before the operator's own threads start (kopf's, the decision pool's; OpenBLAS's threads, started
+  when numpy is imported, are older and may hold an arena each).
 * **Freed memory kept.** glibc returns the top of its heap only; every ``TRIM_EVERY_S`` the process
   gives free pages back (``malloc_trim``), after the collector has run.
 
@@ -49,7 +50,7 @@ def _libc() -> ctypes.CDLL | None:
 
 def limit_malloc_arenas() -> bool:
     """At most ``MALLOC_ARENAS`` malloc arenas for the threads started from now on; False where
-    this C library has no ``mallopt``. Call it before any thread starts."""
+    this C library has no ``mallopt``. Call it before the operator's threads start."""
     libc = _libc()
     return bool(libc is not None and libc.mallopt(_M_ARENA_MAX, MALLOC_ARENAS) == 1)
 
