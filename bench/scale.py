@@ -2,10 +2,12 @@
 
 For each N: the sandbox (emulated API server, controllers, the kubelet with light stand-in pods,
 ``sandbox/standin.py``: a recorded vLLM /metrics exposition whose counters advance, no twins) runs in
-this process; the operator is its own ``prefixtune run`` process (its RSS and CPU are its own) on
-the sandbox's clock. N resources are created, each tuning on a short cadence (warm-up 2 s, windows of
-6 s, no rollout interval, a tick of 1 s). After ``--settle`` seconds the measured window of
-``--duration`` seconds begins; over it:
+this process (the stand-ins on a loop and thread of their own); the operator is its own ``prefixtune
+run`` process (its RSS and CPU are its own) on the sandbox's clock. N resources are created, each
+tuning on a short cadence (``WARMUP``, ``MEASURE``, no rollout interval, the operator's default tick).
+Once every resource is handled, this process's collector stops rescanning the built cluster
+(``process.quiet_collector``): a real API server has no collector pauses to count against the
+operator. After ``--settle`` seconds the measured window of ``--duration`` seconds begins; over it:
 
 * reconcile and decision latency: p50/p99 from the operator's own histograms
   (``prefixtune_decision_seconds``: one reconcile; ``prefixtune_policy_seconds``: the policy's
