@@ -14,7 +14,9 @@ speaks the OpenAI API will do (trtllm-serve, which answers SGLang's info probes 
 SGLang's keys, included). vllm-router's cache_aware matches TOKEN IDS that it asks every worker for first
 (``POST /v1/completions/render``, vLLM's scale-out endpoint); a worker that answers no token ids (403
 from vLLM without ``--enable-scale-out``, 404 from trtllm-serve) leaves every decision
-``missing_tokens`` and the requests spread by load alone, cache-blind.
+``missing_tokens`` and the requests spread by load alone, cache-blind. That is why TensorRT-LLM runs
+behind sglang-router (``routing/settings.py``); vllm-router's consistent_hash needs no token ids (a
+hash of the session header), so a TensorRT-LLM resource may still name it for session affinity.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from prefixtune.metrics.exposition import parse
 from prefixtune.routing.metrics import ROUTER_METRICS
 from prefixtune.routing.policy import ROUTER_COMMAND, ROUTER_VERSION, Router, RoutingPolicy
 from prefixtune.routing.settings import ENGINE_ROUTER
+from prefixtune.sandbox.load import SESSION_HEADER
 from prefixtune.twin.prompt import Segment, TokenSeq, chain_key
 from prefixtune.twin.request import Request
 from prefixtune.twin.router import RouterModel, RoutingConfig
@@ -265,9 +268,10 @@ def _second(i: int) -> str:
 
 def _send(port: int, prompt: str) -> None:
     body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 1}).encode()
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json"}
+    session = _SESSION.findall(prompt)[-1]
+    headers[SESSION_HEADER] = f"session-{session}"  # the sandbox load's session key; cache_aware ignores it
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body, headers=headers)
     with urllib.request.urlopen(req, timeout=30) as r:
         r.read()
 
@@ -300,15 +304,15 @@ def test_round_robin_reaches_all_four_stub_workers(workers: _Workers) -> None:
 
 @pytest.mark.parametrize(
     ("engine", "workers"),
-    [(EngineName.SGLANG, {"probes": Probes.SGLANG})],
-    ids=["sglang"],
+    [(EngineName.SGLANG, {"probes": Probes.SGLANG}), (EngineName.TRTLLM, {"probes": Probes.TRTLLM})],
+    ids=["sglang", "trtllm"],
     indirect=["workers"],
 )
 def test_the_engines_cache_aware_router_puts_sessions_sharing_a_system_prompt_on_one_worker(
     engine: EngineName, workers: _Workers
 ) -> None:
     """The router the operator puts in front of the engine (``ENGINE_ROUTER``): sglang-router, which
-    matches the text."""
+    matches the text, so trtllm-serve's workers (no SGLang info, no render route) route the same."""
     running = _launch(ENGINE_ROUTER[engine], workers, "--policy", "cache_aware")
     try:
         _drive(running.port)
@@ -380,6 +384,27 @@ def test_vllm_routers_low_match_goes_to_the_least_loaded_worker_under_concurrenc
     assert sum(totals) == SESSIONS and sum(1 for n in totals if n) > 1, totals
     assert max(totals) <= SESSIONS // 2, totals
     assert decisions == Counter({"prefix_miss": SESSIONS}), decisions
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [{"render": Render.NONE, "probes": Probes.TRTLLM, "hold_s": HOLD_S}],
+    ids=["trtllm"],
+    indirect=True,
+)
+def test_vllm_routers_consistent_hash_keeps_each_session_on_one_worker_without_token_ids(
+    workers: _Workers,
+) -> None:
+    """A hash of the session header picks the worker: trtllm-serve's workers (no render route) get
+    session affinity behind vllm-router."""
+    running = _launch(Router.VLLM, workers, "--policy", "consistent_hash")
+    try:
+        _drive_at_once(running.port)
+    finally:
+        _stop(running)
+    assert all(len(workers.worker_of(i)) == 1 for i in range(SESSIONS))
+    assert sum(1 for n in workers.totals() if n) > 1, workers.totals()
+    assert workers.rendered == [0] * 4
 
 
 def _tokens(text: str) -> TokenSeq:
