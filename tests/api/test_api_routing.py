@@ -17,7 +17,7 @@ BASE: dict[str, Any] = {"model": "meta-llama/Llama-3.1-8B-Instruct", "replicas":
 
 @pytest.mark.parametrize(
     ("engine", "router"),
-    [("sglang", Router.SGLANG), ("vllm", Router.VLLM), ("trtllm", Router.VLLM)],
+    [("sglang", Router.SGLANG), ("vllm", Router.VLLM), ("trtllm", Router.SGLANG)],
 )
 def test_the_router_and_its_image_default_by_engine(engine: str, router: Router) -> None:
     routing = parse_spec({**BASE, "engine": engine}).routing
@@ -44,18 +44,21 @@ def test_an_omitted_routing_section_leaves_the_knobs_at_auto_and_the_routers_def
     assert (config.balance_abs_threshold, config.balance_rel_threshold) == (64, 1.5)
 
 
-def test_a_policy_the_engines_router_lacks_is_refused_at_its_field() -> None:
-    spec = {**BASE, "engine": "sglang", "routing": {"policy": "consistent_hash"}}
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_a_policy_the_engines_router_lacks_is_refused_at_its_field(engine: str) -> None:
+    spec = {**BASE, "engine": engine, "routing": {"policy": "consistent_hash"}}
     _, errors = validate_spec(spec)
     assert [str(e) for e in errors] == [
         "spec.routing.policy: sglang-router has no consistent_hash policy; it has cache_aware, "
-        "power_of_two, random, round_robin (or kube-proxy: no router)"
+        "power_of_two, random, round_robin (or kube-proxy: no router); consistent_hash needs "
+        "routing.router vllm-router"
     ]
     assert _failing(spec) == ["routing.policy consistent_hash needs routing.router vllm-router"]
 
 
-def test_a_policy_the_named_router_has_is_accepted_on_any_engine() -> None:
-    spec = {**BASE, "engine": "sglang", "routing": {"policy": "consistent_hash", "router": "vllm-router"}}
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_a_policy_the_named_router_has_is_accepted_on_any_engine(engine: str) -> None:
+    spec = {**BASE, "engine": engine, "routing": {"policy": "consistent_hash", "router": "vllm-router"}}
     assert validate_spec(spec)[1] == []
     assert _failing(spec) == []
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from bench._reliability_tenant import APPS, CORE, MODEL, SDEP, harness, resource
 from prefixtune.controller.execute import _apply
 from prefixtune.controller.render import Owner
+from prefixtune.routing.policy import DEFAULT_ROUTER_IMAGE, Router
 
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 ROUTER_OBJECTS = (
@@ -54,6 +57,32 @@ async def test_a_routed_resource_gets_its_router_and_loses_it_with_kube_proxy() 
             assert await h.get(path) is None, path
         service = await h.get(f"{CORE}/namespaces/default/services/chat")
         assert service is not None and service["spec"]["selector"] == {"prefixtune.io/resource": "chat"}
+
+
+async def test_a_trtllm_resource_naming_no_router_moves_to_sglang_router_and_its_engines_stay() -> None:
+    """From a named vllm-router to the engine's default router (``ENGINE_ROUTER``: sglang-router, as
+    an operator upgrade moves a TensorRT-LLM resource that names none): the router restarts only."""
+    async with harness() as h:
+        spec = {"engine": "trtllm", "model": MODEL, "replicas": 2, "routing": {"router": "vllm-router"}}
+        await h.apply(resource("chat", spec))
+        await h.reconcile("chat")
+        router = await h.get(ROUTER_OBJECTS[0])
+        engine = await h.get(f"{APPS}/namespaces/default/deployments/chat")
+        assert router is not None and engine is not None
+        assert router["spec"]["template"]["spec"]["containers"][0]["command"] == ["vllm-router"]
+        before = engine["spec"]["template"]
+
+        path = f"{SDEP}/namespaces/default/servingdeployments/chat"
+        await h.api.patch(path, {"spec": {"routing": {"router": None}}})
+        h.ctx.ensured.clear()
+        await h.reconcile("chat")
+        router = await h.get(ROUTER_OBJECTS[0])
+        engine = await h.get(f"{APPS}/namespaces/default/deployments/chat")
+        assert router is not None and engine is not None
+        container = router["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"] == ["sglang-router", "launch"]
+        assert container["image"] == DEFAULT_ROUTER_IMAGE[Router.SGLANG]
+        assert engine["spec"]["template"] == before
 
 
 async def test_no_router_runs_under_a_service_account_of_its_name_that_is_not_ours() -> None:
@@ -125,14 +154,16 @@ def test_switching_the_service_to_the_router_removes_the_engine_selector_key() -
     assert patch["spec"]["selector"] == {"prefixtune.io/resource": None, "prefixtune.io/router": "chat"}
 
 
-async def test_a_policy_the_router_lacks_shows_as_an_invalid_spec_condition() -> None:
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+async def test_a_policy_the_router_lacks_shows_as_an_invalid_spec_condition(engine: str) -> None:
     async with harness() as h:
-        spec = {"engine": "sglang", "model": MODEL, "replicas": 2, "routing": {"policy": "consistent_hash"}}
+        spec = {"engine": engine, "model": MODEL, "replicas": 2, "routing": {"policy": "consistent_hash"}}
         await h.apply(resource("chat", spec))
         await h.reconcile("chat")
         ready = await h.ready("chat")
         assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
         assert "spec.routing.policy: sglang-router has no consistent_hash policy" in ready["message"]
+        assert "consistent_hash needs routing.router vllm-router" in ready["message"]
         assert await h.get(ROUTER_OBJECTS[0]) is None
 
 

@@ -1,12 +1,22 @@
-"""The twin's cache-aware rule against the real router (sglang-router 0.3.2 from its wheel, the
-sandbox extra): four stub workers that answer what the router probes and count which sessions they
-served; new chat sessions sharing one system prompt, then each session's second turn.
+"""The twin's cache-aware rule against the real routers (sglang-router 0.3.2 and vllm-router 0.1.17
+from their wheels, the sandbox extra): four stub workers that answer what the routers probe and count
+which sessions they served; new sessions sharing one system prompt, then each session's second turn.
 
-What it pins (measured here first, 2026-12-04): with the system prompt above the cache threshold's
-share of a first prompt, the real router sends every new session to one worker and keeps each
-session's turns there, so the cache-aware policy trades balance for affinity; the twin's model
-(``twin/router.py``) decides the same on the same stream. ``bench routing``'s chatbot result (a
-cache-aware hit rate under one cache's) rests on exactly this rule.
+What it pins (measured here first: sglang-router 2026-12-04, vllm-router 2026-12-05): with the system
+prompt above the cache threshold's share of a first prompt, the real cache-aware router sends every
+new session to one worker and keeps each session's turns there, so the cache-aware policy trades
+balance for affinity; the twin's model (``twin/router.py``) decides the same on the same stream.
+``bench routing``'s chatbot result (a cache-aware hit rate under one cache's) rests on exactly this
+rule.
+
+The two routers read different things. sglang-router matches the request's TEXT, so any worker that
+speaks the OpenAI API will do (trtllm-serve, which answers SGLang's info probes with 404 or without
+SGLang's keys, included). vllm-router's cache_aware matches TOKEN IDS that it asks every worker for first
+(``POST /v1/completions/render``, vLLM's scale-out endpoint); a worker that answers no token ids (403
+from vLLM without ``--enable-scale-out``, 404 from trtllm-serve) leaves every decision
+``missing_tokens`` and the requests spread by load alone, cache-blind. That is why TensorRT-LLM runs
+behind sglang-router (``routing/settings.py``); vllm-router's consistent_hash needs no token ids (a
+hash of the session header), so a TensorRT-LLM resource may still name it for session affinity.
 """
 
 from __future__ import annotations
@@ -21,20 +31,30 @@ import sys
 import threading
 import time
 import urllib.request
+import zlib
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
-from prefixtune.routing.policy import RoutingPolicy
+from prefixtune.engines.base import EngineName
+from prefixtune.metrics.exposition import parse
+from prefixtune.routing.metrics import ROUTER_METRICS
+from prefixtune.routing.policy import ROUTER_COMMAND, ROUTER_VERSION, Router, RoutingPolicy
+from prefixtune.routing.settings import ENGINE_ROUTER
+from prefixtune.sandbox.load import SESSION_HEADER
 from prefixtune.twin.prompt import Segment, TokenSeq, chain_key
 from prefixtune.twin.request import Request
 from prefixtune.twin.router import RouterModel, RoutingConfig
 
 SESSIONS = 16
 SYSTEM_WORDS, USER_WORDS, ANSWER_WORDS = 300, 150, 120  # the system prompt: ~2/3 of a first prompt
+HOLD_S = 2.0  # a held completion's seconds in flight: generous, a turn's requests overlap under load
 _SESSION = re.compile(r"USER(\d+):")
 
 
@@ -44,31 +64,78 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class _Workers:
-    """Four stub engines on one event loop in a thread: what the router probes, and a completions
-    route that records the session of each prompt it serves."""
+class Probes(Enum):
+    """What a stub worker answers besides the completions: the engine it stands for."""
 
-    def __init__(self, n: int = 4) -> None:
+    SGLANG = "sglang"  # /health, /v1/models, and SGLang's /server_info and /model_info (both spellings)
+    # trtllm-serve's (NVIDIA/TensorRT-LLM tensorrt_llm/serve/openai_server.py register_routes): /health
+    # (200, empty), /v1/models, /version, and a /server_info without SGLang's keys; 404 to the rest
+    TRTLLM = "trtllm"
+
+
+class Render(Enum):
+    """How a stub worker answers vllm-router's ``POST /v1/completions/render``."""
+
+    NONE = 404  # no such route: SGLang, trtllm-serve (1.3; 1.4.0rc4 mounts one only when enabled)
+    FORBIDDEN = 403  # vLLM without --enable-scale-out
+    TOKENS = 200  # vLLM with it: a list of {request_id, token_ids} (vLLM's GenerateRequest shape)
+
+
+def _token_ids(text: str) -> list[int]:
+    """A word per token, its id from a CRC of the word: the same in every process (no salted hash),
+    so shared prefixes of text are shared prefixes of ids."""
+    return [zlib.crc32(word.encode()) % 50_000 + 10 for word in text.split()]
+
+
+class _Workers:
+    """Four stub engines on one event loop in a thread: what the routers probe, vllm-router's render
+    route (``render``), and a completions route that records the session of each prompt it serves and
+    holds it ``hold_s`` seconds in flight."""
+
+    def __init__(
+        self, n: int = 4, probes: Probes = Probes.SGLANG, render: Render = Render.NONE, hold_s: float = 0.0
+    ) -> None:
         self.ports = [_free_port() for _ in range(n)]
         self.served: list[Counter[str]] = [Counter() for _ in range(n)]
+        self.rendered = [0] * n
+        self.probes, self.render, self.hold_s = probes, render, hold_s
         self._loop = asyncio.new_event_loop()
         self._runners: list[web.AppRunner] = []
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
     def _app(self, i: int) -> web.Application:
         async def get(request: web.Request) -> web.Response:
+            if request.path == "/health":
+                return web.Response(status=200)
+            if request.path == "/v1/models":
+                return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+            if self.probes is Probes.TRTLLM:
+                if request.path == "/version":
+                    return web.json_response({"version": "1.3.0rc24"})
+                if request.path == "/server_info":
+                    return web.json_response({"disaggregated_params": None})
+                return web.json_response({"detail": "Not Found"}, status=404)
             if request.path.endswith("model_info"):
                 return web.json_response({"model_path": "m", "tokenizer_path": "m", "is_generation": True})
             if request.path.endswith("server_info"):
                 return web.json_response({"model_path": "m", "dp_size": 1})
-            if request.path == "/v1/models":
-                return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
             return web.json_response({})
 
-        async def post(request: web.Request) -> web.Response:
+        async def render(request: web.Request) -> web.Response:
+            body = await request.json()
+            self.rendered[i] += 1
+            if self.render is Render.TOKENS:
+                return web.json_response([{"request_id": "r", "token_ids": _token_ids(str(body["prompt"]))}])
+            if self.render is Render.FORBIDDEN:
+                error = {"message": "Scale-out endpoints are disabled", "type": "PermissionDeniedError"}
+                return web.json_response({"error": {**error, "code": 403}}, status=403)
+            return web.json_response({"detail": "Not Found"}, status=404)
+
+        async def complete(request: web.Request) -> web.Response:
             body = await request.json()
             match = _SESSION.findall(str(body.get("prompt", "")))
             self.served[i][match[-1] if match else "?"] += 1
+            await asyncio.sleep(self.hold_s)
             return web.json_response(
                 {
                     "id": "c",
@@ -80,8 +147,9 @@ class _Workers:
             )
 
         app = web.Application()
+        app.router.add_route("POST", "/v1/completions/render", render)
+        app.router.add_route("POST", "/v1/completions", complete)
         app.router.add_route("GET", "/{tail:.*}", get)
-        app.router.add_route("POST", "/{tail:.*}", post)
         return app
 
     def start(self) -> None:
@@ -105,28 +173,45 @@ class _Workers:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
+    def totals(self) -> list[int]:
+        return [sum(c.values()) for c in self.served]
+
     def worker_of(self, session: int) -> set[int]:
         return {i for i, c in enumerate(self.served) if c[str(session)]}
 
 
 @pytest.fixture
-def workers() -> Iterator[_Workers]:
-    w = _Workers()
+def workers(request: pytest.FixtureRequest) -> Iterator[_Workers]:
+    """Stub workers; ``@pytest.mark.parametrize("workers", [dict(...)], indirect=True)`` sets their
+    probes, render answer and hold."""
+    w = _Workers(**getattr(request, "param", {}))
     w.start()
     yield w
     w.stop()
 
 
-def _router_binary() -> str:
-    path = Path(sys.executable).parent / "sglang-router"
-    assert path.exists(), f"{path} is missing: the sandbox extra installs sglang-router==0.3.2"
-    return str(path)
+def _router_argv(router: Router) -> list[str]:
+    """The router's command (``ROUTER_COMMAND``, as the operator renders it) with its console script
+    from this environment."""
+    script, *rest = ROUTER_COMMAND[router]
+    path = Path(sys.executable).parent / script
+    assert path.exists(), (
+        f"{path} is missing: the sandbox extra installs {router.value}=={ROUTER_VERSION[router]}"
+    )
+    return [str(path), *rest]
 
 
-def _launch(workers: _Workers, *flags: str) -> tuple[subprocess.Popen[bytes], int]:
+@dataclass(frozen=True)
+class _Running:
+    proc: subprocess.Popen[bytes]
+    port: int
+    metrics: int  # its --prometheus-port
+
+
+def _launch(router: Router, workers: _Workers, *flags: str) -> _Running:
     port, metrics = _free_port(), _free_port()
     urls = [f"http://127.0.0.1:{p}" for p in workers.ports]
-    argv = [_router_binary(), "launch", "--host", "127.0.0.1", "--port", str(port)]
+    argv = [*_router_argv(router), "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics)]
     argv += ["--worker-urls", *urls, *flags]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
@@ -138,15 +223,16 @@ def _launch(workers: _Workers, *flags: str) -> tuple[subprocess.Popen[bytes], in
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/workers", timeout=5) as r:
                 listed = json.loads(r.read())["workers"]
             if len(listed) == len(urls) and all(w.get("is_healthy") for w in listed):
-                return proc, port
+                return _Running(proc, port, metrics)
         except (OSError, ValueError, KeyError):
             pass
         time.sleep(0.5)
     proc.kill()
-    raise AssertionError("sglang-router did not list its four workers as healthy within 120 s")
+    raise AssertionError(f"{router.value} did not list its four workers as healthy within 120 s")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(running: _Running) -> None:
+    proc = running.proc
     proc.terminate()
     try:
         proc.wait(20)
@@ -155,6 +241,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(20)
     if proc.stderr:
         proc.stderr.close()
+
+
+def _decisions(running: _Running) -> Counter[str]:
+    """vllm-router's cache-aware decisions by outcome (``routing/metrics.py``'s names)."""
+    names = ROUTER_METRICS[Router.VLLM]
+    with urllib.request.urlopen(f"http://127.0.0.1:{running.metrics}/metrics", timeout=10) as r:
+        snap = parse(r.read().decode(), target="router", t=0.0)
+    out: Counter[str] = Counter()
+    for labels, value in snap.series(names.decisions):
+        out[dict(labels)[names.outcome_label]] += int(value)
+    return out
 
 
 def _words(seed: int, n: int) -> str:
@@ -171,40 +268,143 @@ def _second(i: int) -> str:
 
 def _send(port: int, prompt: str) -> None:
     body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 1}).encode()
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json"}
+    session = _SESSION.findall(prompt)[-1]
+    headers[SESSION_HEADER] = f"session-{session}"  # the sandbox load's session key; cache_aware ignores it
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body, headers=headers)
     with urllib.request.urlopen(req, timeout=30) as r:
         r.read()
 
 
 def _drive(port: int) -> None:
+    """Every session's first turn, then every second turn, one request at a time."""
     for i in range(SESSIONS):
         _send(port, _first(i))
     for i in range(SESSIONS):
         _send(port, _second(i))
 
 
+def _drive_at_once(port: int, turns: tuple[int, ...] = (1, 2)) -> None:
+    """Each turn's requests of all sessions sent together (held in flight by the workers), one turn
+    after the other: the router decides them under load."""
+    with ThreadPoolExecutor(SESSIONS) as pool:
+        for turn in turns:
+            prompts = [(_first if turn == 1 else _second)(i) for i in range(SESSIONS)]
+            list(pool.map(_send, [port] * SESSIONS, prompts))
+
+
 def test_round_robin_reaches_all_four_stub_workers(workers: _Workers) -> None:
-    proc, port = _launch(workers, "--policy", "round_robin")
+    running = _launch(Router.SGLANG, workers, "--policy", "round_robin")
     try:
-        _drive(port)
+        _drive(running.port)
     finally:
-        _stop(proc)
-    assert [sum(c.values()) for c in workers.served] == [2 * SESSIONS // 4] * 4
+        _stop(running)
+    assert workers.totals() == [2 * SESSIONS // 4] * 4
 
 
-def test_the_real_cache_aware_router_puts_sessions_sharing_a_system_prompt_on_one_worker(
+@pytest.mark.parametrize(
+    ("engine", "workers"),
+    [(EngineName.SGLANG, {"probes": Probes.SGLANG}), (EngineName.TRTLLM, {"probes": Probes.TRTLLM})],
+    ids=["sglang", "trtllm"],
+    indirect=["workers"],
+)
+def test_the_engines_cache_aware_router_puts_sessions_sharing_a_system_prompt_on_one_worker(
+    engine: EngineName, workers: _Workers
+) -> None:
+    """The router the operator puts in front of the engine (``ENGINE_ROUTER``): sglang-router, which
+    matches the text, so trtllm-serve's workers (no SGLang info, no render route) route the same."""
+    running = _launch(ENGINE_ROUTER[engine], workers, "--policy", "cache_aware")
+    try:
+        _drive(running.port)
+    finally:
+        _stop(running)
+    assert sorted(workers.totals()) == [0, 0, 0, 2 * SESSIONS], workers.totals()
+    assert all(len(workers.worker_of(i)) == 1 for i in range(SESSIONS))
+    assert workers.rendered == [0] * 4  # routed on the text: no worker is asked for token ids
+
+
+@pytest.mark.parametrize("workers", [{"render": Render.TOKENS}], ids=["render"], indirect=True)
+def test_vllm_routers_cache_aware_on_rendered_token_ids_keeps_sessions_sharing_a_prompt_on_one_worker(
     workers: _Workers,
 ) -> None:
-    proc, port = _launch(workers, "--policy", "cache_aware")
+    running = _launch(Router.VLLM, workers, "--policy", "cache_aware")
     try:
-        _drive(port)
+        _drive(running.port)
+        decisions = _decisions(running)
     finally:
-        _stop(proc)
-    served = [sum(c.values()) for c in workers.served]
-    assert sorted(served) == [0, 0, 0, 2 * SESSIONS], served
+        _stop(running)
+    assert sorted(workers.totals()) == [0, 0, 0, 2 * SESSIONS], workers.totals()
     assert all(len(workers.worker_of(i)) == 1 for i in range(SESSIONS))
+    assert workers.rendered == [2 * SESSIONS] * 4  # every request's ids, asked of every worker
+    # the first request finds every tree empty; every later one matches the system prompt or more
+    assert decisions == Counter({"prefix_miss": 1, "prefix_hit": 2 * SESSIONS - 1}), decisions
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [
+        {"render": Render.FORBIDDEN, "hold_s": HOLD_S},
+        {"render": Render.NONE, "probes": Probes.TRTLLM, "hold_s": HOLD_S},
+    ],
+    ids=["vllm-without-scale-out", "trtllm-serve"],
+    indirect=True,
+)
+def test_vllm_routers_cache_aware_without_token_ids_decides_every_request_by_load_alone(
+    workers: _Workers,
+) -> None:
+    """Cache-blind: render refused (vLLM without --enable-scale-out) or absent (trtllm-serve), every
+    decision is ``missing_tokens`` and the sessions spread over the workers by their load."""
+    running = _launch(Router.VLLM, workers, "--policy", "cache_aware")
+    try:
+        _drive_at_once(running.port)
+        decisions = _decisions(running)
+    finally:
+        _stop(running)
+    assert decisions == Counter({"missing_tokens": 2 * SESSIONS}), decisions
+    totals = workers.totals()
+    assert sum(totals) == 2 * SESSIONS and max(totals) < 2 * SESSIONS, totals
+    assert sum(1 for n in totals if n) > 1, totals
+
+
+@pytest.mark.parametrize(
+    "workers", [{"render": Render.TOKENS, "hold_s": HOLD_S}], ids=["render"], indirect=True
+)
+def test_vllm_routers_low_match_goes_to_the_least_loaded_worker_under_concurrency(
+    workers: _Workers,
+) -> None:
+    """The system prompt is ~2/3 of a first prompt: under a 0.9 threshold every first turn is a low
+    match, which vllm-router sends to the least-loaded worker (sglang-router: the smallest tree)."""
+    running = _launch(Router.VLLM, workers, "--policy", "cache_aware", "--cache-threshold", "0.9")
+    try:
+        _drive_at_once(running.port, turns=(1,))
+        decisions = _decisions(running)
+    finally:
+        _stop(running)
+    totals = workers.totals()
+    assert sum(totals) == SESSIONS and sum(1 for n in totals if n) > 1, totals
+    assert max(totals) <= SESSIONS // 2, totals
+    assert decisions == Counter({"prefix_miss": SESSIONS}), decisions
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [{"render": Render.NONE, "probes": Probes.TRTLLM, "hold_s": HOLD_S}],
+    ids=["trtllm"],
+    indirect=True,
+)
+def test_vllm_routers_consistent_hash_keeps_each_session_on_one_worker_without_token_ids(
+    workers: _Workers,
+) -> None:
+    """A hash of the session header picks the worker: trtllm-serve's workers (no render route) get
+    session affinity behind vllm-router."""
+    running = _launch(Router.VLLM, workers, "--policy", "consistent_hash")
+    try:
+        _drive_at_once(running.port)
+    finally:
+        _stop(running)
+    assert all(len(workers.worker_of(i)) == 1 for i in range(SESSIONS))
+    assert sum(1 for n in workers.totals() if n) > 1, workers.totals()
+    assert workers.rendered == [0] * 4
 
 
 def _tokens(text: str) -> TokenSeq:

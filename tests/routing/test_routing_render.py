@@ -187,7 +187,7 @@ def test_the_tree_mirrors_the_engines_pool_in_characters_up_to_the_routers_defau
 
 
 def test_the_router_defaults_by_engine_in_settings() -> None:
-    assert RR.settings_for(_spec("trtllm"), _spec("trtllm").knob_config()).router is Router.VLLM
+    assert RR.settings_for(_spec("trtllm"), _spec("trtllm").knob_config()).router is Router.SGLANG
     assert RR.settings_for(_spec("sglang"), _spec("sglang").knob_config()).policy is RoutingPolicy.CACHE_AWARE
 
 

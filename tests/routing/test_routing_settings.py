@@ -32,11 +32,11 @@ def test_a_named_policy_resolves_to_itself() -> None:
     assert resolve_policy("round_robin", replicas=1, shares_prefixes=False) is RoutingPolicy.ROUND_ROBIN
 
 
-def test_a_policy_the_router_lacks_is_refused_with_those_it_has() -> None:
+def test_a_policy_the_router_lacks_is_refused_with_those_it_has_and_the_router_that_has_it() -> None:
     problem = policy_problem(RoutingPolicy.CONSISTENT_HASH, Router.SGLANG)
     assert problem == (
         "sglang-router has no consistent_hash policy; it has cache_aware, power_of_two, random, "
-        "round_robin (or kube-proxy: no router)"
+        "round_robin (or kube-proxy: no router); consistent_hash needs routing.router vllm-router"
     )
     with pytest.raises(ValueError, match="sglang-router has no consistent_hash policy"):
         _settings(policy=RoutingPolicy.CONSISTENT_HASH)

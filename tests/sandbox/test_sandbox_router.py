@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 
-from prefixtune.engines import get_adapter
+from prefixtune.engines import EngineName, get_adapter
 from prefixtune.routing.render import LIVENESS_PATH, READINESS_PATH
+from prefixtune.routing.settings import ENGINE_ROUTER
 from prefixtune.sandbox.kubelet import KubeletConfig
 from prefixtune.sandbox.load import (
     RATE_ANNOTATION,
@@ -42,11 +43,22 @@ COMMANDS = {
 }
 
 
-def engine_deployment(name: str, replicas: int) -> dict[str, Any]:
-    adapter = get_adapter("sglang")
-    argv = list(adapter.render(MODEL, adapter.default_config()).argv)
+def engine_deployment(name: str, replicas: int, engine: EngineName = EngineName.SGLANG) -> dict[str, Any]:
+    """Engine pods on port 30000: SGLang as its adapter renders it, or trtllm-serve at its defaults
+    (no LLM API options file to mount)."""
+    if engine is EngineName.TRTLLM:
+        argv = ["trtllm-serve", MODEL, "--host", "0.0.0.0", "--port", "30000"]
+        container = {
+            "name": "engine",
+            "image": "nvcr.io/nvidia/tensorrt-llm/release",
+            "command": argv[:1],
+            "args": argv[1:],
+        }
+    else:
+        adapter = get_adapter("sglang")
+        argv = list(adapter.render(MODEL, adapter.default_config()).argv)
+        container = {"name": "engine", "image": "lmsysorg/sglang", "command": argv[:3], "args": argv[3:]}
     labels = {"app": name}
-    container = {"name": "engine", "image": "lmsysorg/sglang", "command": argv[:3], "args": argv[3:]}
     return {
         "metadata": {"name": name},
         "spec": {
@@ -208,10 +220,19 @@ async def test_a_router_is_ready_only_once_it_has_discovered_an_engine(router: s
         await ready_ips(sb, "app%3Dchat-router", 1)
 
 
-@pytest.mark.parametrize("router", ["sglang-router", "vllm-router"])
-async def test_a_router_pod_runs_the_real_router_which_discovers_the_engine_pods(router: str) -> None:
+@pytest.mark.parametrize(
+    ("router", "engine"),
+    [
+        ("sglang-router", EngineName.SGLANG),
+        ("vllm-router", EngineName.SGLANG),
+        (ENGINE_ROUTER[EngineName.TRTLLM].value, EngineName.TRTLLM),  # trtllm-serve's twin pods
+    ],
+)
+async def test_a_router_pod_runs_the_real_router_which_discovers_the_engine_pods(
+    router: str, engine: EngineName
+) -> None:
     async with sandbox(SandboxOptions(speedup=10.0, config=config(), load=False)) as sb:
-        await sb.api.create(DEPLOYMENTS, engine_deployment("chat", 2))
+        await sb.api.create(DEPLOYMENTS, engine_deployment("chat", 2, engine))
         await sb.api.create(DEPLOYMENTS, router_deployment("chat-router", "chat", router))
         engine_ips = await ready_ips(sb, "app%3Dchat", 2)
         (router_ip,) = await ready_ips(sb, "app%3Dchat-router", 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -156,8 +157,9 @@ def _integer_range_rules(engine: str, knob: str, spec: KnobSpec) -> list[dict[st
 
 
 def _router_expr() -> str:
-    """CEL for the resource's router: spec.routing.router, else the engine's (``ENGINE_ROUTER``)."""
-    base = ENGINE_ROUTER[EngineName.VLLM]
+    """CEL for the resource's router: spec.routing.router, else the engine's (``ENGINE_ROUTER``): the
+    router most engines run, with a test for each engine that runs another."""
+    base = Counter(ENGINE_ROUTER.values()).most_common(1)[0][0]
     default = _cel_literal(base.value)
     for engine, router in ENGINE_ROUTER.items():
         if router is not base:

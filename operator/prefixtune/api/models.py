@@ -75,6 +75,7 @@ from prefixtune.engines.knobs import (
     KnobKind,
 )
 from prefixtune.routing.policy import AUTO_POLICY, Router, RoutingPolicy
+from prefixtune.routing.settings import ENGINE_ROUTER
 
 API_GROUP = "prefixtune.io"
 API_VERSION = "v1alpha1"
@@ -976,8 +977,10 @@ class RoutingSpec(_Model):
         "prefixes, so sending a prefix back to the pod that cached it pays), else kube-proxy.",
     )
     router: Router | None = _omittable(
-        "sglang-router or vllm-router. Default by engine: SGLang -> sglang-router, vLLM and "
-        "TensorRT-LLM -> vllm-router (trtllm-serve speaks the OpenAI API as vLLM does)."
+        f"{' or '.join(r.value for r in Router)}. Default by engine: "
+        + ", ".join(f"{engine.value} -> {router.value}" for engine, router in ENGINE_ROUTER.items())
+        + ". sglang-router's cache_aware matches the request text; vllm-router's matches token ids it "
+        "asks the engines for (vLLM's render endpoint; without them it routes by load alone)."
     )
     image: ImageRef | None = _omittable(
         "The router's container image (it runs the router's wheel); default by router."

@@ -12,11 +12,15 @@ wheels here against two ``prefixtune twin serve`` SGLang workers (12 completions
 - vllm-router 0.1.17 (``vllm_router_*``): per worker, ``vllm_router_processed_requests_total{worker}``
   ("Total requests processed by each worker"); each cache-aware decision,
   ``vllm_router_prefix_routing_decisions_total{policy, stage, outcome}`` ("Cache prefix decision"):
-  ``prefix_hit`` / ``prefix_miss`` (sent by the prefix tree: to the worker holding the prefix, or to
-  the smallest tree), ``load_imbalance`` (sent to the least-loaded worker instead), and
-  ``missing_tokens`` (the request reached the policy without token ids: neither; the run here with
-  text prompts gave only these). Its ``vllm_router_cache_hits_total`` / ``_misses_total`` families are
-  in the binary but were never emitted.
+  ``prefix_hit`` / ``prefix_miss`` (sent by the prefix tree: to the worker holding the prefix, or, a
+  low match, to the least-loaded worker), ``load_imbalance`` (sent to the least-loaded worker
+  instead), and ``missing_tokens`` (the request reached the policy without token ids: routed by load
+  alone). Its tree holds token ids, which it asks every worker for before each decision (``POST
+  /v1/completions/render``, vLLM's scale-out endpoint): workers that answer none (vLLM without
+  ``--enable-scale-out``: 403; SGLang, trtllm-serve: no such route) make every decision
+  ``missing_tokens`` (``tests/routing/test_routing_real_router.py`` pins both against the binary).
+  Its ``vllm_router_cache_hits_total`` / ``_misses_total`` families are in the binary but were never
+  emitted.
 """
 
 from __future__ import annotations

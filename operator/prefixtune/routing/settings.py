@@ -8,10 +8,33 @@ resolved value the router's objects render from: the policy is never ``auto`` he
 ``auto`` picks ``cache_aware`` when the resource has two replicas or more and its workload shares
 prefixes (``resolve_policy`` says what counts), else ``kube-proxy``: one replica needs no router.
 
-The router by engine (``ENGINE_ROUTER``): SGLang behind sglang-router, vLLM behind vllm-router, and
-TensorRT-LLM behind vllm-router: trtllm-serve speaks the OpenAI API (``/v1/completions``,
-``/v1/models``, ``/health``) as vLLM does, not SGLang's native ``/generate``, and vllm-router also has
-the session-affinity policy (``consistent_hash``).
+The router by engine (``ENGINE_ROUTER``): SGLang and TensorRT-LLM behind sglang-router, vLLM behind
+vllm-router. The two routers' cache_aware policies match different things, measured against the
+wheels' binaries (``tests/routing/test_routing_real_router.py``):
+
+- sglang-router 0.3.2 matches the request's text: it needs no more of a worker than the OpenAI API
+  and ``/health`` (it probes SGLang's ``/server_info`` and ``/model_info`` once; a 404, or
+  trtllm-serve's ``/server_info`` without SGLang's keys, only leaves them unknown), and sessions
+  sharing a system prompt go to one worker and stay there.
+- vllm-router 0.1.17 matches token ids that it asks every worker for before each decision (``POST
+  /v1/completions/render``, ``/v1/chat/completions/render``: vLLM's scale-out endpoints). A worker
+  that answers none (vLLM without ``--enable-scale-out``: 403; no such route: 404) makes every
+  decision ``missing_tokens`` (``vllm_router_prefix_routing_decisions_total``) and the requests go
+  by load alone: cache_aware is then cache-blind, a session's turns landing where chance puts them.
+
+trtllm-serve serves no render endpoint in the image the operator runs (1.3.0rc24,
+``engines/trtllm.py``): beside ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
+``/health`` (200 when up, 503 when not), ``/metrics`` and ``/version`` it has RL, perf and
+disaggregation routes and, in later builds, a ``/server_info`` of ``{"disaggregated_params": ...}``,
+but no render route (``NVIDIA/TensorRT-LLM`` ``tensorrt_llm/serve/openai_server.py``
+``register_routes``; the trtllm-serve docs of 1.3.0rc20, 1.3.0rc27 and 1.4.0rc1 list no render
+endpoint either). 1.4.0rc4 adds ``/v1/completions/render`` and ``/v1/chat/completions/render`` as a
+prototype mounted only with ``TRTLLM_ENABLE_RENDER_ENDPOINTS=1`` (``tensorrt_llm/serve/render/
+api_router.py``), untried here with vllm-router. So TensorRT-LLM runs behind sglang-router, whose
+text-based tree works with any OpenAI-API worker. It has no ``consistent_hash``: a TensorRT-LLM
+resource that wants session affinity names ``spec.routing.router: vllm-router`` (the hash of a session
+key needs no token ids); one that names the policy without that router is refused with the routers
+that have it (``policy_problem``).
 """
 
 from __future__ import annotations
@@ -43,7 +66,7 @@ AUTO_ROUTED = RoutingPolicy.CACHE_AWARE
 ENGINE_ROUTER: dict[EngineName, Router] = {
     EngineName.SGLANG: Router.SGLANG,
     EngineName.VLLM: Router.VLLM,
-    EngineName.TRTLLM: Router.VLLM,
+    EngineName.TRTLLM: Router.SGLANG,
 }
 
 
@@ -64,11 +87,15 @@ def resolve_policy(requested: str, replicas: int, shares_prefixes: bool) -> Rout
 
 def policy_problem(policy: RoutingPolicy, router: Router) -> str | None:
     """None when ``router`` has ``policy`` (kube-proxy needs no router), else a message naming the
-    policies it has."""
+    policies it has and the routers that have this one (spec.routing.router may name one)."""
     if policy is RoutingPolicy.KUBE_PROXY or policy in ROUTER_POLICIES[router]:
         return None
     has = ", ".join(sorted(p.value for p in ROUTER_POLICIES[router]))
-    return f"{router.value} has no {policy.value} policy; it has {has} (or kube-proxy: no router)"
+    others = " or ".join(r.value for r in Router if policy in ROUTER_POLICIES[r])
+    return (
+        f"{router.value} has no {policy.value} policy; it has {has} (or kube-proxy: no router); "
+        f"{policy.value} needs routing.router {others}"
+    )
 
 
 @dataclass(frozen=True)
