@@ -10,20 +10,28 @@ caching on, not the scenario's deployed one):
 
 ``REPLICAS`` replicas each, the offered load ``REPLICAS`` times the scenario's rate (what the
 scenario's one engine sustains), the same requests for every policy: every ``RoutingPolicy``
-(``twin/router.py`` says how each decides), with the routers' default thresholds. The reference is a
-single cache holding the whole load's cache: the token hit rate ONE cache of ``REPLICAS`` times the
-engine's KV pool gets on the same request stream (``replicas.single_cache_hit_rate``). Not a single
-engine at the whole load: one GPU cannot serve four replicas' traffic, its queue would decide its
-latencies, and the hit rate is a property of the cache and the stream.
+(``twin/router.py`` says how each decides) as the router the operator puts in front of that engine
+decides it (``ENGINE_ROUTER``: its low-match rule), with the routers' default thresholds; then
+cache_aware at each cache threshold the operator searches by default (``tuning.routed.ladder``),
+and the one the operator's objective at full load would keep (``_tuned``: the most goodput; within
+``TIE`` of it, the lowest TTFT p99; the default where nothing differs).
 
-Reported per scenario and policy: the total hit rate, TTFT p50/p99, goodput (output tokens/s of
-requests within the scenario's SLO), each replica's request share and the router's decisions.
-Checks: cache_aware's hit rate within ``WITHIN_POINTS`` points of the single cache in every
-scenario; its gain over random, next to the field notes' claim (``FIELD_NOTES``). Where cache_aware
-misses, ``why`` holds probes on the first seed (``PROBES``): the same stream with the load-balance
-rule off, with cache thresholds above the default, and at half the load the default router and
-session affinity (with the single cache on that stream). They explain the miss; the scenario's
-figures stay as measured.
+The reference is a single cache holding the whole load's cache: the token hit rate ONE cache of
+``REPLICAS`` times the engine's KV pool gets on the same request stream, replayed through the engine's
+cache model with no request in flight (``replicas.single_cache_hit_rate``). Each policy is held
+against it like for like: its per-replica streams, as it routed them, each replayed the same way
+through one pool (``replicas.split_cache_hit_rate``): what the split costs the cache, and nothing
+else. The replicas' own measured hit rate is reported beside it and is lower whatever the router
+does: loaded replicas' running requests hold part of each pool. ``load_effect`` measures that on one
+replica's session-hashed stream alone, no router involved, with its arrivals stretched 1, 2, 4 and 8
+times (fewer requests in flight) against its own idle-cache figure.
+
+Reported per scenario and policy: the measured hit rate and the like-for-like one, TTFT p50/p99,
+goodput (output tokens/s of requests within the scenario's SLO), each replica's request share and the
+router's decisions. Checks: the cache-aware policy the operator would run (``cache_aware_tuned``)
+within ``WITHIN_POINTS`` points of the single cache in every scenario, like for like; the default
+thresholds' gaps and the measured gaps beside it; its gain over random, next to the field notes'
+claim (``FIELD_NOTES``).
 
     prefixtune bench routing [--out docs/bench-results] [--seeds 1] [--measure 240] [--warmup 60]
 """
@@ -31,19 +39,29 @@ figures stay as measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.tuner import SCENARIO_DIR, Scenario, load_scenario_file
 from prefixtune.engines import get_adapter
-from prefixtune.routing.policy import CacheAwareThresholds, RoutingPolicy
-from prefixtune.twin.replicas import ReplicaRun, simulate_replicas, single_cache_hit_rate
+from prefixtune.engines.base import EngineName
+from prefixtune.engines.knobs import CACHE_THRESHOLD
+from prefixtune.routing.policy import CacheAwareThresholds, Router, RoutingPolicy
+from prefixtune.routing.settings import ENGINE_ROUTER
+from prefixtune.tuning.routed import ladder
+from prefixtune.twin.replicas import (
+    ReplicaRun,
+    simulate_replicas,
+    single_cache_hit_rate,
+    split_cache_hit_rate,
+)
 from prefixtune.twin.request import Request
 from prefixtune.twin.router import RoutingConfig
 from prefixtune.twin.run import SimOptions
@@ -51,6 +69,8 @@ from prefixtune.twin.summary import GoodputSlo
 
 REPLICAS = 4
 WITHIN_POINTS = 5.0
+TIE = 0.01  # goodputs within 1% are the same to the objective: TTFT decides (tuning/objective.py)
+STRETCH = (1, 2, 4, 8)
 SCENARIOS: dict[str, str] = {
     "chatbot": "vllm-chatbot-70b.yaml",
     "agent": "trtllm-agent.yaml",
@@ -63,14 +83,6 @@ FIELD_NOTES = {
     "hit_rate_before": 0.20,
     "hit_rate_after": 0.75,
 }
-# Cache-aware variants run where the default misses, to say why (not to pass: the table is the default's).
-PROBES: dict[str, CacheAwareThresholds] = {
-    "load balancing off (balance_abs_threshold 10^9)": CacheAwareThresholds(balance_abs_threshold=10**9),
-    "cache_threshold 0.5": CacheAwareThresholds(cache_threshold=0.5),
-    "cache_threshold 0.7": CacheAwareThresholds(cache_threshold=0.7),
-}
-HALF_LOAD = "half the load, default thresholds"
-HALF_LOAD_AFFINITY = "half the load, consistent_hash (session affinity)"
 POLICY_KEYS = ("hit_rate", "ttft_p50_s", "ttft_p99_s", "goodput_tokens_per_s", "requests", "finished")
 
 
@@ -82,6 +94,30 @@ class Setup:
     seeds: int = 1
 
 
+@dataclass(frozen=True)
+class _Case:
+    """One scenario's fixed parts: what every run of it shares."""
+
+    sc: Scenario
+    argv: tuple[str, ...]
+    files: Any
+    slo: GoodputSlo
+    router: Router
+
+    def options(self, setup: Setup, seed: int) -> SimOptions:
+        horizon = setup.warmup_s + setup.measure_s
+        return SimOptions(
+            seed=seed, slo=self.slo, warmup_s=setup.warmup_s, horizon_s=horizon, files=self.files
+        )
+
+
+def _case(name: str) -> _Case:
+    sc = load_scenario_file(SCENARIO_DIR / SCENARIOS[name])
+    cmd = get_adapter(sc.engine).render(sc.model, sc.default_config())
+    slo = GoodputSlo(ttft_s=sc.slo.ttft_p99_s, itl_s=sc.slo.itl_p99_s)
+    return _Case(sc, tuple(cmd.argv), cmd.files, slo, ENGINE_ROUTER[EngineName(sc.engine)])
+
+
 def _requests(sc: Scenario, setup: Setup, seed: int, load: float = 1.0) -> list[Request]:
     from prefixtune.twin.workloads import generate, parse_workload
 
@@ -90,9 +126,33 @@ def _requests(sc: Scenario, setup: Setup, seed: int, load: float = 1.0) -> list[
     return generate(workload, rate=rate, duration_s=setup.warmup_s + setup.measure_s, seed=seed)
 
 
-def _policy_row(runs: Sequence[ReplicaRun]) -> dict[str, Any]:
+def cache_thresholds(engine: str) -> tuple[float, ...]:
+    """The cache thresholds the operator searches by default for ``engine``'s router."""
+    return tuple(float(v) for v in ladder(get_adapter(engine).knobs()[CACHE_THRESHOLD]))
+
+
+class _Runs:
+    """Every run of one routing config over the seeds, with its like-for-like hit rates."""
+
+    def __init__(self, case: _Case, setup: Setup, streams: Sequence[list[Request]]) -> None:
+        self.case, self.setup, self.streams = case, setup, streams
+
+    def run(self, routing: RoutingConfig) -> tuple[list[ReplicaRun], list[float]]:
+        c, runs, split = self.case, [], []
+        for seed, requests in enumerate(self.streams):
+            o = c.options(self.setup, seed)
+            run = simulate_replicas(c.sc.engine, c.argv, c.sc.gpu, requests, self.setup.replicas, routing, o)
+            runs.append(run)
+            split.append(split_cache_hit_rate(c.sc.engine, c.argv, c.sc.gpu, run.routed, o))
+        return runs, split
+
+
+def _policy_row(runs: Sequence[ReplicaRun], split: Sequence[float], single: float) -> dict[str, Any]:
     """Means over the seeds of the totals; the first seed's shares and decisions."""
     row: dict[str, Any] = {k: sum(float(getattr(r.total, k)) for r in runs) / len(runs) for k in POLICY_KEYS}
+    row["split_hit_rate"] = sum(split) / len(split)
+    row["gap_points"] = 100 * (single - row["split_hit_rate"])
+    row["measured_gap_points"] = 100 * (single - row["hit_rate"])
     row["status"] = ",".join(sorted({r.total.status for r in runs}))
     row["share"] = [round(s, 4) for s in runs[0].share]
     row["replica_hit_rate"] = [round(s.hit_rate, 4) for s in runs[0].replicas]
@@ -100,92 +160,95 @@ def _policy_row(runs: Sequence[ReplicaRun]) -> dict[str, Any]:
     return row
 
 
+def _tuned(rows: Mapping[float, Mapping[str, Any]], default: float) -> float:
+    """The threshold the objective at full load keeps: the most goodput; among those within ``TIE``
+    of it, the lowest TTFT p99; the default wherever it is among the best (the gate keeps the
+    deployed config without a significant gain)."""
+    best = max(float(r["goodput_tokens_per_s"]) for r in rows.values())
+    near = {t: r for t, r in rows.items() if float(r["goodput_tokens_per_s"]) >= best * (1 - TIE)}
+    fastest = min(float(r["ttft_p99_s"]) for r in near.values())
+    keep = [t for t, r in near.items() if float(r["ttft_p99_s"]) <= fastest * (1 + TIE)]
+    return default if default in keep else min(keep)
+
+
 def run_scenario(name: str, setup: Setup) -> dict[str, Any]:
-    sc = load_scenario_file(SCENARIO_DIR / SCENARIOS[name])
-    adapter = get_adapter(sc.engine)
-    cmd = adapter.render(sc.model, sc.default_config())
-    slo = GoodputSlo(ttft_s=sc.slo.ttft_p99_s, itl_s=sc.slo.itl_p99_s)
-    horizon = setup.warmup_s + setup.measure_s
+    case = _case(name)
+    sc = case.sc
     t0 = time.perf_counter()
-    runs: dict[RoutingPolicy, list[ReplicaRun]] = {p: [] for p in RoutingPolicy}
-    single: list[float] = []
-    n_requests = 0
-    for seed in range(setup.seeds):
-        requests = _requests(sc, setup, seed)
-        n_requests += len(requests)
-        options = SimOptions(seed=seed, slo=slo, warmup_s=setup.warmup_s, horizon_s=horizon, files=cmd.files)
-        single.append(single_cache_hit_rate(sc.engine, cmd.argv, sc.gpu, requests, setup.replicas, options))
-        for policy in RoutingPolicy:
-            routing = RoutingConfig(policy=policy)
-            runs[policy].append(
-                simulate_replicas(sc.engine, cmd.argv, sc.gpu, requests, setup.replicas, routing, options)
-            )
-    policies = {str(p): _policy_row(r) for p, r in runs.items()}
-    single_hit = sum(single) / len(single)
+    streams = [_requests(sc, setup, seed) for seed in range(setup.seeds)]
+    single = sum(
+        single_cache_hit_rate(sc.engine, case.argv, sc.gpu, reqs, setup.replicas, case.options(setup, seed))
+        for seed, reqs in enumerate(streams)
+    ) / len(streams)
+    runs = _Runs(case, setup, streams)
+    policies = {
+        str(p): _policy_row(*runs.run(RoutingConfig(policy=p, low_match=case.router)), single)
+        for p in RoutingPolicy
+    }
+    default = CacheAwareThresholds().cache_threshold
+    sweep: dict[float, dict[str, Any]] = {}
+    for threshold in cache_thresholds(sc.engine):
+        if threshold == default:
+            sweep[threshold] = policies[str(RoutingPolicy.CACHE_AWARE)]
+            continue
+        routing = RoutingConfig(
+            policy=RoutingPolicy.CACHE_AWARE,
+            low_match=case.router,
+            thresholds=CacheAwareThresholds(cache_threshold=threshold),
+        )
+        sweep[threshold] = _policy_row(*runs.run(routing), single)
+    chosen = _tuned(sweep, default)
+    tuned = {"cache_threshold": chosen, **sweep[chosen]}
     aware = policies[str(RoutingPolicy.CACHE_AWARE)]
     scattered = policies[str(RoutingPolicy.RANDOM)]
-    gap = 100 * (single_hit - aware["hit_rate"])
-    why = None if gap <= WITHIN_POINTS else _probe(sc, setup, cmd.argv, cmd.files, slo, single[0])
     return {
         "scenario": name,
         "file": f"bench/scenarios/{SCENARIOS[name]}",
         "engine": sc.engine,
+        "router": str(case.router),
         "model": sc.model,
         "gpu": sc.gpu,
         "workload": sc.workload if isinstance(sc.workload, str) else sc.workload.get("name", "inline"),
-        "config": "engine default: " + " ".join(cmd.argv),
+        "config": "engine default: " + " ".join(case.argv),
         "rate_per_replica": sc.rate,
         "rate_total": sc.rate * setup.replicas,
-        "requests": n_requests,
+        "requests": sum(len(s) for s in streams),
         "slo": {"ttft_p99_s": sc.slo.ttft_p99_s, "itl_p99_s": sc.slo.itl_p99_s},
-        "single_cache_hit_rate": single_hit,
+        "single_cache_hit_rate": single,
         "policies": policies,
-        "cache_aware_gap_points": gap,
-        "cache_aware_within_5_points": gap <= WITHIN_POINTS,
-        "gain_over_random_points": 100 * (aware["hit_rate"] - scattered["hit_rate"]),
-        "hit_rate_random_to_cache_aware": [scattered["hit_rate"], aware["hit_rate"]],
-        "why": why,
+        "cache_threshold_sweep": {f"{t:g}": row for t, row in sweep.items()},
+        "cache_aware_tuned": tuned,
+        "cache_aware_gap_points": tuned["gap_points"],
+        "cache_aware_within_5_points": tuned["gap_points"] <= WITHIN_POINTS,
+        "cache_aware_default_gap_points": aware["gap_points"],
+        "cache_aware_measured_gap_points": tuned["measured_gap_points"],
+        "gain_over_random_points": 100 * (tuned["hit_rate"] - scattered["hit_rate"]),
+        "hit_rate_random_to_cache_aware": [scattered["hit_rate"], tuned["hit_rate"]],
+        "load_effect": _load_effect(case, setup, streams[0]),
         "wall_seconds": time.perf_counter() - t0,
     }
 
 
-def _probe(
-    sc: Scenario,
-    setup: Setup,
-    argv: Sequence[str],
-    files: Any,
-    slo: GoodputSlo,
-    single_hit: float,
-) -> dict[str, Any]:
-    """Cache-aware variants on the first seed's stream (``PROBES``), and the default at half the load."""
-    horizon = setup.warmup_s + setup.measure_s
-    options = SimOptions(seed=0, slo=slo, warmup_s=setup.warmup_s, horizon_s=horizon, files=files)
-    requests = _requests(sc, setup, 0)
-    out: dict[str, Any] = {}
-    for label, thresholds in PROBES.items():
-        routing = RoutingConfig(policy=RoutingPolicy.CACHE_AWARE, thresholds=thresholds)
-        run = simulate_replicas(sc.engine, argv, sc.gpu, requests, setup.replicas, routing, options)
-        out[label] = _probe_row(run, single_hit)
-    half = _requests(sc, setup, 0, load=0.5)
-    half_single = single_cache_hit_rate(sc.engine, argv, sc.gpu, half, setup.replicas, options)
-    for label, policy in (
-        (HALF_LOAD, RoutingPolicy.CACHE_AWARE),
-        (HALF_LOAD_AFFINITY, RoutingPolicy.CONSISTENT_HASH),
-    ):
-        routing = RoutingConfig(policy=policy)
-        run = simulate_replicas(sc.engine, argv, sc.gpu, half, setup.replicas, routing, options)
-        out[label] = {**_probe_row(run, half_single), "single_cache_hit_rate": half_single}
-    return out
-
-
-def _probe_row(run: ReplicaRun, single_hit: float) -> dict[str, Any]:
+def _load_effect(case: _Case, setup: Setup, requests: Sequence[Request]) -> dict[str, Any]:
+    """What the load alone costs one replica's hit rate: replica 0's stream under session affinity
+    (no routing decision in it), run alone with its arrivals stretched ``STRETCH`` times, against the
+    same stream through its idle cache (stretching changes no order, so that figure is one)."""
+    sc = case.sc
+    o = case.options(setup, 0)
+    hashed = RoutingConfig(RoutingPolicy.CONSISTENT_HASH)
+    split = simulate_replicas(sc.engine, case.argv, sc.gpu, requests, setup.replicas, hashed, o)
+    stream = split.routed[0]
+    idle = split_cache_hit_rate(sc.engine, case.argv, sc.gpu, [stream], o)
+    measured: dict[str, float] = {}
+    for k in STRETCH:
+        stretched = [dataclasses.replace(r, arrival_s=r.arrival_s * k) for r in stream]
+        ok = dataclasses.replace(o, warmup_s=o.warmup_s * k, horizon_s=(o.horizon_s or 0.0) * k)
+        alone = simulate_replicas(sc.engine, case.argv, sc.gpu, stretched, 1, RoutingConfig(), ok)
+        measured[f"x{k}"] = alone.total.hit_rate
     return {
-        "hit_rate": run.total.hit_rate,
-        "gap_points": 100 * (single_hit - run.total.hit_rate),
-        "ttft_p99_s": run.total.ttft_p99_s,
-        "goodput_tokens_per_s": run.total.goodput_tokens_per_s,
-        "share": [round(x, 4) for x in run.share],
-        "decisions": dict(run.decisions),
+        "stream": "replica 0 of consistent_hash",
+        "idle_cache_hit_rate": idle,
+        "measured_hit_rate": measured,
     }
 
 
@@ -200,9 +263,14 @@ def run(names: Sequence[str], setup: Setup) -> dict[str, Any]:
             "measure_s": setup.measure_s,
             "seeds": setup.seeds,
             "policies": [str(p) for p in RoutingPolicy],
-            "thresholds": "the routers' defaults (routing/policy.py CacheAwareThresholds)",
-            "reference": f"one cache of {setup.replicas}x the engine's KV pool on the same request stream "
-            "(twin/replicas.py single_cache_hit_rate)",
+            "thresholds": "the routers' defaults (routing/policy.py CacheAwareThresholds), then "
+            "cache_aware at each cache threshold the operator searches by default (tuning/routed.py ladder)",
+            "router": "the one the operator renders for the engine (routing/settings.py ENGINE_ROUTER)",
+            "reference": f"one cache of {setup.replicas}x the engine's KV pool on the same request stream, "
+            "no request in flight (twin/replicas.py single_cache_hit_rate)",
+            "like_for_like": "each policy's per-replica streams through one pool each, the same way "
+            "(twin/replicas.py split_cache_hit_rate); the replicas' measured hit rate beside it",
+            "tuned": f"most goodput; within {TIE:.0%}, lowest TTFT p99; the default among the best",
             "python": platform.python_version(),
         },
         "field_notes": FIELD_NOTES,

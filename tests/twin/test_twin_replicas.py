@@ -8,7 +8,12 @@ import functools
 import pytest
 
 from prefixtune.routing.policy import RoutingPolicy
-from prefixtune.twin.replicas import ReplicaRun, simulate_replicas, single_cache_hit_rate
+from prefixtune.twin.replicas import (
+    ReplicaRun,
+    simulate_replicas,
+    single_cache_hit_rate,
+    split_cache_hit_rate,
+)
 from prefixtune.twin.request import Request
 from prefixtune.twin.router import RoutingConfig
 from prefixtune.twin.run import SimOptions, simulate
@@ -71,6 +76,35 @@ def test_a_run_repeats_for_its_seed() -> None:
     )
     first = _run(RoutingPolicy.CACHE_AWARE)
     assert again.total.without_wall() == first.total.without_wall() and again.share == first.share
+
+
+def test_the_routed_streams_hold_every_routed_request_once_in_arrival_order() -> None:
+    run = _run(RoutingPolicy.CACHE_AWARE)
+    ids = sorted(r.req_id for part in run.routed for r in part)
+    assert ids == sorted(r.req_id for r in _chat())
+    assert all(list(p) == sorted(p, key=lambda r: (r.arrival_s, r.req_id)) for p in run.routed)
+    assert [len(p) / len(_chat()) for p in run.routed] == pytest.approx(list(run.share))
+
+
+def test_one_stream_through_one_pool_is_the_single_cache_of_one_pool() -> None:
+    assert split_cache_hit_rate("vllm", [], GPU, [_chat()], OPTIONS) == single_cache_hit_rate(
+        "vllm", [], GPU, _chat(), 1, OPTIONS
+    )
+
+
+def test_splitting_whole_sessions_costs_the_cache_little_and_scattering_them_much() -> None:
+    single = single_cache_hit_rate("vllm", [], GPU, _chat(), 4, OPTIONS)
+    hashed = split_cache_hit_rate("vllm", [], GPU, _run(RoutingPolicy.CONSISTENT_HASH).routed, OPTIONS)
+    scattered = split_cache_hit_rate("vllm", [], GPU, _run(RoutingPolicy.RANDOM).routed, OPTIONS)
+    assert single - hashed < 0.02 < 0.1 < single - scattered
+
+
+def test_lightly_loaded_replicas_hit_what_their_streams_do_through_idle_caches() -> None:
+    # 8B on an H100 at 6 requests/s a replica: little in flight, so the idle replay is the engine's
+    # figure (bench routing's load_effect shows where a loaded 70B parts from it)
+    run = _run(RoutingPolicy.CONSISTENT_HASH)
+    idle = split_cache_hit_rate("vllm", [], GPU, run.routed, OPTIONS)
+    assert run.total.hit_rate == pytest.approx(idle, abs=0.005)
 
 
 def test_one_cache_with_the_pools_together_hits_at_least_what_random_replicas_do() -> None:

@@ -115,6 +115,26 @@ def test_low_match_goes_to_the_smallest_tree_on_sglang_and_the_least_load_on_vll
         assert (routed.replica, routed.decision) == (want, decision)
 
 
+def test_vllm_router_without_token_ids_routes_by_load_alone_and_keeps_no_tree() -> None:
+    seq = _seq(("sys", 100), ("q", 10))
+    for tokens, want in ((True, (2, Decision.CACHE_AFFINITY)), (False, (1, Decision.MISSING_TOKENS))):
+        r = _router(RoutingPolicy.CACHE_AWARE, low_match=Router.VLLM, tokens=tokens)
+        r.trees[2].insert(seq, 0.0)
+        routed = r.route(_req(1, seq), [3, 0, 2, 1], 1.0)
+        assert (routed.replica, routed.decision) == want
+        assert r.trees[1].size == (0 if not tokens else r.trees[1].size)
+    blind = _router(RoutingPolicy.CACHE_AWARE, low_match=Router.VLLM, tokens=False)
+    blind.route(_req(1, seq), [0, 0, 0, 0], 1.0)
+    assert [t.size for t in blind.trees] == [0, 0, 0, 0]
+
+
+def test_sglang_router_reads_the_text_whatever_the_engines_serve() -> None:
+    seq = _seq(("sys", 100), ("q", 10))
+    r = _router(RoutingPolicy.CACHE_AWARE, low_match=Router.SGLANG, tokens=False)
+    r.trees[2].insert(seq, 0.0)
+    assert r.route(_req(1, seq), [3, 0, 2, 1], 1.0).decision is Decision.CACHE_AFFINITY
+
+
 def test_ties_on_the_best_match_pick_one_replica_per_prefix() -> None:
     r = _router(RoutingPolicy.CACHE_AWARE)
     for tree in r.trees:

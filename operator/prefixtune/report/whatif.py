@@ -246,7 +246,7 @@ def run_point(
 
         settings = dict(options.get("router") or {})
         policy = RoutingPolicy(routing or settings.get("policy") or RoutingPolicy.KUBE_PROXY)
-        run = simulate_replicas(engine, parsed, gpu, reqs, replicas, _router(policy, settings), sim)
+        run = simulate_replicas(engine, parsed, gpu, reqs, replicas, _router(engine, policy, settings), sim)
         summary = run.total
         per = [{k: r[k] for k in REPLICA_KEYS} for r in run.to_dict()["replicas"]]
     else:
@@ -261,9 +261,12 @@ def run_point(
     return {"config": {**knobs.to_dict(), **(engine_options or {}), **swept}, **data}
 
 
-def _router(policy: RoutingPolicy, settings: Mapping[str, Any]) -> RoutingConfig:
-    """The ``RoutingConfig`` of ``policy`` with the run's router settings (``RoutingConfig.to_dict``)."""
+def _router(engine: str, policy: RoutingPolicy, settings: Mapping[str, Any]) -> RoutingConfig:
+    """The ``RoutingConfig`` of ``policy`` with the run's router settings (``RoutingConfig.to_dict``;
+    the router: the one the operator renders for ``engine`` unless they name one)."""
+    from prefixtune.engines.base import EngineName
     from prefixtune.routing.policy import CacheAwareThresholds, Router
+    from prefixtune.routing.settings import ENGINE_ROUTER
     from prefixtune.twin.router import RoutingConfig
 
     d = CacheAwareThresholds()
@@ -274,8 +277,9 @@ def _router(policy: RoutingPolicy, settings: Mapping[str, Any]) -> RoutingConfig
             balance_abs_threshold=int(settings.get("balance_abs_threshold", d.balance_abs_threshold)),
             balance_rel_threshold=float(settings.get("balance_rel_threshold", d.balance_rel_threshold)),
         ),
-        low_match=Router(settings.get("low_match", Router.SGLANG)),
+        low_match=Router(settings.get("low_match", ENGINE_ROUTER[EngineName(engine)])),
         max_tree_size=settings.get("max_tree_size"),
+        tokens=bool(settings.get("tokens", True)),
     )
 
 

@@ -68,14 +68,17 @@ def add_routing_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--low-match",
         choices=[str(r) for r in Router],
-        default=str(Router.SGLANG),
-        help="cache_aware below the threshold: sglang-router's smallest tree or vllm-router's least load",
+        default=None,
+        help="the router whose rule cache_aware follows below the threshold: sglang-router's smallest "
+        "tree or vllm-router's least load (default: the router the operator renders for --engine)",
     )
 
 
 def routing_config(ns: argparse.Namespace, policy: str | None = None) -> RoutingConfig:
     """The router the parsed arguments describe (``policy`` overrides --routing); ValueError if bad."""
+    from prefixtune.engines.base import EngineName
     from prefixtune.routing.policy import CacheAwareThresholds, Router, RoutingPolicy
+    from prefixtune.routing.settings import ENGINE_ROUTER
     from prefixtune.twin.router import RoutingConfig
 
     if ns.replicas < 1:
@@ -94,6 +97,6 @@ def routing_config(ns: argparse.Namespace, policy: str | None = None) -> Routing
             balance_abs_threshold=ns.balance_abs_threshold,
             balance_rel_threshold=ns.balance_rel_threshold,
         ),
-        low_match=Router(ns.low_match),
+        low_match=Router(ns.low_match) if ns.low_match else ENGINE_ROUTER[EngineName(ns.engine)],
         max_tree_size=ns.max_tree_size,
     )

@@ -15,7 +15,9 @@ the last replica's end); ``kv_pool_tokens`` and ``mean_running`` are sums, ``max
 largest replica's, ``gpu_busy_fraction`` and ``kv_usage_mean`` means over the replicas.
 
 ``single_cache_hit_rate`` is the reference a router is measured against: the token hit rate one
-cache with the replicas' pools together gets on the whole request stream (see its docstring).
+cache with the replicas' pools together gets on the whole request stream (see its docstring);
+``split_cache_hit_rate`` replays a router's per-replica streams (``ReplicaRun.routed``) through
+one pool each in the same idle cache model, the like-for-like figure to hold against it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class ReplicaRun:
     routing: RoutingConfig
     decisions: Mapping[str, int] = field(default_factory=dict)
     evicted_tree_tokens: int = 0
+    routed: tuple[tuple[Request, ...], ...] = ()  # the requests each replica was sent, in order
 
     def to_dict(self) -> dict[str, Any]:
         per = []
@@ -168,6 +171,7 @@ def simulate_replicas(
         routing,
         {str(k): v for k, v in sorted(router.decisions.items())},
         router.evicted_tokens,
+        tuple(tuple(r) for r in routed),
     )
 
 
@@ -245,11 +249,34 @@ def single_cache_hit_rate(
 
     The engine's own cache model (block size, partial reuse, eviction as booted from ``argv``), with
     each request admitted, committed (its prompt and output, as a finished request leaves them) and
-    released in arrival order: an idle server, so no request holds blocks while another looks up
-    (which can only raise the hit rate a little over a loaded engine's). Only requests arriving at or
-    after ``options.warmup_s`` count, as in the measured window. A single engine at the whole load
-    is not what is compared: one GPU cannot serve four replicas' traffic, and its queue would decide
-    its figures; the hit rate is a property of the cache and the stream.
+    released in arrival order: an idle server, so no request holds blocks while another looks up.
+    That is the cache of one replica fast enough to serve the whole load with few requests in
+    flight; N loaded replicas hit less on the same streams whatever the router does, because their
+    running requests hold part of each pool (``split_cache_hit_rate`` is the like-for-like figure
+    for a router's split). Only requests arriving at or after ``options.warmup_s`` count, as in the
+    measured window. A single engine at the whole load is not what is compared: one GPU cannot
+    serve four replicas' traffic, and its queue would decide its figures.
+    """
+    if pool_multiple < 1:
+        raise ValueError(f"pool_multiple must be >= 1; got {pool_multiple}")
+    return split_cache_hit_rate(engine, argv, gpu, [requests], options, pool_multiple)
+
+
+def split_cache_hit_rate(
+    engine: str,
+    argv: Sequence[str] | ParsedCommand,
+    gpu: str,
+    parts: Sequence[Sequence[Request]],
+    options: SimOptions | None = None,
+    pool_multiple: int = 1,
+) -> float:
+    """The token hit rate of the request streams ``parts``, each through its own idle cache of
+    ``pool_multiple`` times the engine's KV pool (as ``single_cache_hit_rate`` replays one stream):
+    hit tokens over query tokens, summed over the parts.
+
+    With a router's per-replica streams (``ReplicaRun.routed``) this is what its split of the load
+    costs the cache, on the same footing as the single cache it is compared with: the same cache
+    model, idle, so the load's own cost (running requests holding blocks) is in neither figure.
     """
     if pool_multiple < 1:
         raise ValueError(f"pool_multiple must be >= 1; got {pool_multiple}")
@@ -260,10 +287,20 @@ def single_cache_hit_rate(
     def bigger(name: str, num_blocks: int, block_size: int, prefix_caching: bool, **opts: Any) -> KVCache:
         return make_cache(name, num_blocks * pool_multiple, block_size, prefix_caching, **opts)
 
-    cache = TwinEngine(parsed, gpu, o.seed, cache_factory=bigger).cache
+    hit = query = 0
+    for part in parts:
+        cache = TwinEngine(parsed, gpu, o.seed, cache_factory=bigger).cache
+        h, q = _idle_replay(cache, part, o.warmup_s)
+        hit, query = hit + h, query + q
+    return float(hit / query) if query else 0.0
+
+
+def _idle_replay(cache: KVCache, requests: Sequence[Request], warmup_s: float) -> tuple[int, int]:
+    """(hit, query) tokens of ``requests`` arriving at or after ``warmup_s``, replayed through
+    ``cache`` one at a time in arrival order (admitted, committed whole, released)."""
     base: tuple[int, int] | None = None
     for i, r in enumerate(sorted(requests, key=attrgetter("arrival_s", "req_id"))):
-        if base is None and r.arrival_s >= o.warmup_s:
+        if base is None and r.arrival_s >= warmup_s:
             base = (cache.stats.hit_tokens, cache.stats.query_tokens)
         tokens = r.prompt_len + r.output_len - 1  # the last output token's KV is never computed
         if cache.admit(i, r.seq, r.prompt_len, tokens, r.arrival_s) is None:
@@ -271,5 +308,4 @@ def single_cache_hit_rate(
         cache.commit(i, tokens, r.arrival_s)
         cache.release(i, r.arrival_s)
     hit0, query0 = base if base is not None else (cache.stats.hit_tokens, cache.stats.query_tokens)
-    query = cache.stats.query_tokens - query0
-    return float((cache.stats.hit_tokens - hit0) / query) if query else 0.0
+    return cache.stats.hit_tokens - hit0, cache.stats.query_tokens - query0

@@ -43,6 +43,10 @@ The policies (``RoutingPolicy``), as the routers decide them:
   policies use). The routers' defaults (tens of millions of characters) never evict in a benchmark
   of minutes; a small ``max_tree_size`` shows what eviction does.
 
+  vllm-router 0.1.17 matches token ids, which it asks every engine for (vLLM's render endpoints):
+  with none (``RoutingConfig.tokens`` False) every request goes to the least-loaded replica,
+  decision ``missing_tokens``, and no tree is kept.
+
 Not modelled: vllm-router's session-key map in front of its tree (chat requests with a session
 header), ``sticky_least_loaded`` and ``kv_aware``; worker health; the router's own latency.
 """
@@ -76,6 +80,7 @@ class Decision(StrEnum):
     SMALLEST_TREE = "smallest_tree"  # low match, sglang-router
     LOW_MATCH_MIN_LOAD = "low_match_min_load"  # low match, vllm-router
     LOAD_BALANCE = "load_balance"  # the load was imbalanced
+    MISSING_TOKENS = "missing_tokens"  # vllm-router got no token ids from the engines: load alone
 
 
 _LOAD_AWARE: Final = frozenset({RoutingPolicy.POWER_OF_TWO, RoutingPolicy.CACHE_AWARE})
@@ -87,6 +92,11 @@ class RoutingConfig:
 
     ``low_match`` is the router whose low-match rule the model follows (``Decision``);
     ``max_tree_size`` is in characters, as the routers take it (default: that router's).
+    ``tokens`` says whether the router sees what it matches: sglang-router matches the request's
+    text, always there; vllm-router 0.1.17 matches token ids it asks every engine for
+    (``/v1/completions/render``, served by vLLM only with ``--enable-scale-out``), and without them
+    its cache_aware routes by load alone (its ``missing_tokens`` outcome; measured against the wheel,
+    ``tests/routing/test_routing_real_router.py``).
     """
 
     policy: RoutingPolicy = RoutingPolicy.KUBE_PROXY
@@ -94,6 +104,7 @@ class RoutingConfig:
     low_match: Router = Router.SGLANG
     max_tree_size: int | None = None
     eviction_interval_s: float = EVICTION_INTERVAL_S
+    tokens: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tree_size is not None and self.max_tree_size < CHARS_PER_TOKEN:
@@ -128,6 +139,7 @@ class RoutingConfig:
             "low_match": str(self.low_match),
             "max_tree_size": self.max_tree_chars,
             "eviction_interval_s": self.eviction_interval_s,
+            "tokens": self.tokens,
         }
 
 
@@ -288,6 +300,8 @@ class RouterModel:
             self._evict_at = now + cfg.eviction_interval_s
         text = req.prompt
         ratio = 0.0
+        if not cfg.tokens and cfg.low_match is Router.VLLM:
+            return Routed(_least(loads), Decision.MISSING_TOKENS)  # nothing to match: no tree either
         if imbalanced(loads, cfg.thresholds):
             chosen, decision = _least(loads), Decision.LOAD_BALANCE
         else:
