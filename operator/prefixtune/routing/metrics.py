@@ -14,9 +14,10 @@ wheels here against two ``prefixtune twin serve`` SGLang workers (12 completions
   ``vllm_router_prefix_routing_decisions_total{policy, stage, outcome}`` ("Cache prefix decision"):
   ``prefix_hit`` / ``prefix_miss`` (sent by the prefix tree: to the worker holding the prefix, or to
   the smallest tree), ``load_imbalance`` (sent to the least-loaded worker instead), and
-  ``missing_tokens`` (the request reached the policy without token ids: neither; the run here with
-  text prompts gave only these). Its ``vllm_router_cache_hits_total`` / ``_misses_total`` families are
-  in the binary but were never emitted.
+  ``missing_tokens`` (the request reached the policy without token ids: neither; every decision is
+  one when the workers do not serve their render routes, vLLM without ``--enable-scale-out`` or
+  SGLang: ``tests/sandbox/test_sandbox_router.py``). Its ``vllm_router_cache_hits_total`` /
+  ``_misses_total`` families are in the binary but were never emitted.
 """
 
 from __future__ import annotations
