@@ -4,7 +4,8 @@ Every categorical knob value x memory-fraction edges x TP 1/2 for vLLM and SGLan
 batch limits a space can search (each ladder value and the engine default, of both; vLLM also with
 chunked prefill off) and the ends of their valid ranges; every Deployment rendered from examples/,
 and every extraArgs sample the validation accepts, each with the values the engine's own parser must
-read back. The pairs the adapters refuse go to step 2 too: the engine must refuse them. Also the
+read back; vLLM under every routing policy (``--enable-scale-out`` whenever a router may be in front).
+The pairs the adapters refuse go to step 2 too: the engine must refuse them. Also the
 twin's exposition and the recipe's names for vLLM, for step 3. Usage: python cases.py OUT.json
 """
 
@@ -23,6 +24,7 @@ from prefixtune.controller import render as R
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import MAX_BATCHED_TOKENS, MAX_RUNNING, ArgsError, KnobConfig
 from prefixtune.engines.knobs import ENGINE_DEFAULT
+from prefixtune.routing.policy import AUTO_POLICY, RoutingPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -183,6 +185,27 @@ def extra_arg_cases(engine: str) -> list[dict[str, Any]]:
     return out
 
 
+def routing_cases() -> list[dict[str, Any]]:
+    """vLLM's command under each routing policy: the scale-out endpoints (the render routes
+    vllm-router routes on) on whenever a router may be in front, off under kube-proxy, each read by
+    vLLM's own parser."""
+    adapter = get_adapter("vllm")
+    out = []
+    for policy in (AUTO_POLICY, *(p.value for p in RoutingPolicy)):
+        config = adapter.default_config().with_(routing_policy=policy)
+        rendered = adapter.render(MODEL, config)
+        out.append(
+            {
+                "engine": "vllm",
+                "source": f"routing {policy}",
+                "argv": list(rendered.argv),
+                "expect": expect(config, 1, "vllm"),
+                "sets": {"enable_scale_out": policy != RoutingPolicy.KUBE_PROXY.value},
+            }
+        )
+    return out
+
+
 def example_cases() -> list[dict[str, Any]]:
     out = []
     for path in sorted((ROOT / "examples").glob("*.yaml")):
@@ -285,6 +308,7 @@ def main() -> int:
     unexplained = [r for r in refused if r["engine"] != "vllm"]
     if unexplained:
         raise SystemExit(f"the adapter refuses batch limits no engine rule explains: {unexplained[:3]}")
+    cases += routing_cases()
     cases += example_cases()
     document = {"cases": cases, "vllm_metrics": twin_vllm_families(), "sets": engine_sets(refused)}
     Path(sys.argv[1]).write_text(json.dumps(document))

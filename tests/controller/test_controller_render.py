@@ -178,3 +178,38 @@ def test_rendered_args_parse_back_to_the_same_config(engine: str) -> None:
             {"spec": dep["spec"]["template"]["spec"]}, container, {cm["metadata"]["name"]: cm["data"]}
         )
     assert get_adapter(engine).parse(container["command"] + container["args"], files).config == config
+
+
+# --- what a router needs of the engines (vLLM's --enable-scale-out) ----------------------------
+
+
+def _args(spec: Any, config: KnobConfig | None = None) -> list[str]:
+    dep = R.render_deployment(OWNER, spec, config or spec.knob_config(), "baseline", spec.replicas)
+    return list(_container(dep)["args"])
+
+
+def test_a_scale_from_one_replica_to_two_leaves_the_vllm_pods_command_as_it_was() -> None:
+    one, two = _spec(replicas=1), _spec(replicas=2)
+    # The search resolves auto by the replicas of the moment: kube-proxy at one, cache_aware at two.
+    at_one = _args(one, one.knob_config().with_(routing_policy="kube-proxy"))
+    at_two = _args(two, two.knob_config().with_(routing_policy="cache_aware"))
+    assert at_one == at_two == _args(one)
+    assert "--enable-scale-out" in at_one
+
+
+def test_vllm_pods_serve_a_router_when_the_space_lists_one_beside_kube_proxy() -> None:
+    spec = _spec(
+        replicas=2,
+        routing={"policy": "kube-proxy"},
+        tuning={"space": {"routingPolicy": ["kube-proxy", "cache_aware"]}},
+    )
+    trials = [_args(spec, spec.knob_config().with_(routing_policy=p)) for p in ("kube-proxy", "cache_aware")]
+    assert trials[0] == trials[1] and "--enable-scale-out" in trials[0]
+
+
+def test_vllm_pods_that_never_have_a_router_in_front_serve_no_render_routes() -> None:
+    spec = _spec(replicas=2, routing={"policy": "kube-proxy"})
+    assert "--enable-scale-out" not in _args(spec)
+    assert "--enable-scale-out" not in _args(spec, spec.knob_config().with_(routing_policy="cache_aware"))
+    adopting = _spec(replicas=2, adopt={"deployment": "team-vllm"})
+    assert "--enable-scale-out" not in _args(adopting)

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from prefixtune.engines import EngineName, get_adapter
+from prefixtune.metrics.exposition import parse
 from prefixtune.routing.render import LIVENESS_PATH, READINESS_PATH
 from prefixtune.routing.settings import ENGINE_ROUTER
 from prefixtune.sandbox.kubelet import KubeletConfig
@@ -35,6 +36,8 @@ from prefixtune.twin.workloads import generate
 T = TypeVar("T")
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ROUTER_PORT = 30000
+ROUTER_METRICS_PORT = 29000
+DECISIONS = "vllm_router_prefix_routing_decisions_total"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
 SERVICES = "/api/v1/namespaces/default/services"
 COMMANDS = {
@@ -43,10 +46,13 @@ COMMANDS = {
 }
 
 
-def engine_deployment(name: str, replicas: int, engine: EngineName = EngineName.SGLANG) -> dict[str, Any]:
-    """Engine pods on port 30000: SGLang as its adapter renders it, or trtllm-serve at its defaults
-    (no LLM API options file to mount)."""
-    if engine is EngineName.TRTLLM:
+def engine_deployment(
+    name: str, replicas: int, engine: str = EngineName.SGLANG, routing: str = "auto"
+) -> dict[str, Any]:
+    """Engine pods as the engine's adapter renders them (``routing``: the routing policy the
+    command is rendered for), or trtllm-serve at its defaults on port 30000 (no LLM API options file
+    to mount)."""
+    if engine == EngineName.TRTLLM:
         argv = ["trtllm-serve", MODEL, "--host", "0.0.0.0", "--port", "30000"]
         container = {
             "name": "engine",
@@ -55,9 +61,10 @@ def engine_deployment(name: str, replicas: int, engine: EngineName = EngineName.
             "args": argv[1:],
         }
     else:
-        adapter = get_adapter("sglang")
-        argv = list(adapter.render(MODEL, adapter.default_config()).argv)
-        container = {"name": "engine", "image": "lmsysorg/sglang", "command": argv[:3], "args": argv[3:]}
+        adapter = get_adapter(engine)
+        rendered = adapter.render(MODEL, adapter.default_config().with_(routing_policy=routing))
+        command, args = list(rendered.command), list(rendered.args)
+        container = {"name": "engine", "image": adapter.default_image, "command": command, "args": args}
     labels = {"app": name}
     return {
         "metadata": {"name": name},
@@ -70,14 +77,19 @@ def engine_deployment(name: str, replicas: int, engine: EngineName = EngineName.
 
 
 def router_deployment(
-    name: str, engines: str, router: str, policy: str = "cache_aware", probe: str = "/health"
+    name: str,
+    engines: str,
+    router: str,
+    policy: str = "cache_aware",
+    probe: str = "/health",
+    engine_port: int = 30000,
 ) -> dict[str, Any]:
     labels = {"app": name, "app.kubernetes.io/component": "router"}
     args = [
         "--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--policy", policy,
         "--service-discovery", "--selector", f"app={engines}",
-        "--service-discovery-namespace", "default", "--service-discovery-port", "30000",
-        "--prometheus-port", "29000",
+        "--service-discovery-namespace", "default", "--service-discovery-port", str(engine_port),
+        "--prometheus-port", str(ROUTER_METRICS_PORT),
     ]  # fmt: skip
     container = {
         "name": "router",
@@ -300,6 +312,63 @@ async def test_the_load_follows_its_service_to_the_router_with_text_and_its_sess
             return not _alive(pid)
 
         await until(sb, stopped, 30.0, "the router's process to stop with its pod")
+
+
+async def decisions(url: str) -> dict[str, float]:
+    """vllm-router's cache-aware decisions so far, by outcome (its ``/metrics``)."""
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
+        snapshot = parse(await resp.text(), target="router", t=0.0)
+    out: dict[str, float] = {}
+    for labels, value in snapshot.series(DECISIONS):
+        outcome = dict(labels).get("outcome", "")
+        out[outcome] = out.get(outcome, 0.0) + value
+    return out
+
+
+@pytest.mark.parametrize(("routing", "routed_on_prefixes"), [("cache_aware", True), ("kube-proxy", False)])
+async def test_vllm_router_routes_vllm_pods_on_the_token_ids_their_render_routes_give(
+    routing: str, routed_on_prefixes: bool
+) -> None:
+    """vllm-router asks every worker's render route for the request's token ids and routes
+    cache_aware on them: engine pods rendered for a router (``--enable-scale-out``) give them, and
+    every decision is a prefix hit or miss; pods rendered for kube-proxy refuse (403), and every
+    decision is ``missing_tokens`` (routed by load alone)."""
+    async with sandbox(SandboxOptions(speedup=10.0, config=config(), load=False)) as sb:
+        engines = engine_deployment("chat", 2, engine="vllm", routing=routing)
+        await sb.api.create(DEPLOYMENTS, engines)
+        router = router_deployment("chat-router", "chat", "vllm-router", engine_port=8000)
+        await sb.api.create(DEPLOYMENTS, router)
+        engine_ips = await ready_ips(sb, "app%3Dchat", 2)
+        (router_ip,) = await ready_ips(sb, "app%3Dchat-router", 1)
+        url = f"http://{router_ip}:{ROUTER_PORT}"
+        wanted = {f"http://{ip}:8000" for ip in engine_ips}
+
+        async def discovered() -> bool:
+            return await workers(url) == wanted
+
+        await until(sb, discovered, 60.0, "the router to register both engine pods")
+        system = "You are a careful assistant who answers briefly. " * 20
+        sent = 0
+        async with aiohttp.ClientSession() as http:
+            for turn in range(2):
+                for session in range(3):
+                    prompt = system + f"session {session}: " + "tell me more. " * (1 + 8 * turn)
+                    body = {"model": MODEL, "prompt": prompt, "max_tokens": 2}
+                    async with http.post(f"{url}/v1/completions", json=body) as resp:
+                        assert resp.status == 200, await resp.text()
+                    sent += 1
+
+        async def counted() -> dict[str, float] | None:
+            got = await decisions(f"http://{router_ip}:{ROUTER_METRICS_PORT}")
+            return got if sum(got.values()) >= sent else None
+
+        by_outcome = await until(sb, counted, 30.0, "the router to count a decision per request")
+    prefix = by_outcome.get("prefix_hit", 0.0) + by_outcome.get("prefix_miss", 0.0)
+    if routed_on_prefixes:
+        assert by_outcome.get("missing_tokens", 0.0) == 0 and prefix >= sent, by_outcome
+        assert by_outcome.get("prefix_hit", 0.0) > 0, by_outcome  # later turns find their prefix
+    else:
+        assert by_outcome.get("missing_tokens", 0.0) >= sent and prefix == 0, by_outcome
 
 
 def _alive(pid: int) -> bool:

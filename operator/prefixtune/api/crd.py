@@ -220,7 +220,7 @@ def _extra_args_rule(engine: str, flags: frozenset[str]) -> dict[str, Any]:
         "rule": f"self.engine != '{engine}' || {_guard('extraArgs')} || "
         f"self.extraArgs.all(a, !a.matches('{_flag_regex(sorted(flags))}'))",
         "message": f"extraArgs may not set flags the operator owns on {engine} ({shown}); "
-        "use spec.config, spec.gpu.count or spec.model instead",
+        "use spec.config, spec.routing, spec.gpu.count or spec.model instead",
         "fieldPath": ".extraArgs",
     }
 

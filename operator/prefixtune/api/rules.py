@@ -416,6 +416,12 @@ def _instead(adapter: EngineAdapter, flag: str) -> str:
         spellings = {_norm(s.strip()) for s in spec.flag.split("/") if s.strip()}
         if norm in spellings:
             return f"use spec.config.{knob_field(knob)} (and spec.tuning.space.{knob_field(knob)}) instead"
+    if norm in {_norm(f) for f in adapter.routing_flags()}:
+        return (
+            "spec.routing decides it: the engines serve what a router needs whenever one may be in "
+            "front (spec.routing.policy other than kube-proxy, or a router policy in "
+            "spec.tuning.space.routingPolicy)"
+        )
     words = _words(flag)
     if words & _TENSOR_PARALLEL_WORDS:
         return "use spec.gpu.count (the tensor-parallel size) instead"

@@ -174,9 +174,12 @@ def _meta(
 
 
 def render_command(spec: ServingDeploymentSpec, config: KnobConfig) -> RenderedCommand:
+    """The engine's command for ``config``: what a router needs of the engines follows the resource,
+    not the config's routing knobs (``routing.render.engines_config``)."""
     adapter = get_adapter(spec.engine)
     slo = float(spec.tuning.slo.ttft_p99)
-    return adapter.render(spec.model, config, spec.extra_args, None, spec.gpu.count, ttft_slo_s=slo)
+    engines = routing_render.engines_config(spec, config)
+    return adapter.render(spec.model, engines, spec.extra_args, None, spec.gpu.count, ttft_slo_s=slo)
 
 
 def _options_data(files: Mapping[str, str]) -> dict[str, str]:

@@ -38,7 +38,7 @@ from prefixtune.engines.knobs import (
 )
 from prefixtune.engines.knobs import MAX_BATCHED_TOKENS as MAX_BATCHED_TOKENS
 from prefixtune.engines.knobs import MAX_RUNNING as MAX_RUNNING
-from prefixtune.routing.policy import RoutingPolicy
+from prefixtune.routing.policy import ANY_ROUTER_NEEDS, EngineNeed, RoutingPolicy
 
 # Neutral option keys in ParsedCommand.options (read by the digital twin). The batch limits are
 # knobs: their option keys are the registry's names, set where the command sets the flag (the twin
@@ -52,6 +52,10 @@ HOST_CACHE_BACKEND = "host_cache_backend"  # vLLM: native | lmcache
 PARTIAL_REUSE = "partial_reuse"
 EVICTION_POLICY = "eviction_policy"
 HOST = "host"
+RENDER_ROUTES = "render_routes"  # the engine answers a router's render requests (EngineNeed.TOKEN_IDS)
+
+# The option that says a command serves a router's need (ParsedCommand.options, read by the twin).
+NEED_OPTIONS: Mapping[EngineNeed, str] = {EngineNeed.TOKEN_IDS: RENDER_ROUTES}
 
 DEFAULT_HOST = "0.0.0.0"
 
@@ -118,6 +122,14 @@ ROUTING_SPECS: tuple[KnobSpec, ...] = (
 
 
 UNBOUND = Binding()  # a knob no flag carries (tests' adapters)
+
+
+def router_in_front(config: KnobConfig) -> bool:
+    """Whether a router may be in front of the engines running ``config``: its routing policy is
+    anything but kube-proxy. ``auto`` counts: it puts a router in front with two replicas or more
+    (``prefixtune.routing.settings.resolve_policy``), and a scale from one replica to two must not
+    change the engines' command."""
+    return str(config.get(ROUTING_POLICY)) != RoutingPolicy.KUBE_PROXY.value
 
 
 def memory_fraction_knob(default: float, flag: str, doc: str, binding: Binding = UNBOUND) -> KnobSpec:
@@ -241,6 +253,10 @@ class AdapterBase(ABC):
     # and its LLM API refuses a prompt over max_num_tokens (tensorrt_llm/llmapi/llm.py
     # _check_arguments), so there the token budget is also the longest prompt served.
     chunked_prefill_default: bool = True
+    # The owned switch (a flag dest of ``table``) that makes the engine serve each need a router may
+    # have of it (``prefixtune.routing.policy.ROUTER_NEEDS``); none where the engine has no such
+    # switch. Rendered on whenever a router may be in front (``routing_args``).
+    need_flags: Mapping[EngineNeed, str] = {}
 
     @property
     def budget_cuts_itl(self) -> bool:
@@ -303,6 +319,24 @@ class AdapterBase(ABC):
     def tuned_flags(self) -> frozenset[str]:
         return self.table.spellings(Role.OWNED, Role.FORBIDDEN)
 
+    def routing_flags(self) -> frozenset[str]:
+        """Every spelling of the ``need_flags`` switches (extraArgs may not set them: spec.routing does)."""
+        flags = (self.table.by_dest(dest) for dest in self.need_flags.values())
+        return frozenset(name for flag in flags for name in flag.spellings)
+
+    def routing_args(self, config: KnobConfig) -> tuple[str, ...]:
+        """The owned flags for a router in front (``router_in_front``): the switch of every need any
+        router may have (``ANY_ROUTER_NEEDS``: the command does not know which router fronts it) that
+        the engine has one for, in its canonical spelling. The same for every router policy, so a
+        trial between them leaves the engines' command as it was; nothing under kube-proxy."""
+        if not router_in_front(config):
+            return ()
+        return tuple(
+            self.table.by_dest(dest).names[0]
+            for need, dest in sorted(self.need_flags.items())
+            if need in ANY_ROUTER_NEEDS
+        )
+
     def owned_args(self, args: Sequence[str]) -> list[str]:
         """Tokens of ``args`` that set a flag the operator owns (``--x v`` and ``--x=v`` forms)."""
         return owned_tokens(self.table, args)
@@ -328,7 +362,7 @@ class AdapterBase(ABC):
         self.check_config(config)
         self.check_extra_args(extra_args)
         port = require_port(self.default_port if port is None else port)
-        args = (*self.metric_args(ttft_slo_s), *extra_args)
+        args = (*self.metric_args(ttft_slo_s), *self.routing_args(config), *extra_args)
         rendered = self.render_args(model, config, args, port, require_tensor_parallel(tensor_parallel))
         # What we render must read back: unknown extra flags and bad values fail here.
         parsed = self.parse(rendered.argv, rendered.files)
@@ -409,14 +443,20 @@ class AdapterBase(ABC):
     def parsed(
         self, scan: Scan, model: str, config: KnobConfig, options: Mapping[str, object]
     ) -> ParsedCommand:
-        """The ParsedCommand for a scanned command: port, TP degree and untuned flags come from ``scan``."""
+        """The ParsedCommand for a scanned command: port, TP degree, the needs of a router it serves
+        (``NEED_OPTIONS``, where it sets their switches) and untuned flags come from ``scan``."""
+        served = {
+            NEED_OPTIONS[need]: bool(scan.value(dest))
+            for need, dest in self.need_flags.items()
+            if scan.last(dest) is not None
+        }
         return ParsedCommand(
             engine=self.name,
             model=model,
             config=config,
             port=scan.int_value("port", self.default_port),
             extra_args=self.extra_tokens(scan),
-            options=EngineOptions(options),
+            options=EngineOptions({**options, **served}),
             tensor_parallel=scan.int_value(self.tp_dest, 1),
         )
 
@@ -439,7 +479,8 @@ class AdapterBase(ABC):
             flags = ", ".join(owned)
             raise ArgsError(
                 f"{self.name}: extra args may not set {flags}: the operator owns these flags "
-                "(set the knob in spec.config, or the model/port/tensor parallelism in the spec)"
+                "(set the knob in spec.config, the router in spec.routing, or the model/port/tensor "
+                "parallelism in the spec)"
             )
 
     def knob_value(self, knob: str, flag_name: str, value: object) -> object:

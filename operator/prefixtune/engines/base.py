@@ -275,6 +275,12 @@ class EngineOptions(Mapping[str, object]):
         """vLLM's KV offload backend: native | lmcache."""
         return self._typed("host_cache_backend", str)
 
+    @property
+    def render_routes(self) -> bool | None:
+        """The engine answers a router's render requests with the request's token ids
+        (``prefixtune.routing.policy.EngineNeed.TOKEN_IDS``: vLLM's ``--enable-scale-out``)."""
+        return self._typed("render_routes", bool)
+
 
 @dataclass(frozen=True)
 class ParsedCommand:
@@ -359,6 +365,11 @@ class EngineAdapter(Protocol):
 
     def tuned_flags(self) -> frozenset[str]:
         """Flags (and their aliases) that the operator owns; extraArgs may not set them."""
+        ...
+
+    def routing_flags(self) -> frozenset[str]:
+        """The owned flags (every spelling) that make the engine serve what a router in front of it
+        needs; spec.routing decides them."""
         ...
 
     def validate(self, config: KnobConfig) -> list[tuple[str, str]]:

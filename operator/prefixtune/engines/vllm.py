@@ -60,6 +60,7 @@ from prefixtune.engines.base import (
     ParsedCommand,
     RenderedCommand,
 )
+from prefixtune.routing.policy import EngineNeed
 
 COMMAND = ("vllm", "serve")
 DEFAULT_PORT = 8000
@@ -221,6 +222,11 @@ FLAGS = FlagTable(
             role=Role.OWNED,
             convert=to_choice(("fcfs", "priority")),
         ),
+        # The scale-out endpoints (vllm/entrypoints/scale_out/factories.py): the render routes a
+        # router asks for the request's token ids, /derender, /inference/v1/generate and
+        # /inference/v1/abort_requests. Off by default (FrontendArgs.enable_scale_out,
+        # vllm/entrypoints/common/cli_args.py): the routes then answer 403. Rendered for a router.
+        _bool_pair("enable_scale_out", "enable-scale-out", Role.OWNED),
         # forbidden: real flags that would override a tuned knob or blind the tuner
         Flag(
             "kv_cache_memory_bytes",
@@ -343,6 +349,8 @@ class VllmAdapter(AdapterBase):
     table = FLAGS
     _knobs = KNOBS
     prog_words = 2  # "vllm serve: error: ..."
+    # vllm-router routes on the render routes, which --enable-scale-out opens
+    need_flags: Mapping[EngineNeed, str] = {EngineNeed.TOKEN_IDS: "enable_scale_out"}
 
     def hardware_defaults(self, hardware: Hardware, pinned: Mapping[str, object]) -> dict[str, object]:
         """The API server's limits for the device (``batch_defaults``); an unset max_num_seqs is at

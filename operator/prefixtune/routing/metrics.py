@@ -18,7 +18,8 @@ wheels here against two ``prefixtune twin serve`` SGLang workers (12 completions
   alone). Its tree holds token ids, which it asks every worker for before each decision (``POST
   /v1/completions/render``, vLLM's scale-out endpoint): workers that answer none (vLLM without
   ``--enable-scale-out``: 403; SGLang, trtllm-serve: no such route) make every decision
-  ``missing_tokens`` (``tests/routing/test_routing_real_router.py`` pins both against the binary).
+  ``missing_tokens`` (``tests/routing/test_routing_real_router.py`` pins both against the binary,
+  ``tests/sandbox/test_sandbox_router.py`` against twin vLLM pods with and without the flag).
   Its ``vllm_router_cache_hits_total`` / ``_misses_total`` families are in the binary but were never
   emitted.
 """

@@ -51,6 +51,31 @@ ROUTER_POLICIES: dict[Router, frozenset[RoutingPolicy]] = {
     Router.VLLM: _BOTH | {RoutingPolicy.CONSISTENT_HASH},
 }
 
+
+class EngineNeed(StrEnum):
+    """What a router asks of the engines behind it beyond the OpenAI API every engine serves."""
+
+    # The request as the engine's token ids: ``POST /v1/completions/render`` (a list, one object per
+    # prompt) and ``POST /v1/chat/completions/render`` (one object), each ``{"request_id",
+    # "token_ids", ...}`` (vLLM's GenerateRequest).
+    TOKEN_IDS = "token_ids"
+
+
+# What each router needs of the engines, under any of its policies (a trial between a router's
+# policies restarts only the router, so the engines serve the need whatever the policy).
+# vllm-router 0.1.17 with ``--policy cache_aware`` posts every request to the render route of every
+# worker and routes on the token ids it gets back; a worker that gives none counts
+# ``vllm_router_prefix_routing_decisions_total{outcome="missing_tokens"}`` and the request is routed
+# by load alone, with no prefix affinity at all (measured against the wheel). sglang-router 0.3.2
+# routes on the request's text.
+ROUTER_NEEDS: dict[Router, frozenset[EngineNeed]] = {
+    Router.SGLANG: frozenset(),
+    Router.VLLM: frozenset({EngineNeed.TOKEN_IDS}),
+}
+# What any router may need: an engine command is rendered without knowing which router
+# (spec.routing.router) will front it, so a routed engine serves all of it.
+ANY_ROUTER_NEEDS: frozenset[EngineNeed] = frozenset().union(*ROUTER_NEEDS.values())
+
 # Policies that keep a session's requests on one worker (the worker whose tree matches its history,
 # or the hash of its key) for as long as the load stays balanced: a canary pod added behind such a
 # router takes whole sessions (cache_aware sends what matches no tree to the smallest tree: the new

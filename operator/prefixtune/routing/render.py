@@ -30,7 +30,7 @@ from typing import Any
 from prefixtune.api import owned
 from prefixtune.api.models import ServingDeploymentSpec
 from prefixtune.engines.base import KnobConfig
-from prefixtune.engines.knobs import PREFIX_CACHING
+from prefixtune.engines.knobs import PREFIX_CACHING, ROUTING_POLICY
 from prefixtune.routing.policy import (
     DEFAULT_MAX_TREE_SIZE,
     DEFAULT_ROUTER_IMAGE,
@@ -124,6 +124,26 @@ def settings_for(
         # router runs that until the policy's new epoch decides; raising here wedged every tick.
         baseline = spec.knob_config()
         return base.with_knobs(baseline, spec.replicas, bool(baseline.get(PREFIX_CACHING)))
+
+
+def engines_config(spec: ServingDeploymentSpec, config: KnobConfig) -> KnobConfig:
+    """``config`` as the engine pods' command renders it: its engine knobs, and for the routing policy
+    whether a router may ever be in front of this resource's engines (the adapters render what a
+    router needs of the engines from it: ``engines._common.router_in_front``), never the policy a
+    trial or the search holds. The search resolves ``auto`` by the replicas of the moment (kube-proxy
+    at one replica) and may list kube-proxy beside a router's policies; a routing trial restarts the
+    router, not the engines, and a scale from one replica to two leaves the engines' pods as they are.
+
+    A router may be in front unless the resource adopts a Deployment (it gets no router), or its
+    spec.routing.policy is kube-proxy and its space lists no router policy: then kube-proxy, else the
+    spec's policy (``auto`` included) or the first listed router policy."""
+    policy = spec.routing.policy
+    if spec.adopt is not None:
+        policy = RoutingPolicy.KUBE_PROXY.value
+    elif policy == RoutingPolicy.KUBE_PROXY.value:
+        listed = [str(p) for p in spec.tuning.space.listed().get(ROUTING_POLICY) or ()]
+        policy = next((p for p in listed if p != RoutingPolicy.KUBE_PROXY.value), policy)
+    return config.with_(**{ROUTING_POLICY: policy})
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,12 @@ from typing import Any
 
 from prefixtune.twin.models.base import twin_model
 
-ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+ERROR_TYPES = {
+    400: "BadRequestError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+}
 
 
 def error_body(engine: str, message: str, status: int, param: str | None = None) -> dict[str, Any]:

@@ -28,6 +28,15 @@ Endpoints (as the engines serve them):
   without, ``CHAT_ANSWER_TOKENS`` and "stop" (a model ending its turn). The answer text re-tokenizes
   to the generated ids, so sending it back as the next turn's assistant message hits that cache too.
   Objects and error bodies as each engine shapes them (``openai_api``).
+- vLLM only, with ``--enable-scale-out`` (``ParsedCommand.options.render_routes``): ``POST
+  /v1/completions/render`` (the completions body; a list with one ``{"request_id", "token_ids"}`` per
+  prompt) and ``POST /v1/chat/completions/render`` (the chat body; one such object), the token ids
+  being exactly those the twin's completions run for the same body (``_parse``, ``_parse_chat``:
+  same checks, same body limit), so the prefixes requests share stay shared. vLLM's GenerateRequest
+  carries more (sampling params, ...); these two keys are what vllm-router 0.1.17 reads: it posts
+  every request to every worker's render route and routes ``cache_aware`` on the ids. Without the
+  flag both answer 403 with vLLM 0.33's message and error body
+  (``vllm/entrypoints/scale_out/factories.py``); SGLang and TensorRT-LLM have no such route (404).
 - Streaming (both routes): a chunk when the engine emits a request's first token, then a chunk per
   advance of the engine with the tokens the request produced in it. The engine produces one token
   per request per step; the server advances every ``TICK_S`` of wall time, so at ``--speedup 1``
@@ -66,6 +75,7 @@ import asyncio
 import contextlib
 import hashlib
 import heapq
+import itertools
 import json
 import logging
 import signal
@@ -106,6 +116,11 @@ DEFAULT_MAX_TOKENS = 16  # vLLM's default for /v1/completions
 # tokens; the engines would run to the model's end-of-turn token (or the context limit).
 CHAT_ANSWER_TOKENS = 128
 TICK_S = 0.005  # wall seconds between background advances
+# vLLM 0.33's answer on a scale-out route without --enable-scale-out (403 PermissionDeniedError).
+SCALE_OUT_DISABLED = (
+    "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+)
+MAX_BODY_BYTES = 64 * 1024**2  # every POST route's body limit
 
 
 class _Http2PrefaceFilter(logging.Filter):
@@ -279,6 +294,7 @@ class TwinServer:
         self.dcgm_url = ""
         self._t0 = 0.0
         self._next_id = 0
+        self._render_ids = itertools.count()
         self._runners: list[web.AppRunner] = []
         self._ticker: asyncio.Task[None] | None = None
         self._exit_task: asyncio.Task[None] | None = None
@@ -371,9 +387,12 @@ class TwinServer:
         server_log = logging.getLogger("aiohttp.server")
         if _PREFACE_FILTER not in server_log.filters:
             server_log.addFilter(_PREFACE_FILTER)
-        app = web.Application(client_max_size=64 * 1024**2)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
+        if self.twin.render_routes:
+            app.router.add_post("/v1/completions/render", self._completions_render)
+            app.router.add_post("/v1/chat/completions/render", self._chat_render)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get(self.adapter.health_path, self._health)
         if self.adapter.ready_path != self.adapter.health_path:
@@ -548,6 +567,33 @@ class TwinServer:
                 usage(entry.req.prompt_len, entry.req.output_len, entry.cached or 0),
             )
         )
+
+    async def _completions_render(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /v1/completions/render``: one object per prompt, its ``token_ids`` those the
+        completions route runs for the same body (403 without ``--enable-scale-out``, as vLLM)."""
+        if not self.parsed.options.render_routes:
+            return self._error(RequestError(SCALE_OUT_DISABLED, status=403))
+        try:
+            prompts = self._parse(await self._accepted_body(request))[0]
+        except RequestError as err:
+            return self._error(err)
+        base = f"cmpl-twin-render-{next(self._render_ids)}"
+        ids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
+        return web.json_response(
+            [{"request_id": rid, "token_ids": prompt} for rid, prompt in zip(ids, prompts, strict=True)]
+        )
+
+    async def _chat_render(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /v1/chat/completions/render``: one object, its ``token_ids`` the prompt the
+        chat route runs for the same body (403 without ``--enable-scale-out``, as vLLM)."""
+        if not self.parsed.options.render_routes:
+            return self._error(RequestError(SCALE_OUT_DISABLED, status=403))
+        try:
+            chat = self._parse_chat(await self._accepted_body(request))
+        except RequestError as err:
+            return self._error(err)
+        rid = f"chatcmpl-twin-render-{next(self._render_ids)}"
+        return web.json_response({"request_id": rid, "token_ids": chat.prompt})
 
     def _parse_chat(self, body: Any) -> _Chat:
         self._check_body(body)

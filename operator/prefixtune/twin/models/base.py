@@ -94,6 +94,10 @@ class TwinModel:
     # SGLang's server and model information routes (both spellings: the ``get_`` ones are the older),
     # which the routers probe when they register a worker (``twin/serve.py``).
     info_routes: ClassVar[bool] = False
+    # vLLM's render routes (the request as its token ids, what vllm-router routes on): answered when
+    # the command enables them (``ParsedCommand.options.render_routes``), else 403 as vLLM answers
+    # them disabled; an engine without them answers 404 (an unknown route).
+    render_routes: ClassVar[bool] = False
     metrics: ClassVar[type[EngineMetrics]]
 
     # --- scheduler ---------------------------------------------------------------------------------

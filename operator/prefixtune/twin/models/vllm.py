@@ -210,6 +210,7 @@ class VllmModel(TwinModel):
     owned_by = "vllm"
     oom_startup_prefix = "ValueError"
     error_envelope = True
+    render_routes = True  # POST /v1/completions/render, /v1/chat/completions/render
     metrics = VllmMetrics
 
     def scheduler_defaults(self, gpu: GpuHardware) -> SchedulerDefaults:
