@@ -107,6 +107,21 @@ def test_lightly_loaded_replicas_hit_what_their_streams_do_through_idle_caches()
     assert run.total.hit_rate == pytest.approx(idle, abs=0.005)
 
 
+def test_vllm_router_sees_token_ids_only_from_vllm_serving_its_render_routes() -> None:
+    from prefixtune.engines import get_adapter
+    from prefixtune.routing.policy import Router
+
+    adapter = get_adapter("vllm")
+    routing = RoutingConfig(policy=RoutingPolicy.CACHE_AWARE, low_match=Router.VLLM)
+    decisions = {}
+    for policy in ("cache_aware", "kube-proxy"):  # the command rendered with and without a router
+        argv = adapter.render(M8, adapter.default_config().with_(routing_policy=policy)).argv
+        run = simulate_replicas("vllm", argv, GPU, _chat(), 4, routing, OPTIONS)
+        decisions[policy] = (run.routing.tokens, set(run.decisions))
+    assert decisions["cache_aware"][0] and "cache_affinity" in decisions["cache_aware"][1]
+    assert decisions["kube-proxy"] == (False, {"missing_tokens"})
+
+
 def test_one_cache_with_the_pools_together_hits_at_least_what_random_replicas_do() -> None:
     single = single_cache_hit_rate("vllm", [], GPU, _chat(), 4, OPTIONS)
     assert single > _run(RoutingPolicy.RANDOM).total.hit_rate

@@ -25,11 +25,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
 from prefixtune.engines.base import ParsedCommand
+from prefixtune.routing.policy import ROUTER_NEEDS, EngineNeed
 from prefixtune.twin.cache.base import KVCache
 from prefixtune.twin.engine import TwinEngine, gc_paused
 from prefixtune.twin.memory import StartupOOM
@@ -99,6 +100,7 @@ def simulate_replicas(
     if o.horizon_s is not None and o.horizon_s <= o.warmup_s:
         raise ValueError(f"horizon_s ({o.horizon_s}) must be after warmup_s ({o.warmup_s})")
     parsed = parse_command(engine, argv, model=o.model, tp=o.tp, files=o.files)
+    routing = served(routing, parsed)
     info = setup_of(parsed, gpu, o.seed, o.setup)
     info["warmup_s"] = float(o.warmup_s)
     info["horizon_s"] = None if o.horizon_s is None else float(o.horizon_s)
@@ -173,6 +175,16 @@ def simulate_replicas(
         router.evicted_tokens,
         tuple(tuple(r) for r in routed),
     )
+
+
+def served(routing: RoutingConfig, parsed: ParsedCommand) -> RoutingConfig:
+    """``routing`` as the engines behind it let it see: a router that matches token ids
+    (``ROUTER_NEEDS``) gets none from engines whose command does not serve them (vLLM without
+    ``--enable-scale-out``), and its cache_aware then routes by load alone."""
+    needs_tokens = EngineNeed.TOKEN_IDS in ROUTER_NEEDS[routing.low_match]
+    if needs_tokens and routing.tokens and not parsed.options.render_routes:
+        return replace(routing, tokens=False)
+    return routing
 
 
 def _advance_all(engines: Sequence[TwinEngine], t: float) -> list[dict[str, float]]:
