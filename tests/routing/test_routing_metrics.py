@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from prefixtune.api.models import RoutingStatus
-from prefixtune.controller.routing_status import status_of
+from prefixtune.controller.routing_status import status_of, tokenless_note
 from prefixtune.metrics.exposition import Snapshot, parse
 from prefixtune.routing import metrics as M
 from prefixtune.routing.policy import Router
@@ -53,6 +53,22 @@ def test_vllm_routers_decisions_split_prefix_tree_from_load_balancing() -> None:
     got = M.read(Router.VLLM, [_snap(VLLM)])
     assert (got.requests, got.cache_aware, got.load_balanced) == (40, 30, 8)
     assert [round(w.share, 2) for w in got.workers] == [0.75, 0.25]
+
+
+def test_vllm_routers_tokenless_decisions_are_counted_apart_and_said() -> None:
+    got = M.read(Router.VLLM, [_snap(VLLM)])
+    assert got.tokenless == 2
+    status = RoutingStatus.model_validate(status_of("cache_aware", "vllm-router", got, ""))
+    assert status.tokenless_decisions == 2
+    note = tokenless_note("vllm-router", got)
+    assert note is not None and "2 of 40 requests by load alone" in note and "--enable-scale-out" in note
+    assert M.read(Router.SGLANG, [_snap(SGLANG)]).tokenless is None
+
+
+def test_no_tokenless_decision_says_nothing() -> None:
+    clean = "\n".join(line for line in VLLM.splitlines() if "missing_tokens" not in line) + "\n"
+    got = M.read(Router.VLLM, [_snap(clean)])
+    assert got.tokenless == 0 and tokenless_note("vllm-router", got) is None
 
 
 def test_router_replicas_are_summed() -> None:

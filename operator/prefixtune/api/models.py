@@ -1273,6 +1273,10 @@ class RoutingStatus(_Model):
     load_balanced_decisions: Annotated[StrictFloat, Field(ge=0)] | None = _omittable(
         "Requests sent to the least-loaded worker instead (the load was imbalanced)."
     )
+    tokenless_decisions: Annotated[StrictFloat, Field(ge=0)] | None = _omittable(
+        "Requests routed by load alone because the engines answered no token ids (vllm-router's "
+        "missing_tokens: engines without vLLM's render routes); omitted for sglang-router."
+    )
     message: Annotated[str, Field(max_length=1024)] = Field(
         "", description="Why something above is missing (no router pod ready, a scrape failed)."
     )

@@ -58,7 +58,23 @@ def status_of(
             out["cacheAwareDecisions"] = metrics.cache_aware
         if metrics.load_balanced is not None:
             out["loadBalancedDecisions"] = metrics.load_balanced
+        if metrics.tokenless is not None:
+            out["tokenlessDecisions"] = metrics.tokenless
     return out
+
+
+def tokenless_note(router: str, metrics: router_metrics.RouterMetrics) -> str | None:
+    """What to say when the router routed requests by load alone for want of token ids (vllm-router
+    in front of engines that do not serve their render routes), else None."""
+    if not metrics.tokenless:
+        return None
+    decided = (metrics.cache_aware or 0.0) + (metrics.load_balanced or 0.0) + metrics.tokenless
+    return (
+        f"{router} routed {metrics.tokenless:g} of {decided:g} requests by load alone: the engines "
+        "answered no token ids on their render routes (vLLM serves them with --enable-scale-out, which "
+        "the operator renders behind a router; an engine image without them leaves cache_aware "
+        "prefix-blind)"
+    )
 
 
 async def routing_status(
@@ -108,4 +124,7 @@ async def routing_status(
     notes = [f"router metrics not read from {'; '.join(failed)}"] if failed else []
     if metrics is not None and metrics.cache_aware is None:
         notes.append(f"{router} exports no cache-aware decision metric")
+    blind = tokenless_note(router, metrics) if metrics is not None else None
+    if blind:
+        notes.append(blind)
     return status_of(policy, router, metrics, "; ".join(notes)), True

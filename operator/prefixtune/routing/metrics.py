@@ -47,6 +47,7 @@ class RouterMetricNames:
     outcome_label: str = ""
     cache_aware: frozenset[str] = frozenset()
     load_balanced: frozenset[str] = frozenset()
+    tokenless: frozenset[str] = frozenset()  # routed by load alone: the engines gave no token ids
 
 
 ROUTER_METRICS: Mapping[Router, RouterMetricNames] = {
@@ -58,6 +59,7 @@ ROUTER_METRICS: Mapping[Router, RouterMetricNames] = {
         outcome_label="outcome",
         cache_aware=frozenset({"prefix_hit", "prefix_miss"}),
         load_balanced=frozenset({"load_imbalance"}),
+        tokenless=frozenset({"missing_tokens"}),
     ),
 }
 
@@ -78,6 +80,8 @@ class RouterMetrics:
     others: int  # workers beyond those, not listed
     cache_aware: float | None  # requests sent by prefix match (hit or miss); None: not exported
     load_balanced: float | None  # requests sent to the least-loaded worker instead; None: not exported
+    # requests routed by load alone because the engines answered no token ids; None: not exported
+    tokenless: float | None = None
 
 
 def _decisions(
@@ -126,4 +130,5 @@ def read(
         others=max(len(ranked) - MAX_WORKERS, 0),
         cache_aware=_decisions(snapshots, names, names.cache_aware),
         load_balanced=_decisions(snapshots, names, names.load_balanced),
+        tokenless=_decisions(snapshots, names, names.tokenless),
     )
