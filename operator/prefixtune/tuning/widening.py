@@ -23,18 +23,18 @@ the same findings ``status.diagnosis`` shows) against the SLO:
   that many steps) with TTFT p99 at or above ``TIGHT`` x the TTFT SLO, or TTFT bounding the window's
   headroom (below capacity: the TTFT share is the largest, and it is mostly chunked prefill): the
   budget and the ``STEPS`` allowed values above it.
-
-The headroom rules are what lets a light load find a limit that binds only at a heavier one: at 30%
-of a scenario's load nothing queues and no latency is near its SLO, yet the headroom ranks the
-configs by the budget the load would exhaust first, and a knob that moves that budget must be in the
-space for the ranking to reach it (``docs/objective.md``). A share at or under ``1 / HEADROOM_BOUNDS``'
-top bounds nothing (the factor sits at its bound whatever the knob), and widens nothing.
 - both: the budget and one allowed value on each side.
 - the ITL rule applies only where a smaller budget can cut the decodes' ITL spikes (the adapter's
   ``budget_cuts_itl``): not where prefill batches run apart from decode (SGLang: a prompt's chunks
   run back to back whatever their size), nor where the engine does not chunk a prompt by default
   (TensorRT-LLM: trtllm-serve refuses a prompt over ``max_num_tokens``, so a smaller budget would
   refuse the long prompts a RAG workload is made of, on live traffic).
+
+The headroom rules are what lets a light load find a limit that binds only at a heavier one: at 30%
+of a scenario's load nothing queues and no latency is near its SLO, yet the headroom ranks the
+configs by the budget the load would exhaust first, and a knob that moves that budget must be in the
+space for the ranking to reach it (``docs/objective.md``). A share at or under ``1 / HEADROOM_BOUNDS``'
+top bounds nothing (the factor sits at its bound whatever the knob), and widens nothing.
 
 The values come from the adapter's ladder (``KnobSpec.choices``) around the deployed value, which
 stays one of them (the baseline must be a point of the space). At most ``STEPS`` + 1 values per
