@@ -38,13 +38,13 @@ load the config would carry within the SLOs, ``1 / max(share used)`` of four bud
 - ``kv-pool``: the KV cache usage (the share of the pool the running requests hold);
 - ``running-cap``: the running batch's peak over the window / the config's running-request cap
   (vLLM ``--max-num-seqs``, SGLang ``--max-running-requests``, TensorRT-LLM ``max_batch_size``;
-  ``widening.limits_of``), where the config sets one: a request queues for a batch slot when the
+  ``widening.running_cap``), where the config sets one: a request queues for a batch slot when the
   batch reaches the cap, whatever the KV pool and the latencies leave. The peak, not the mean, as the
   TTFT's p99 and not its p50: the batch grows faster than the load (each request stays longer in a
-  larger batch), and on the twin the peak at 30% of a load predicts where the cap binds (cap 64: a
-  peak of 25-31 at 3 req/s, 54-61 at 6 req/s, at the cap with a queue at 10 req/s) where the mean
-  (12, 30, 63) says five times the load would fit. Without the cap (the engine's own default, not
-  known to the policy) the term is not measured.
+  larger batch), and on the twin the peak at 30% of a load predicts where the cap binds (the cap of
+  64 in ``vllm-chatbot-running-cap``: a peak of 25-31 at 3 req/s, 54-61 at 6 req/s, at the cap with
+  a queue at 10 req/s) where the mean (12, 30, 63) says five times the load would fit. Without the
+  cap (the engine's own default, not known to the policy) the term is not measured.
 
 At or past saturation a share is >= 1 and the factor is 1: the score IS the measured goodput, and a
 config that serves more within the SLOs wins by that. Below it, the config whose tail is furthest
