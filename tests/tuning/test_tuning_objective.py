@@ -239,3 +239,55 @@ def test_the_decision_names_the_term_that_differed_more() -> None:
     assert decided_by("goodput", (591.6, 596.5), (10.2, 1.5), HeadroomLimit.TTFT) == "headroom (ttft)"
     # one served 30% more; its headroom is a little smaller: goodput decided
     assert decided_by("goodput", (1300.0, 1000.0), (1.0, 1.1), HeadroomLimit.KV) == "goodput"
+
+
+# The running-request cap: the twin's vllm-chatbot-running-cap at 30% of its load (8B on an A100,
+# 3 req/s of chat): every cap serves it the same, the batch peaking at 31 requests; at the full load
+# the cap of 64 binds (a queue, TTFT past the SLO) and 256 does not.
+CHAT_LIGHT = {"requests": 1800.0, "goodput_tokens_per_s": 808.0, "ttft_p50_s": 0.036, "ttft_p99_s": 0.125,
+              "itl_p50_s": 0.0134, "itl_p99_s": 0.039, "kv_usage_mean": 0.031, "running_mean": 11.5,
+              "running_max": 31.0}  # fmt: skip
+CHAT_SLO = Slo(ttft_p99_s=2.0, itl_p99_s=0.15)
+
+
+def test_the_running_cap_share_is_the_batch_peak_over_the_configs_cap() -> None:
+    room = headroom(sig(**CHAT_LIGHT), CHAT_SLO, running_cap=64)
+    assert room == Headroom(factor=pytest.approx(64 / 31), limit=HeadroomLimit.RUNNING, share=31 / 64)
+
+
+def test_without_a_known_running_cap_the_running_share_is_not_measured() -> None:
+    room = headroom(sig(**CHAT_LIGHT), CHAT_SLO)
+    assert room is not None and room.limit == HeadroomLimit.ITL  # ITL p50 13.4 ms of 150 ms
+
+
+def test_a_larger_running_cap_outranks_a_smaller_one_at_light_load_by_its_headroom() -> None:
+    small = score(sig(**CHAT_LIGHT), "goodput", CHAT_SLO, 1, running_cap=64)
+    large = score(sig(**CHAT_LIGHT), "goodput", CHAT_SLO, 1, running_cap=256)
+    assert isinstance(small, Score) and isinstance(large, Score)
+    assert small.measured_value == large.measured_value == 808.0
+    assert large.headroom is not None and large.headroom.factor == pytest.approx(256 / 31)
+    assert large.value == pytest.approx(4 * small.value)  # a cap four times as large: four times the room
+
+
+def test_a_batch_at_its_running_cap_leaves_no_headroom() -> None:
+    at_cap = headroom(sig(**{**CHAT_LIGHT, "running_max": 64.0}), CHAT_SLO, running_cap=64)
+    assert at_cap is not None and at_cap.saturated and at_cap.limit == HeadroomLimit.RUNNING
+
+
+def test_paired_scores_each_side_against_its_own_running_cap() -> None:
+    pair = paired(sig(**CHAT_LIGHT), sig(**CHAT_LIGHT), "goodput", CHAT_SLO, 1, caps=(256, 64))
+    assert isinstance(pair, Paired)
+    assert pair.baseline.headroom is not None and pair.baseline.headroom.limit == HeadroomLimit.RUNNING
+    assert pair.ratio == pytest.approx(4.0)  # the same window, a cap four times as large
+
+
+def test_the_decision_names_the_running_cap_when_it_bounded_the_winner() -> None:
+    term = decided_by("goodput", (808.0, 808.0), (4.1, 2.1), HeadroomLimit.RUNNING)
+    assert term == "headroom (running-cap)"
+
+
+def test_a_headroom_at_its_top_bound_bounds_nothing() -> None:
+    idle = headroom(sig(ttft_p99_s=0.001, itl_p99_s=0.001, kv_usage_mean=0.0), SLO)
+    assert idle is not None and not idle.bounded
+    kv = headroom(sig(ttft_p99_s=0.2, itl_p99_s=0.01, kv_usage_mean=0.5), SLO)
+    assert kv is not None and kv.bounded

@@ -967,3 +967,17 @@ def test_a_rolling_trial_keeps_its_config_on_every_pod_through_a_scale() -> None
     r.tick(now + 180)
     recorded = of(r.win(now + 480, goodput=1200.0), RecordTrial)
     assert [(t.trial.id, t.trial.outcome) for t in recorded] == [(trial_id, "ok")]
+
+
+def test_a_window_is_scored_against_the_running_cap_its_config_sets() -> None:
+    # below capacity, the batch peaking at 40 requests under the deployed cap of 64: the cap is the
+    # budget the window used most of (TTFT 10%, ITL p50 3%), and the score's terms say so
+    deployed = DEFAULT.with_(max_running=64)
+    r = Run()
+    r.state = initial_state(ENGINE, SETTINGS, deployed)
+    r(RolloutReady(config=deployed), 0.0)
+    r.tick(60.0)
+    signals = replace(window(goodput=500.0, ttft=0.2, itl=0.01), running_max=40.0)
+    trial = of(r(WindowMeasured(signals=signals, offered_rps=1.0), 360.0), RecordTrial)[0].trial
+    assert trial.terms is not None and trial.terms.headroom_limit == HeadroomLimit.RUNNING
+    assert trial.terms.headroom == pytest.approx(64 / 40) and trial.value == pytest.approx(500.0 * 64 / 40)

@@ -56,8 +56,33 @@ def test_a_binding_running_cap_enters_with_the_next_two_larger_values() -> None:
 
 
 def test_nothing_enters_when_no_limit_binds() -> None:
-    calm = replace(CHAT, waiting_mean=0.0)
+    # no queue, the batch peaking at 100 of 256: the TTFT (0.9 s of 2 s) bounds the headroom
+    calm = replace(CHAT, waiting_mean=0.0, running_mean=80.0, running_max=100.0)
     assert widen(calm, LIMITS, SLO, KNOBS).empty
+
+
+def test_a_running_cap_that_bounds_the_headroom_enters_below_capacity() -> None:
+    # the twin's vllm-chatbot-running-cap at 30% of its load: nothing queues, the batch peaks at 31
+    # under a cap of 64, the largest share of a budget (TTFT 6%, ITL p50 9%, KV 3%)
+    light = replace(
+        CHAT, running_mean=11.5, running_max=31.0, waiting_mean=0.0, kv_usage_mean=0.031, ttft_p50_s=0.036,
+        ttft_p99_s=0.125, itl_p50_s=0.0134, itl_p99_s=0.039,
+    )  # fmt: skip
+    w = widen(light, replace(LIMITS, max_running=64), SLO, KNOBS)
+    assert w.values == {MAX_RUNNING: (64, 128, 256)}
+    assert w.reasons == (
+        "the running cap 64 bounds the headroom (a batch peak of 48% of it, the largest share of a budget):"
+        " more load reaches it first",
+    )
+
+
+def test_a_running_cap_the_batch_peak_barely_uses_widens_nothing() -> None:
+    # the cap is the largest share, at 3%: the headroom sits at its top bound whatever the cap
+    idle = replace(
+        CHAT, running_mean=2.0, running_max=30.0, waiting_mean=0.0, kv_usage_mean=0.01, ttft_p99_s=0.05,
+        itl_p50_s=0.002, itl_p99_s=0.004,
+    )  # fmt: skip
+    assert widen(idle, replace(LIMITS, max_running=1024), SLO, KNOBS).empty
 
 
 def test_itl_spikes_near_the_slo_bring_in_smaller_token_budgets() -> None:
@@ -75,6 +100,20 @@ def test_ttft_of_chunked_prefill_near_the_slo_brings_in_larger_token_budgets() -
     w = widen(chunked, replace(LIMITS, max_batched_tokens=512), SLO, KNOBS)
     assert w.values == {MAX_BATCHED_TOKENS: (512, 1024, 2048)}
     assert "TTFT p99 1.80 s near its SLO 2.00 s" in w.reasons[0]
+
+
+def test_chunked_prefill_ttft_that_bounds_the_headroom_brings_in_larger_token_budgets() -> None:
+    # the twin's sglang-long-prompts-chunk at 30% of its load: ~6k computed tokens a request in 1024-
+    # token chunks, TTFT p99 0.34 s of a 2 s SLO (far from it) but the largest share of a budget
+    light = replace(
+        RAG, running_mean=2.5, running_max=6.0, kv_usage_mean=0.033, ttft_p50_s=0.157, ttft_p99_s=0.337,
+        itl_p50_s=0.0072, itl_p99_s=0.0084, input_tokens_per_s=7400.0, requests_per_s=1.23,
+        prefill_reduction=0.0,
+    )  # fmt: skip
+    w = widen(light, BatchLimits(max_batched_tokens=1024), SLO, KNOBS, smaller_budget=False)
+    assert w.values == {MAX_BATCHED_TOKENS: (1024, 2048, 4096)}
+    reason = "TTFT p99 0.34 s (SLO 2.00 s), the share that bounds the headroom, is mostly chunked prefill"
+    assert w.reasons[0].startswith(reason)
 
 
 def test_both_budget_signs_bring_in_one_value_on_each_side() -> None:
@@ -111,7 +150,10 @@ def test_a_smaller_budget_is_a_size_never_the_no_limit_sentinel() -> None:
     knobs = {
         MAX_BATCHED_TOKENS: replace(KNOBS[MAX_BATCHED_TOKENS], choices=(-1, 512, 1024, 2048, 4096, 8192))
     }
-    assert widen(RAG, replace(LIMITS, max_batched_tokens=1024), SLO, knobs).values == {
+    # the KV pool 80% used bounds the headroom: at 1024 the prompts' chunked TTFT (75% of its SLO)
+    # does not, so only smaller budgets enter
+    rag = replace(RAG, kv_usage_mean=0.8)
+    assert widen(rag, replace(LIMITS, max_batched_tokens=1024), SLO, knobs).values == {
         MAX_BATCHED_TOKENS: (512, 1024)
     }
 

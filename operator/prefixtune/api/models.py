@@ -1183,10 +1183,11 @@ class ScoreTerms(_Model):
     headroom: StrictFloat | None = _omittable(
         "goodput, throughput: how much more load the window's config would carry within the SLOs, "
         "1 / the largest share of a budget its load used (TTFT p99 / TTFT SLO, ITL p50 / ITL SLO, KV "
-        "cache usage), within [1, 20]: 1 at saturation, where the score is the measured rate."
+        "cache usage, running batch peak / the config's running-request cap), within [1, 20]: 1 at "
+        "saturation, where the score is the measured rate."
     )
     headroom_limit: HeadroomLimit | None = _omittable(
-        "The budget with the largest share (ttft, itl, kv-pool)."
+        "The budget with the largest share (ttft, itl, kv-pool, running-cap)."
     )
 
 

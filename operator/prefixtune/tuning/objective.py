@@ -28,14 +28,23 @@ Below capacity the rate objectives rank by headroom. When every config meets the
 (and throughput) equals the offered load whatever the config, so a window alone cannot rank them:
 caching on and off score the same and the tuner ends on whichever window counted a few more
 requests. A rate score is therefore the measured rate times the window's ``Headroom``: how much more
-load the config would carry within the SLOs, ``1 / max(share used)`` of three budgets, bounded to
+load the config would carry within the SLOs, ``1 / max(share used)`` of four budgets, bounded to
 ``HEADROOM_BOUNDS``:
 
 - ``ttft``: TTFT p99 / the TTFT SLO (prefill work and queueing: what prefix caching moves);
 - ``itl``: ITL p50 / the ITL SLO (the decode batch's step time; the p99 is not used: it is a prefill
   stall's, at the SLO on a 70B model at 30% load whatever the config, while the per-request time per
   output token that goodput checks is far inside it);
-- ``kv-pool``: the KV cache usage (the share of the pool the running requests hold).
+- ``kv-pool``: the KV cache usage (the share of the pool the running requests hold);
+- ``running-cap``: the running batch's peak over the window / the config's running-request cap
+  (vLLM ``--max-num-seqs``, SGLang ``--max-running-requests``, TensorRT-LLM ``max_batch_size``;
+  ``widening.running_cap``), where the config sets one: a request queues for a batch slot when the
+  batch reaches the cap, whatever the KV pool and the latencies leave. The peak, not the mean, as the
+  TTFT's p99 and not its p50: the batch grows faster than the load (each request stays longer in a
+  larger batch), and on the twin the peak at 30% of a load predicts where the cap binds (the cap of
+  64 in ``vllm-chatbot-running-cap``: a peak of 25-31 at 3 req/s, 54-61 at 6 req/s, at the cap with
+  a queue at 10 req/s) where the mean (12, 30, 63) says five times the load would fit. Without the
+  cap (the engine's own default, not known to the policy) the term is not measured.
 
 At or past saturation a share is >= 1 and the factor is 1: the score IS the measured goodput, and a
 config that serves more within the SLOs wins by that. Below it, the config whose tail is furthest
@@ -44,8 +53,9 @@ load predicts the ranking at its full load (docs/objective.md has the evidence a
 lost). The measured rate is kept in ``Score.measured`` (what the benchmark's oracle compares, and
 what the objective was before ``v3``), the factor and the term that bounded it in ``Score.headroom``.
 
-``SCORING`` names this definition; anything that stores scores (the tuner benchmark's true-score
-cache) keys on it.
+``SCORING`` names the definition of the measured value; anything that stores scores (the tuner
+benchmark's true-score cache, which holds ``Score.measured_value``) keys on it. The headroom is not
+part of a measured value: a change of its terms keeps the stored scores valid.
 """
 
 from __future__ import annotations
@@ -156,6 +166,7 @@ class HeadroomLimit(StrEnum):
     TTFT = "ttft"  # TTFT p99 / TTFT SLO
     ITL = "itl"  # ITL p50 / ITL SLO
     KV = "kv-pool"  # KV cache usage
+    RUNNING = "running-cap"  # running batch peak / the config's running-request cap
 
 
 @dataclass(frozen=True)
@@ -172,14 +183,25 @@ class Headroom:
     def saturated(self) -> bool:
         return self.factor <= HEADROOM_BOUNDS[0]
 
+    @property
+    def bounded(self) -> bool:
+        """``limit`` bounds the factor (below ``HEADROOM_BOUNDS``' top): more room in that budget
+        would rank the config higher."""
+        return self.factor < HEADROOM_BOUNDS[1]
 
-def headroom(signals: Signals, slo: Slo) -> Headroom | None:
-    """The window's headroom (module docstring); None when no budget's share was measured."""
+
+def headroom(signals: Signals, slo: Slo, running_cap: int | None = None) -> Headroom | None:
+    """The window's headroom (module docstring); None when no budget's share was measured.
+    ``running_cap``: the running-request cap of the config the window measured (None: not known)."""
+    running = None
+    if running_cap is not None and running_cap > 0 and signals.running_max is not None:
+        running = signals.running_max / running_cap
     shares: list[tuple[HeadroomLimit, float]] = []
     for limit, used in (
         (HeadroomLimit.TTFT, None if signals.ttft_p99_s is None else signals.ttft_p99_s / slo.ttft_p99_s),
         (HeadroomLimit.ITL, None if signals.itl_p50_s is None else signals.itl_p50_s / slo.itl_p99_s),
         (HeadroomLimit.KV, signals.kv_usage_mean),
+        (HeadroomLimit.RUNNING, running),
     ):
         if used is not None and math.isfinite(used) and used >= 0:
             shares.append((limit, float(used)))
@@ -262,8 +284,10 @@ def higher_is_better_ratio(objective: str, a: float, b: float) -> float:
 
 
 def score(
-    signals: Signals, objective: Objective, slo: Slo, min_requests: int = 1
+    signals: Signals, objective: Objective, slo: Slo, min_requests: int = 1, running_cap: int | None = None
 ) -> Score | InsufficientData:
+    """The window's score; ``running_cap``: the measured config's running-request cap, for the
+    headroom's ``running-cap`` share (None: not known, the share is not measured)."""
     requests = signals.requests
     if requests is None:
         return InsufficientData("no request count in the window", missing=("requests",))
@@ -301,7 +325,7 @@ def score(
             if objective == "throughput" or (objective == "ttft" and name == "itl_p99"):
                 factor *= target / observed
     measured = goal(objective).penalized(raw, factor)
-    room = headroom(signals, slo) if goal(objective).ranks_headroom else None
+    room = headroom(signals, slo, running_cap) if goal(objective).ranks_headroom else None
     return Score(
         value=float(measured * (1.0 if room is None else room.factor)),
         objective=objective,
@@ -363,6 +387,7 @@ def paired(
     canary_pods: int = 1,
     baseline_pods: int = 1,
     decided_split: bool = False,
+    caps: tuple[int | None, int | None] = (None, None),
 ) -> Paired | InsufficientData:
     """Score canary and baseline pods measured over the same window and compare per pod.
 
@@ -387,13 +412,15 @@ def paired(
     guard against chance in a random spread, not against a router's decision); a router that
     routes a slow side's requests away has already shown it in that side's per-request goodput
     (its requests queued and missed the SLO before the balance moved them).
+
+    ``caps``: the canary's and the baseline's running-request caps (``score``'s ``running_cap``).
     """
     if canary_pods < 1 or baseline_pods < 1:
         raise ValueError("canary_pods and baseline_pods must be >= 1")
-    c = score(canary, objective, slo, min_requests)
+    c = score(canary, objective, slo, min_requests, caps[0])
     if isinstance(c, InsufficientData):
         return InsufficientData("canary: " + c.reason, c.missing, c.requests)
-    b = score(baseline, objective, slo, min_requests)
+    b = score(baseline, objective, slo, min_requests, caps[1])
     if isinstance(b, InsufficientData):
         return InsufficientData("baseline: " + b.reason, b.missing, b.requests)
     g = goal(objective)

@@ -11,21 +11,30 @@ policy state (``PolicyState.widened``), the space is built with it for the rest 
 The evidence is the baseline's diagnosis with the config's batch limits (``metrics/diagnosis.py``,
 the same findings ``status.diagnosis`` shows) against the SLO:
 
-- running cap: ``running-cap-binds`` (the batch sits at the cap with KV memory free and a queue):
-  the cap and the next ``STEPS`` allowed values above it (a larger cap admits the queue into the
-  free KV memory; how much larger is what the trials find out).
+- running cap: ``running-cap-binds`` (the batch sits at the cap with KV memory free and a queue),
+  or, below capacity, the cap bounds the window's headroom (``objective.headroom``: the batch's peak
+  over the cap is the largest share of a budget, so the cap is what more load would reach first): the
+  cap and the next ``STEPS`` allowed values above it (a larger cap admits the queue into the free KV
+  memory; how much larger is what the trials find out).
 - token budget, smaller: ``token-budget-itl-spikes`` (decode steps carry prefill chunks near the
   budget) with ITL p99 at or above ``TIGHT`` x the ITL SLO: the budget and the ``STEPS`` allowed
   values below it (smaller chunks, lower ITL spikes, at some TTFT).
 - token budget, larger: ``token-budget-chunks-ttft`` (prefill spans many steps and TTFT is about
-  that many steps) with TTFT p99 at or above ``TIGHT`` x the TTFT SLO: the budget and the ``STEPS``
-  allowed values above it.
+  that many steps) with TTFT p99 at or above ``TIGHT`` x the TTFT SLO, or TTFT bounding the window's
+  headroom (below capacity: the TTFT share is the largest, and it is mostly chunked prefill): the
+  budget and the ``STEPS`` allowed values above it.
 - both: the budget and one allowed value on each side.
 - the ITL rule applies only where a smaller budget can cut the decodes' ITL spikes (the adapter's
   ``budget_cuts_itl``): not where prefill batches run apart from decode (SGLang: a prompt's chunks
   run back to back whatever their size), nor where the engine does not chunk a prompt by default
   (TensorRT-LLM: trtllm-serve refuses a prompt over ``max_num_tokens``, so a smaller budget would
   refuse the long prompts a RAG workload is made of, on live traffic).
+
+The headroom rules are what lets a light load find a limit that binds only at a heavier one: at 30%
+of a scenario's load nothing queues and no latency is near its SLO, yet the headroom ranks the
+configs by the budget the load would exhaust first, and a knob that moves that budget must be in the
+space for the ranking to reach it (``docs/objective.md``). A share at or under ``1 / HEADROOM_BOUNDS``'
+top bounds nothing (the factor sits at its bound whatever the knob), and widens nothing.
 
 The values come from the adapter's ladder (``KnobSpec.choices``) around the deployed value, which
 stays one of them (the baseline must be a point of the space). At most ``STEPS`` + 1 values per
@@ -46,6 +55,7 @@ from prefixtune.engines.knobs import MAX_BATCHED_TOKENS, MAX_RUNNING
 from prefixtune.metrics.diagnosis import BatchLimits, diagnose
 from prefixtune.metrics.histogram import Slo
 from prefixtune.metrics.signals import Signals
+from prefixtune.tuning.objective import HeadroomLimit, headroom
 from prefixtune.tuning.settings import SpaceOverride
 
 # Whether the engine refuses the deployed config with these batch-limit values (knob name -> value).
@@ -64,6 +74,12 @@ class Widening:
     @property
     def empty(self) -> bool:
         return not self.values
+
+
+def running_cap(config: KnobConfig) -> int | None:
+    """The running-request cap ``config`` sets (the headroom's ``running-cap`` share is measured
+    against it); None where it is the engine's own default or the engine has no such knob."""
+    return limits_of(config).max_running
 
 
 def limits_of(config: KnobConfig) -> BatchLimits:
@@ -98,14 +114,23 @@ def widen(
     vLLM: a token budget below the running cap); a value refused in any combination the widened space
     holds is left out."""
     codes = set(diagnose(signals, limits=limits).codes)
+    room = headroom(signals, slo, limits.max_running)
+    bounds = None if room is None or not room.bounded else room.limit  # the budget more load reaches first
     values: dict[str, tuple[int, ...]] = {}
     reasons: dict[str, str] = {}
 
     cap = limits.max_running
     cap_choices = _allowed(knobs, MAX_RUNNING, cap, override)
-    if cap_choices is not None and cap is not None and "running-cap-binds" in codes:
-        values[MAX_RUNNING] = _near(cap_choices, cap, below=0, above=STEPS)
-        reasons[MAX_RUNNING] = f"the running cap {cap} binds with KV memory free and a queue"
+    if cap_choices is not None and cap is not None:
+        if "running-cap-binds" in codes:
+            reasons[MAX_RUNNING] = f"the running cap {cap} binds with KV memory free and a queue"
+        elif bounds == HeadroomLimit.RUNNING and room is not None:
+            reasons[MAX_RUNNING] = (
+                f"the running cap {cap} bounds the headroom (a batch peak of {room.share:.0%} of it, the"
+                " largest share of a budget): more load reaches it first"
+            )
+        if MAX_RUNNING in reasons:
+            values[MAX_RUNNING] = _near(cap_choices, cap, below=0, above=STEPS)
 
     budget = limits.max_batched_tokens
     budget_choices = _allowed(knobs, MAX_BATCHED_TOKENS, budget, override)
@@ -113,7 +138,8 @@ def widen(
         itl, ttft = signals.itl_p99_s, signals.ttft_p99_s
         spikes = smaller_budget and "token-budget-itl-spikes" in codes
         smaller = spikes and itl is not None and itl >= TIGHT * slo.itl_p99_s
-        larger = "token-budget-chunks-ttft" in codes and ttft is not None and ttft >= TIGHT * slo.ttft_p99_s
+        near = ttft is not None and ttft >= TIGHT * slo.ttft_p99_s
+        larger = "token-budget-chunks-ttft" in codes and (near or bounds == HeadroomLimit.TTFT)
         why: list[str] = []
         if smaller and itl is not None:
             why.append(
@@ -121,10 +147,13 @@ def widen(
                 f" chunks of up to the token budget {budget}"
             )
         if larger and ttft is not None:
-            why.append(
-                f"TTFT p99 {ttft:.2f} s near its SLO {slo.ttft_p99_s:.2f} s is mostly chunked prefill under"
-                f" the token budget {budget}"
+            where = (
+                f"near its SLO {slo.ttft_p99_s:.2f} s"
+                if near
+                else f"(SLO {slo.ttft_p99_s:.2f} s), the share that bounds the headroom,"
             )
+            chunked = f"mostly chunked prefill under the token budget {budget}"
+            why.append(f"TTFT p99 {ttft:.2f} s {where} is {chunked}")
         if why:
             below, above = (1, 1) if smaller and larger else (STEPS, 0) if smaller else (0, STEPS)
             values[MAX_BATCHED_TOKENS] = _near(budget_choices, budget, below=below, above=above)

@@ -48,6 +48,7 @@ from prefixtune.tuning.significance import (
     verdict,
 )
 from prefixtune.tuning.state import GateRecord, PolicyState, Trial
+from prefixtune.tuning.widening import running_cap
 
 MAX_GATE_WINDOWS = 4  # windows the gate may ask for in an epoch before it decides on what it has
 
@@ -100,7 +101,7 @@ def breached(s: PolicyState, t: Trial) -> bool:
     without the signals to tell counts as not breached."""
     if t.signals is None:
         return False
-    result = score(t.signals, s.settings.objective, s.settings.slo, 1)
+    result = score(t.signals, s.settings.objective, s.settings.slo, 1, running_cap(t.config))
     return isinstance(result, Score) and not result.slo_met
 
 

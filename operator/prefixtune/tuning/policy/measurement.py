@@ -44,6 +44,7 @@ from prefixtune.tuning.state import (
     WindowMeasured,
     clip,
 )
+from prefixtune.tuning.widening import running_cap
 
 
 def begin_baseline(self: Core, warm: bool) -> None:
@@ -185,6 +186,7 @@ def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
         pair = paired(
             obs.signals, obs.baseline_signals, settings.objective, settings.slo, settings.min_requests,
             obs.canary_pods, obs.baseline_pods, decided_split=decided,
+            caps=(running_cap(trial.config), running_cap(self.s.current)),
         )  # fmt: skip
         if isinstance(pair, InsufficientData):
             result = pair
@@ -192,7 +194,9 @@ def score_trial(self: Core, trial: Trial, obs: WindowMeasured) -> None:
             result = pair.canary
             value, terms = measurement.paired_value(self, pair)
     else:
-        result = score(obs.signals, settings.objective, settings.slo, settings.min_requests)
+        result = score(
+            obs.signals, settings.objective, settings.slo, settings.min_requests, running_cap(trial.config)
+        )
         if isinstance(result, Score):
             value, terms = measurement.normalized_value(self, result.value, obs.offered_rps)
     if isinstance(result, InsufficientData):
@@ -331,7 +335,7 @@ def insufficient(self: Core, trial: Trial, why: InsufficientData) -> None:
 
 
 def abort(self: Core, trial: Trial, signals: Signals, breach: str) -> None:
-    partial = score(signals, self.s.settings.objective, self.s.settings.slo, 1)
+    partial = score(signals, self.s.settings.objective, self.s.settings.slo, 1, running_cap(trial.config))
     trial.signals = signals
     value = partial.value if isinstance(partial, Score) else None
     trial.score = value

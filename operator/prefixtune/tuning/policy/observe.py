@@ -17,6 +17,7 @@ from prefixtune.tuning.policy import (
 from prefixtune.tuning.policy._core import LOW_HIT_RATE, Core, all_missing, better, space_of
 from prefixtune.tuning.policy.messages import config_label, evidence
 from prefixtune.tuning.state import MetricsUnavailable, Observation, WindowMeasured
+from prefixtune.tuning.widening import running_cap
 
 
 def on_observing(self: Core, obs: Observation) -> None:
@@ -27,7 +28,9 @@ def on_observing(self: Core, obs: Observation) -> None:
         return
     measurement.release_hold(self)
     settings = self.s.settings
-    current = score(obs.signals, settings.objective, settings.slo, settings.min_requests)
+    current = score(
+        obs.signals, settings.objective, settings.slo, settings.min_requests, running_cap(self.s.current)
+    )
     if isinstance(current, InsufficientData):
         return
     self.s.reference = obs.signals
@@ -35,7 +38,7 @@ def on_observing(self: Core, obs: Observation) -> None:
     space = space_of(self.s)
     estimates: list[tuple[float, KnobConfig, Score]] = []
     for w in obs.what_if:
-        est = score(w.signals, settings.objective, settings.slo, 1)
+        est = score(w.signals, settings.objective, settings.slo, 1, running_cap(w.config))
         cfg = space.normalize(w.config)
         if isinstance(est, Score) and cfg != space.normalize(self.s.current):
             estimates.append((est.value, cfg, est))
