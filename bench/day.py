@@ -37,24 +37,31 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast, get_args
 
 from bench.tuner import Scenario, parse_scenario, suite
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.signals import Signals
-from prefixtune.tuning.actions import RecordTrial, RollBack, RollOut
-from prefixtune.tuning.phases import ROLLOUT_STEPS, SEARCH_PHASES, Step, watching
-from prefixtune.tuning.policy import Suggester, initial_state, step
+from prefixtune.tuning.actions import Action, EmitEvent
+from prefixtune.tuning.drive import (
+    DriveResult,
+    DriveRules,
+    Rollout,
+    RolloutKind,
+    RunStatus,
+    TrialRun,
+    never,
+    run_policy,
+    when_watching,
+)
+from prefixtune.tuning.phases import SEARCH_PHASES, watching
+from prefixtune.tuning.policy import Suggester
 from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.state import (
     Observation,
     PolicyState,
-    RolloutFailed,
-    RolloutReady,
-    Tick,
     Trial,
-    WindowMeasured,
 )
 from prefixtune.twin.workloads import Dist, WorkloadSpec, parse_workload, preset
 
@@ -651,12 +658,75 @@ def scaled_signals(sample: Sample, window_s: float) -> Signals | None:
 class DayRun:
     timeline: list[Serving]
     trials: list[Trial] = field(default_factory=list)
-    rollouts: list[tuple[float, KnobConfig, str]] = field(default_factory=list)  # (time, config, kind)
+    # (time, config, kind)
+    rollouts: list[tuple[float, KnobConfig, RolloutKind]] = field(default_factory=list)
     boot_failures: int = 0
     settled: list[tuple[float, float, KnobConfig]] = field(default_factory=list)  # watching intervals
     epochs: list[tuple[float, int]] = field(default_factory=list)  # (time, epoch) when each began
     events: list[tuple[float, str, str]] = field(default_factory=list)  # (time, reason, message)
     final_state: PolicyState | None = None
+
+
+class _DayCluster:
+    """The day as the driver's cluster: a config starts unless the sample of the segment it would be
+    ready in ran out of memory at start-up; a window measures the warm signals of the sample at its
+    middle (``Day.window``), scaled to the seconds it reports."""
+
+    def __init__(self, day: Day) -> None:
+        self.day = day
+
+    def starts(self, config: KnobConfig, ready_at: float) -> bool:
+        day = self.day
+        return day.sample(config, segment_at(day.segments, min(ready_at, DAY_S - 1))).status != "oom_startup"
+
+    def window(self, config: KnobConfig, start: float, end: float, seconds: float) -> TrialRun:
+        sample, offered = self.day.window(config, start, end)
+        return TrialRun(_run_status(sample.status), scaled_signals(sample, seconds), offered)
+
+
+def _run_status(status: str) -> RunStatus:
+    if status not in get_args(RunStatus):
+        raise ValueError(f"a sample's status is one of {get_args(RunStatus)}, not {status!r}")
+    return cast(RunStatus, status)
+
+
+class _DayRecorder:
+    """Builds a ``DayRun`` from the driver's hooks: the timeline of what served when, the rollouts,
+    the epochs, the events and the intervals spent watching."""
+
+    def __init__(self, config: KnobConfig) -> None:
+        self.run = DayRun(timeline=[Serving(0.0, config, -math.inf)])
+        self.epoch = -1
+        self.settled_from: float | None = None
+
+    def on_rollout(self, rollout: Rollout) -> None:
+        run = self.run
+        run.rollouts.append((rollout.at, rollout.config, rollout.kind))
+        if not rollout.started:
+            run.boot_failures += 1
+        elif rollout.ready_at < DAY_S:
+            run.timeline.append(Serving(rollout.ready_at, rollout.config, rollout.ready_at))
+
+    def on_step(self, state: PolicyState, obs: Observation, now: float, actions: list[Action]) -> None:
+        run = self.run
+        if state.epoch != self.epoch:
+            self.epoch = state.epoch
+            run.epochs.append((now, state.epoch))
+        run.events.extend((now, a.reason, a.message) for a in actions if isinstance(a, EmitEvent))
+        is_watching = watching(state.phase, state.step)
+        if is_watching and self.settled_from is None:
+            self.settled_from = now
+        elif not is_watching and self.settled_from is not None:
+            run.settled.append((self.settled_from, now, run.timeline[-1].config))
+            self.settled_from = None
+
+    def finish(self, result: DriveResult) -> DayRun:
+        run = self.run
+        if self.settled_from is not None:
+            run.settled.append((self.settled_from, DAY_S, run.timeline[-1].config))
+        run.trials = result.trials
+        run.final_state = result.state
+        return run
 
 
 def drive_day(
@@ -670,109 +740,26 @@ def drive_day(
     freeze_when_settled: bool = False,
     suggester: Suggester | None = None,
 ) -> DayRun:
-    """The controller's loop in virtual time over the day: execute the policy's actions, report the
-    rollouts ready (or failed at boot) ``rollout_s`` later, the warm-ups' ends, each window's
-    partial checks and end, and, converged, a window every ``measure_s`` for drift."""
-    from prefixtune.tuning.actions import EmitEvent
-
-    state = initial_state(engine, settings, config)
-    run = DayRun(timeline=[Serving(0.0, config, -math.inf)])
-    now = 0.0
-    obs: Observation = RolloutReady(config=config)
-    running = config
-    pending: tuple[float, Observation] | None = None
-    partials_sent = 0
-    partials_of: tuple[int | None, float | None] = (None, None)  # the window they were sent for
-    watch_from: float | None = None
-    settled_from: float | None = None
-    epoch = -1
-    while now < DAY_S:
-        state, actions = step(state, obs, now, suggester)
-        if state.epoch != epoch:
-            epoch = state.epoch
-            run.epochs.append((now, epoch))
-        for action in actions:
-            if isinstance(action, RecordTrial):
-                run.trials.append(action.trial)
-            elif isinstance(action, EmitEvent):
-                run.events.append((now, action.reason, action.message))
-            elif isinstance(action, RollOut | RollBack):
-                target = action.config if isinstance(action, RollOut) else action.to_config
-                if target == running and pending is None:
-                    # The pods already run it (a confirmation of the running config): the rendered
-                    # template is unchanged, so nothing restarts; the pods are ready at once.
-                    pending = (now, RolloutReady(config=target))
-                    continue
-                kind = (
-                    "rollback"
-                    if isinstance(action, RollBack)
-                    else "trial"
-                    if action.trial is not None
-                    else "apply"
-                )
-                run.rollouts.append((now, target, kind))
-                ready = now + rollout_s
-                boot = day.sample(target, segment_at(day.segments, min(ready, DAY_S - 1)))
-                if boot.status == "oom_startup":
-                    run.boot_failures += 1
-                    pending = (ready, RolloutFailed(config=target, failure="oom_startup"))
-                else:
-                    pending = (ready, RolloutReady(config=target))
-                    if ready < DAY_S:
-                        run.timeline.append(Serving(ready, target, ready))
-                    running = target
-        is_watching = watching(state.phase, state.step)
-        if is_watching and settled_from is None:
-            settled_from = now
-            watch_from = now
-        elif not is_watching and settled_from is not None:
-            run.settled.append((settled_from, now, run.timeline[-1].config))
-            settled_from = watch_from = None
-        if is_watching and freeze_when_settled:
-            break
-        st = state.step
-        if st in ROLLOUT_STEPS and pending is not None:
-            now, obs = max(now, pending[0]), pending[1]
-            pending = None
-        elif st == Step.WARMING_UP and state.warm_until is not None:
-            now, obs = max(now, state.warm_until), Tick()
-        elif st == Step.MEASURING and state.phase in SEARCH_PHASES and state.measure_until is not None:
-            start = state.measure_from if state.measure_from is not None else now
-            length = state.measure_until - start
-            sample, offered = day.window(running, start, state.measure_until)
-            if partials_of != (state.active, state.measure_from):
-                partials_of, partials_sent = (state.active, state.measure_from), 0
-            if partials_sent < PARTIAL_EVERY - 1 and sample.status == "ok":
-                partials_sent += 1
-                at = start + length * partials_sent / PARTIAL_EVERY
-                part = scaled_signals(sample, at - start)
-                now, obs = max(now, at), WindowMeasured(signals=part, partial=True, offered_rps=offered)
-                continue
-            partials_sent = 0
-            now = max(now, state.measure_until)
-            full = scaled_signals(sample, length)
-            if sample.status != "ok" or full is None:
-                obs = RolloutFailed(config=running, failure=sample.status)
-            else:
-                obs = WindowMeasured(signals=full, offered_rps=offered)
-        elif is_watching and watch_from is not None:
-            end = watch_from + settings.measure_s
-            sample, offered = day.window(running, watch_from, end)
-            full = scaled_signals(sample, settings.measure_s)
-            now, watch_from = max(now, end), end
-            if sample.status != "ok" or full is None:
-                obs = RolloutFailed(config=running, failure=sample.status)
-            else:
-                obs = WindowMeasured(signals=full, offered_rps=offered)
-        else:
-            wait = (
-                state.last_rollout_at + settings.min_interval_s if state.last_rollout_at is not None else now
-            )
-            now, obs = max(now + tick_s, wait), Tick()
-    if settled_from is not None:
-        run.settled.append((settled_from, DAY_S, run.timeline[-1].config))
-    run.final_state = state
-    return run
+    """The controller's loop in virtual time over the day (``tuning.drive.run_policy``): execute the
+    policy's actions, report the rollouts ready (or failed at boot) ``rollout_s`` later (a rollout
+    of the running config restarts nothing), the warm-ups' ends, each window's partial checks and
+    end, and, converged, a window every ``measure_s`` for drift."""
+    rules = DriveRules(
+        rollout_s=rollout_s,
+        tick_s=tick_s,
+        until_s=DAY_S,
+        stop=when_watching if freeze_when_settled else never,
+        checks_per_window=PARTIAL_EVERY,
+        measured_phases=SEARCH_PHASES,
+        drift_windows=True,
+        confirm_running=True,
+    )
+    recorder = _DayRecorder(config)
+    result = run_policy(
+        engine, settings, config, _DayCluster(day), rules,
+        suggester=suggester, on_step=recorder.on_step, on_rollout=recorder.on_rollout,
+    )  # fmt: skip
+    return recorder.finish(result)
 
 
 # ------------------------------------------------------------------------------------------------
