@@ -129,6 +129,21 @@ async def until(sb: Sandbox, check: Callable[[], Awaitable[T | None]], timeout_s
     return await wait_until(check, timeout_s, what, every_s=0.2, clock=sb.clock.now)
 
 
+async def discovered_router(sb: Sandbox, engine_port: int) -> tuple[str, str]:
+    """(URL, IP) of the one ready ``chat-router`` pod once its own discovery has registered both
+    ready ``chat`` engine pods on ``engine_port``."""
+    engine_ips = await ready_ips(sb, "app%3Dchat", 2)
+    (router_ip,) = await ready_ips(sb, "app%3Dchat-router", 1)
+    url = f"http://{router_ip}:{ROUTER_PORT}"
+    wanted = {f"http://{ip}:{engine_port}" for ip in engine_ips}
+
+    async def discovered() -> bool:
+        return await workers(url) == wanted
+
+    await until(sb, discovered, 60.0, "the router to register both engine pods")
+    return url, router_ip
+
+
 async def workers(url: str) -> set[str]:
     async with aiohttp.ClientSession() as http, http.get(f"{url}/workers") as resp:
         data = await resp.json(content_type=None)
@@ -246,15 +261,7 @@ async def test_a_router_pod_runs_the_real_router_which_discovers_the_engine_pods
     async with sandbox(SandboxOptions(speedup=10.0, config=config(), load=False)) as sb:
         await sb.api.create(DEPLOYMENTS, engine_deployment("chat", 2, engine))
         await sb.api.create(DEPLOYMENTS, router_deployment("chat-router", "chat", router))
-        engine_ips = await ready_ips(sb, "app%3Dchat", 2)
-        (router_ip,) = await ready_ips(sb, "app%3Dchat-router", 1)
-        url = f"http://{router_ip}:{ROUTER_PORT}"
-        wanted = {f"http://{ip}:30000" for ip in engine_ips}
-
-        async def discovered() -> bool:
-            return await workers(url) == wanted
-
-        await until(sb, discovered, 60.0, "the router to register both engine pods")
+        url, router_ip = await discovered_router(sb, 30000)
         async with aiohttp.ClientSession() as http:
             body = {"model": MODEL, "prompt": "a text prompt through the router", "max_tokens": 3}
             async with http.post(f"{url}/v1/completions", json=body) as resp:
@@ -338,15 +345,7 @@ async def test_vllm_router_routes_vllm_pods_on_the_token_ids_their_render_routes
         await sb.api.create(DEPLOYMENTS, engines)
         router = router_deployment("chat-router", "chat", "vllm-router", engine_port=8000)
         await sb.api.create(DEPLOYMENTS, router)
-        engine_ips = await ready_ips(sb, "app%3Dchat", 2)
-        (router_ip,) = await ready_ips(sb, "app%3Dchat-router", 1)
-        url = f"http://{router_ip}:{ROUTER_PORT}"
-        wanted = {f"http://{ip}:8000" for ip in engine_ips}
-
-        async def discovered() -> bool:
-            return await workers(url) == wanted
-
-        await until(sb, discovered, 60.0, "the router to register both engine pods")
+        url, router_ip = await discovered_router(sb, 8000)
         system = "You are a careful assistant who answers briefly. " * 20
         sent = 0
         async with aiohttp.ClientSession() as http:
