@@ -234,3 +234,41 @@ def test_a_pods_index_entry_is_what_the_operator_reads_of_it_not_the_pod() -> No
     assert entry.ready
     assert pod_entry("default", {LABEL_MANAGED_BY: MANAGER}, pod) == {}
     assert pod_entry(None, labels, pod) == {}
+
+
+async def test_a_rollout_waiting_past_half_its_timeout_lists_its_pods_past_a_stale_index() -> None:
+    """kopf lists again when a paused watch resumes (a peering handover) but sends no deletion for a
+    pod deleted meanwhile: an index entry of a gone pod must not hold a rollout up to its timeout."""
+    from prefixtune.controller.reconcile import POD_RELIST_SHARE, relist_pods
+    from prefixtune.tuning.phases import Step
+    from prefixtune.tuning.policy import initial_state
+    from prefixtune.tuning.settings import TuningSettings
+
+    async with tenant.harness() as h:
+        await h.apply(tenant.resource("fleet", {"engine": "vllm", "model": tenant.MODEL}))
+        assert await reconcile(h.ctx, "default", "fleet") is not None  # creates the children
+        owner = Owner.of(await h.get(f"{SDEP}/fleet") or {})
+        labels = {LABEL_RESOURCE: "fleet", LABEL_MANAGED_BY: MANAGER}
+        gone = pod_view(
+            {"metadata": {"name": "fleet-gone", "labels": labels}, "status": {"podIP": "10.9.9.9"}}
+        )
+        indexes = Indexes(_Index(), _Index({("default", "fleet"): [gone]}))  # type: ignore[dict-item]
+        counted = _Counting(h.ctx.client)
+        from_index = await read_children(h.ctx.client, owner, indexes, Freshness())
+        assert [p.name for p in from_index.pods] == ["fleet-gone"] and counted.lists == []
+        listed = await read_children(h.ctx.client, owner, indexes, Freshness(), list_pods=True)
+        assert "fleet-gone" not in [p.name for p in listed.pods]
+        assert counted.lists == ["/api/v1/namespaces/default/pods"]
+
+    settings = TuningSettings()
+    state = initial_state("vllm", settings, tenant_config())
+    half = POD_RELIST_SHARE * settings.ready_timeout_s
+    rolling = state.model_copy(update={"step": Step.ROLLING_OUT, "step_since": 100.0})
+    assert not relist_pods(rolling, 100.0 + half) and relist_pods(rolling, 100.0 + half + 1)
+    assert not relist_pods(rolling.model_copy(update={"step": Step.MEASURING}), 100.0 + 2 * half)
+
+
+def tenant_config() -> Any:
+    from prefixtune.engines import get_adapter
+
+    return get_adapter("vllm").default_config()

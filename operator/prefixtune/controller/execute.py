@@ -82,14 +82,20 @@ class Ensured:
 
 
 async def read_children(
-    client: KubeClient, owner: Owner, indexes: Indexes | None = None, fresh: Freshness | None = None
+    client: KubeClient,
+    owner: Owner,
+    indexes: Indexes | None = None,
+    fresh: Freshness | None = None,
+    list_pods: bool = False,
 ) -> Children:
     """The resource's Deployments (a Deployment of our name that is not ours reads as absent: its
     pods are not ours to measure or judge) and the pods of our selector. From kopf's indexes when
     given (``children.py``; a Deployment this process wrote is read from the API server until the
     index has caught up with the write), else two lists by the resource label, whatever the number
     of roles (the Deployments carry the pods' resource label, as the pods do). An adopted
-    Deployment is read by its name either way: it carries its owner team's labels, not ours."""
+    Deployment is read by its name either way: it carries its owner team's labels, not ours.
+    ``list_pods``: the pods by a list even with indexes (``POD_RELIST_SHARE``: the index can hold a
+    pod deleted while the watch was paused)."""
     ns = owner.namespace
     if indexes is not None:
         by_name: dict[str, Mapping[str, Any]] = indexes.deployments_of(ns, owner.name)
@@ -104,7 +110,12 @@ async def read_children(
                 by_name.pop(name, None)
                 if got is not None:
                     by_name[name] = got
-        views = indexes.pods_of(ns, owner.name)
+        if list_pods:
+            require("", "pods", "list")
+            listed_pods = await client.list(ns_path(CORE, ns, "pods"), selector_labels(owner.name))
+            views = [pod_view(p) for p in listed_pods]
+        else:
+            views = indexes.pods_of(ns, owner.name)
     else:
         require("apps", "deployments", "list")
         require("", "pods", "list")

@@ -271,6 +271,21 @@ def current_body(live: Mapping[str, Any] | None, seen_version: str | None) -> di
     return copy.deepcopy(dict(live))
 
 
+# A rollout still waiting after this share of its ready timeout reads its pods by a list, not from
+# kopf's index: kopf lists again when a paused watch resumes (a peering handover) but sends no
+# deletion for a pod deleted meanwhile, so the index can keep a pod that is gone, and a rollout that
+# waits for the other config's pods to go would wait for it until the timeout (seen in the peering
+# fault scenario: a rolling trial and its rollback both timed out on such a pod).
+POD_RELIST_SHARE = 0.5
+
+
+def relist_pods(state: PolicyState, now: float) -> bool:
+    """Whether this reconcile reads the pods by a list (``POD_RELIST_SHARE``)."""
+    if state.step not in ROLLOUT_STEPS:
+        return False
+    return now - state.step_since > POD_RELIST_SHARE * state.settings.ready_timeout_s
+
+
 async def reconcile(
     ctx: OperatorContext,
     namespace: str,
@@ -364,7 +379,7 @@ async def _reconcile(
     if approval != state.approval and state.phase != Phase.PENDING:
         state = await _advance(state, Approved(id=approval), now, actions)
 
-    children = await read_children(client, owner, indexes, ctx.fresh)
+    children = await read_children(client, owner, indexes, ctx.fresh, relist_pods(state, now))
     ensured_want = desired(state)
     # Owned fields of the engine Deployments someone else changed (kubectl scale / set image): the
     # pods are not what the policy thinks they are, so nothing about them is observed this time.
