@@ -42,6 +42,7 @@ from typing import Any, Protocol, cast, get_args
 from bench.tuner import Scenario, parse_scenario, suite
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import KnobConfig
+from prefixtune.engines.knobs import KNOB_NAMES, Value
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.actions import Action, EmitEvent
 from prefixtune.tuning.drive import (
@@ -57,7 +58,7 @@ from prefixtune.tuning.drive import (
 )
 from prefixtune.tuning.phases import SEARCH_PHASES, watching
 from prefixtune.tuning.policy import Suggester
-from prefixtune.tuning.settings import TuningSettings
+from prefixtune.tuning.settings import SpaceOverride, TuningSettings
 from prefixtune.tuning.state import (
     Observation,
     PolicyState,
@@ -1281,6 +1282,14 @@ def main(argv: list[str]) -> int:
         '\'{"context_scale": 1, "suffix_scale": 0.25}\') at --screen-levels of capacity',
     )
     p.add_argument("--screen-levels", default="0.9,1.4", help="levels of capacity --screen-change screens at")
+    p.add_argument(
+        "--screen-space",
+        type=json.loads,
+        metavar="JSON",
+        default={},
+        help="with --screen-change: these knobs' values in the screened grid (and the one-shot's sweep) "
+        "beside the scenario's space, e.g. '{\"max_batched_tokens\": [2048, 8192]}'",
+    )
     args = p.parse_args(argv)
     all_ = day_scenarios()
     names = args.scenario or (["vllm-chatbot"] if args.quick else list(all_))
@@ -1359,12 +1368,17 @@ def _screen(args: argparse.Namespace, scenarios: list[DayScenario], timing: Samp
     try:
         change = Change(**args.screen_change)
         levels = [float(x) for x in str(args.screen_levels).split(",")]
+        if not isinstance(args.screen_space, dict):
+            raise ValueError("--screen-space must be a JSON object of knob names to lists of values")
+        extra = SpaceOverride.from_mapping(args.screen_space)
+        for d in scenarios:
+            valid_values(widened(d, extra), extra)
     except (TypeError, ValueError) as e:
-        print(f"--screen-change / --screen-levels: {e}", file=sys.stderr)
+        print(f"--screen-change / --screen-levels / --screen-space: {e}", file=sys.stderr)
         return 2
     out: dict[str, Any] = {}
     for d in scenarios:
-        changed = replace(d, change=change)
+        changed = replace(widened(d, extra), change=change)
         samples = TwinSamples(changed, timing, None if args.no_cache else args.cache_dir)
         try:
             out[d.name] = screen_change(changed, samples, levels)
@@ -1373,13 +1387,35 @@ def _screen(args: argparse.Namespace, scenarios: list[DayScenario], timing: Samp
         r = out[d.name]
         print(f"{d.name} {r['change']}: one-shot's pick {r['one_shot_vs_best']:.4f} of the best "
               f"{_label(r['best'])}", file=sys.stderr)  # fmt: skip
-    text = json.dumps({"setup": {"timing": timing.__dict__, "levels": levels}, "scenarios": out}, indent=1)
+    setup = {"timing": timing.__dict__, "levels": levels, "space": args.screen_space}
+    text = json.dumps({"setup": setup, "scenarios": out}, indent=1)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text)
     if args.json:
         print(text)
     return 0
+
+
+def widened(day_sc: DayScenario, extra: SpaceOverride) -> DayScenario:
+    """``day_sc`` with ``extra``'s listed knobs set in its scenario's space (the others as they were)."""
+    sc = day_sc.scenario
+    space = SpaceOverride(**{name: _either(extra.get(name), sc.space.get(name)) for name in KNOB_NAMES})
+    return replace(day_sc, scenario=replace(sc, space=space))
+
+
+def _either(first: tuple[Value, ...] | None, second: tuple[Value, ...] | None) -> tuple[Value, ...] | None:
+    return first if first is not None else second
+
+
+def valid_values(day_sc: DayScenario, extra: SpaceOverride) -> None:
+    """Raise ValueError when a value ``extra`` lists is in no config of ``day_sc``'s grid that its
+    engine accepts (the grid keeps only configs the adapter validates)."""
+    grid = grid_of(day_sc)
+    for name in KNOB_NAMES:
+        for v in extra.get(name) or ():
+            if not any(c.get(name) == v for c in grid):
+                raise ValueError(f"{day_sc.name}: {name} {v!r} is valid in no config of the grid")
 
 
 def _label(config: dict[str, Any]) -> str:

@@ -286,3 +286,17 @@ def test_screening_a_change_ranks_the_grid_after_it_and_places_the_one_shot_pick
     assert out["grid"][-1]["config"]["prefix_caching"] is False and out["grid"][-1]["goodput_vs_best"] < 1.0
     after = {(rate, seed) for _, rate, phase, seed in samples.calls if phase == d.WorkloadPhase.AFTER}
     assert after == {(7.2, 0), (7.2, 1), (11.2, 0), (11.2, 1)}  # 0.9 and 1.4 of capacity after, both seeds
+
+
+def test_a_screen_can_widen_the_grid_with_a_knob_the_scenario_does_not_search() -> None:
+    extra = d.SpaceOverride.from_mapping({"max_batched_tokens": [2048, 8192]})
+    widened = d.widened(_scenario(), extra)
+    assert {c.get("max_batched_tokens") for c in d.grid_of(widened)} == {2048, 8192}
+    assert widened.scenario.space.get("memory_fraction") == _scenario().scenario.space.get("memory_fraction")
+    out = d.screen_change(widened, FakeSamples(), [0.9])
+    assert {r["config"]["max_batched_tokens"] for r in out["grid"]} == {2048, 8192}
+
+
+def test_a_screen_refuses_a_widening_value_no_config_of_the_grid_accepts() -> None:
+    assert d.main(["--screen-change", "{}", "--screen-space", '{"max_batched_tokens": [7]}']) == 2
+    assert d.main(["--screen-change", "{}", "--screen-space", '{"no_such_knob": [1]}']) == 2

@@ -213,3 +213,10 @@ def test_vllm_pods_that_never_have_a_router_in_front_serve_no_render_routes() ->
     assert "--enable-scale-out" not in _args(spec, spec.knob_config().with_(routing_policy="cache_aware"))
     adopting = _spec(replicas=2, adopt={"deployment": "team-vllm"})
     assert "--enable-scale-out" not in _args(adopting)
+
+
+def test_vllm_pods_behind_sglang_router_serve_no_render_routes() -> None:
+    # sglang-router routes on the request's text: the render routes would only be surface
+    spec = _spec(replicas=2, routing={"router": "sglang-router"})
+    assert "--enable-scale-out" not in _args(spec)
+    assert "--enable-scale-out" in _args(_spec(replicas=2, routing={"router": "vllm-router"}))

@@ -103,6 +103,22 @@ def test_without_drift_windows_watching_measures_nothing() -> None:
     assert max(end for _, _, end, _ in cluster.windows) == 570.0
 
 
+def test_an_idle_policy_is_driven_to_the_horizon_however_far() -> None:
+    # converged, no drift windows: a Tick a minute, the state unchanged, for 3,000+ steps
+    result, _ = _run(FakeCluster(), DriveRules(stop=never, until_s=200_000.0))
+    assert result.state.phase == Phase.CONVERGED and result.now >= 200_000.0
+
+
+def test_observe_mode_measures_a_window_every_measure_s() -> None:
+    cluster = FakeCluster()
+    observe = replace(SETTINGS_FAST, mode="observe")
+    result = run_policy(ENGINE, observe, DEFAULT, cluster, DriveRules(stop=never, until_s=400.0))
+    assert result.state.phase == Phase.OBSERVING and result.rollouts == []
+    assert [(c, start, end) for c, start, end, _ in cluster.windows] == [
+        (DEFAULT, 0.0, 120.0), (DEFAULT, 120.0, 240.0), (DEFAULT, 240.0, 360.0), (DEFAULT, 360.0, 480.0),
+    ]  # fmt: skip
+
+
 def test_measuring_steps_of_phases_not_listed_get_no_window() -> None:
     cluster = FakeCluster()
     _run(cluster, DriveRules(stop=never, until_s=600.0, measured_phases=frozenset({Phase.EXPLORING})))

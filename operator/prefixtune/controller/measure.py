@@ -32,7 +32,7 @@ from prefixtune.metrics.prometheus_source import PrometheusSource
 from prefixtune.metrics.promql import Selector
 from prefixtune.metrics.scrape_source import ScrapeSource, Window, window_signals
 from prefixtune.metrics.signals import Signals
-from prefixtune.tuning.phases import SEARCH_PHASES, WINDOW_STEPS, Phase, Step, watching
+from prefixtune.tuning.phases import SEARCH_PHASES, WINDOW_STEPS, Step, back_to_back
 from prefixtune.tuning.state import (
     ConfigChecked,
     MetricsUnavailable,
@@ -177,7 +177,7 @@ class Meter:
         """(key, start) of the window the policy is in, or None when it measures nothing now."""
         if state.step == Step.MEASURING and state.phase in SEARCH_PHASES and state.measure_from is not None:
             return ("trial", state.active, state.measure_from), state.measure_from
-        if watching(state.phase, state.step) or state.phase == Phase.OBSERVING:
+        if back_to_back(state.phase, state.step):
             return ("watch", state.phase, state.epoch), state.measure_from or 0.0
         return None
 

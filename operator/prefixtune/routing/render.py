@@ -36,6 +36,7 @@ from prefixtune.routing.policy import (
     DEFAULT_ROUTER_IMAGE,
     ROUTER_COMMAND,
     ROUTER_METRICS_PORT,
+    ROUTER_NEEDS,
     ROUTER_PORT,
     Router,
     RoutingPolicy,
@@ -105,7 +106,7 @@ def settings_for(
     engines' replicas and whether they cache prefixes (``config``'s prefix caching). An adopting
     resource gets no router: the adopted Deployment's pods carry its team's labels, not ours."""
     routing = spec.routing
-    router = routing.router or ENGINE_ROUTER[spec.engine]
+    router = router_of(spec)
     tree = routing.max_tree_size or tree_size_for(router, pool_tokens)
     base = RoutingSettings(
         policy=RoutingPolicy.KUBE_PROXY,  # the config's policy follows (with_knobs)
@@ -126,6 +127,12 @@ def settings_for(
         return base.with_knobs(baseline, spec.replicas, bool(baseline.get(PREFIX_CACHING)))
 
 
+def router_of(spec: ServingDeploymentSpec) -> Router:
+    """The router that fronts the resource's engines when one runs: spec.routing.router, or the
+    engine's (``ENGINE_ROUTER``)."""
+    return spec.routing.router or ENGINE_ROUTER[spec.engine]
+
+
 def engines_config(spec: ServingDeploymentSpec, config: KnobConfig) -> KnobConfig:
     """``config`` as the engine pods' command renders it: its engine knobs, and for the routing policy
     whether a router may ever be in front of this resource's engines (the adapters render what a
@@ -136,9 +143,11 @@ def engines_config(spec: ServingDeploymentSpec, config: KnobConfig) -> KnobConfi
 
     A router may be in front unless the resource adopts a Deployment (it gets no router), or its
     spec.routing.policy is kube-proxy and its space lists no router policy: then kube-proxy, else the
-    spec's policy (``auto`` included) or the first listed router policy."""
+    spec's policy (``auto`` included) or the first listed router policy. A router that needs nothing
+    of the engines (``ROUTER_NEEDS``: sglang-router, even in front of vLLM) counts as none: the
+    engines then serve no route only a router would call."""
     policy = spec.routing.policy
-    if spec.adopt is not None:
+    if spec.adopt is not None or not ROUTER_NEEDS[router_of(spec)]:
         policy = RoutingPolicy.KUBE_PROXY.value
     elif policy == RoutingPolicy.KUBE_PROXY.value:
         listed = [str(p) for p in spec.tuning.space.listed().get(ROUTING_POLICY) or ()]

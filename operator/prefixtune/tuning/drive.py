@@ -23,7 +23,7 @@ from typing import Literal, Protocol
 from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.actions import Action, RecordTrial, RollBack, RollOut
-from prefixtune.tuning.phases import ROLLOUT_STEPS, Phase, Step, settled, watching
+from prefixtune.tuning.phases import ROLLOUT_STEPS, Phase, Step, back_to_back, settled, watching
 from prefixtune.tuning.policy import Suggester, initial_state, step
 from prefixtune.tuning.settings import TuningSettings
 from prefixtune.tuning.state import (
@@ -154,8 +154,9 @@ def run_policy(
     """The controller's loop in virtual time: step the policy from ``config`` serving, execute its
     actions against ``cluster`` and report what followed: rollouts ready (or failed at start-up)
     ``rules.rollout_s`` later, warm-ups' ends, windows (with early-abort checks), drift windows
-    while watching, Ticks. ``on_step`` sees each step once its actions are executed (state,
-    observation, time, actions); ``on_rollout`` each rollout as it begins."""
+    while watching, observe windows while observing, Ticks. ``on_step`` sees each step once its
+    actions are executed (state, observation, time, actions); ``on_rollout`` each rollout as it
+    begins."""
     state = initial_state(engine, settings, config)
     result = DriveResult(state=state)
     now = 0.0
@@ -164,15 +165,15 @@ def run_policy(
     pending: tuple[float, Observation] | None = None  # what the rollout in flight reports, and when
     checks_sent = 0
     checks_of: tuple[int | None, float | None] = (None, None)  # the window they were sent for
-    watch_from: float | None = None  # watching since, or the last drift window's end
+    watch_from: float | None = None  # in back-to-back windows since, or the last one's end
     stuck = 0
+    last: tuple[object, ...] | None = None  # where the previous step left the clock and the state
     measured = rules.measured_phases
     while now < rules.until_s:
-        before = (now, state.step, state.phase, state.next_trial_id)
         state, actions = step(state, obs, now, suggester)
-        stuck = (
-            stuck + 1 if (now, state.step, state.phase, state.next_trial_id) == before and not actions else 0
-        )
+        here = (now, state.step, state.phase, state.next_trial_id)
+        stuck = stuck + 1 if here == last and not actions else 0
+        last = here
         if stuck > MAX_IDLE_STEPS:
             raise RuntimeError(f"policy made no progress at t={now} in {state.phase}/{state.step}")
         result.actions.extend(actions)
@@ -196,7 +197,7 @@ def run_policy(
                     on_rollout(rollout)
         if on_step is not None:
             on_step(state, obs, now, actions)
-        if not watching(state.phase, state.step):
+        if not back_to_back(state.phase, state.step):
             watch_from = None
         elif watch_from is None:
             watch_from = now
@@ -226,7 +227,9 @@ def run_policy(
             checks_sent = 0
             now = max(now, end)
             obs = _reported(cluster.window(running, start, end, length), running)
-        elif rules.drift_windows and watch_from is not None:
+        elif watch_from is not None and (rules.drift_windows or state.phase == Phase.OBSERVING):
+            # observing: windows are all observe mode does (the controller measures them as drift
+            # windows: controller/measure.py); watching: only when the rules ask for drift windows
             end = watch_from + settings.measure_s
             run = cluster.window(running, watch_from, end, settings.measure_s)
             now, watch_from = max(now, end), end

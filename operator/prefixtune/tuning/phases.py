@@ -69,6 +69,12 @@ def watching(phase: Phase | str, step: Step | str) -> bool:
     return phase == Phase.CONVERGED and step == Step.WATCHING
 
 
+def back_to_back(phase: Phase | str, step: Step | str) -> bool:
+    """Measured in windows of ``measure_s`` back to back, no trial in flight: converged and watching
+    for drift, or observing (observe mode, or auto mode refused: measuring and recommending)."""
+    return watching(phase, step) or phase == Phase.OBSERVING
+
+
 def settled(phase: Phase | str, step: Step | str) -> bool:
     """The tuning run is over for now: halted, or converged and watching for drift."""
     return phase in HALTED_PHASES or watching(phase, step)
