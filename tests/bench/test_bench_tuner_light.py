@@ -210,9 +210,9 @@ def test_production_windows_time_the_trials_as_the_operators_spec_defaults(
     windows = tuner.TrialWindows.production()
     spec_defaults = TuningSettings()
     assert (windows.warmup_s, windows.measure_s) == (spec_defaults.warmup_s, spec_defaults.measure_s)
-    settings = tuner.settings_for(scenario, "bo", 2, 0, windows)
+    settings = tuner.settings_for(scenario, "bo", 2, 0, tuner.Trials(windows))
     assert (settings.warmup_s, settings.measure_s) == (spec_defaults.warmup_s, spec_defaults.measure_s)
-    tuner.run_method(scenario, "bo", 0, 2, truth, oracle, load_fraction=0.3, windows=windows)
+    tuner.run_method(scenario, "bo", 0, 2, truth, oracle, load_fraction=0.3, trials=tuner.Trials(windows))
     trials = {measure_s for rate, measure_s, _ in fake_env.runs if rate < FULL_RATE}
     assert trials == {spec_defaults.measure_s}
 
@@ -222,7 +222,7 @@ def test_the_true_score_keeps_the_scenarios_timings_under_production_windows(
 ) -> None:
     scenario = _scenario()
     windows = tuner.TrialWindows.production()
-    out = tuner.run_scenario(scenario, ["bo"], 1, 2, tmp_path, io.StringIO(), 0.3, windows)
+    out = tuner.run_scenario(scenario, ["bo"], 1, 2, tmp_path, io.StringIO(), 0.3, tuner.Trials(windows))
     assert (out["trial_warmup_s"], out["trial_measure_s"]) == (windows.warmup_s, windows.measure_s)
     assert {measure_s for rate, measure_s, _ in fake_env.runs if rate == FULL_RATE} == {scenario.eval_s}
 
@@ -241,3 +241,24 @@ def test_the_cli_records_the_trials_timings_in_its_setup(fake_env: type[FakeEnv]
     production = json.loads((tmp_path / "b.json").read_text())["setup"]["trial_windows"]
     assert "warmup_s" not in scenario_timed and "scenario" in scenario_timed["source"]
     assert (production["warmup_s"], production["measure_s"]) == (180.0, 600.0)
+
+
+def test_a_trace_keeps_every_trial_with_its_score_terms_and_the_gates_record(
+    fake_env: type[FakeEnv], tmp_path: Path
+) -> None:
+    scenario = _scenario()
+    truth = tuner.TrueScores(scenario, FakeEnv(scenario), tmp_path)
+    _, oracle = truth.oracle(scenario.oracle_space())
+    traced = tuner.run_method(scenario, "bo", 0, 3, truth, oracle, 0.3, tuner.Trials(trace=True))
+    plain = tuner.run_method(scenario, "bo", 0, 3, truth, oracle, 0.3)
+    assert "trials_trace" not in plain and "gate" not in plain
+    rows = traced["trials_trace"]
+    assert [r["role"] for r in rows] == ["baseline"] + ["trial"] * (traced["trials"] - 1)
+    baseline = rows[0]
+    assert baseline["config"] == scenario.start_config().to_dict() and baseline["requests"] == 500
+    # the fake's windows: every config serves the 1.5 req/s offered, caching off a token better
+    assert baseline["measured"] == pytest.approx(151.0) and baseline["slo_met"] is True
+    assert baseline["headroom"] is not None and baseline["headroom_limit"] == "ttft"
+    assert baseline["true_ratio"] == pytest.approx(201.0 / 500.0, abs=1e-4)
+    assert all(isinstance(r["reason"], str) and r["reason"] for r in rows)
+    assert "gate" in traced
