@@ -542,8 +542,9 @@ def trial_trace(
 ) -> list[dict[str, Any]]:
     """Every trial of one seed as the policy saw it: its config, the window's value and score terms
     (measured objective, headroom factor and the budget that bounded it), requests, whether the
-    significance gate asked for it, the policy's reason; and the config's true ratio at full load
-    where the truth is known (the oracle grid's configs and the ends, no new long run)."""
+    significance gate asked for it, the trial's recorded reason (the score's terms once scored, the
+    failure otherwise); and the config's true ratio at full load where the truth is known (the
+    oracle grid's configs and the ends, no new long run)."""
     rows: list[dict[str, Any]] = []
     for t in result.trials:
         row: dict[str, Any] = {
@@ -861,7 +862,7 @@ def main(argv: list[str]) -> int:
         "--trace",
         action="store_true",
         help="keep every trial of every seed in the JSON (config, value, score terms, gate windows, "
-        "the policy's reason) and the gate's record",
+        "the trial's recorded reason) and the gate's record",
     )
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--budget", type=int, default=15, help="trials per run, baseline included")
