@@ -40,7 +40,7 @@ from prefixtune.tuning.drive import DriveResult, TrialRun, drive
 from prefixtune.tuning.objective import SCORING, Score, higher_is_better_ratio, score
 from prefixtune.tuning.settings import Slo, SpaceOverride, TuningSettings
 from prefixtune.tuning.space import SearchSpace, build_space
-from prefixtune.tuning.widening import reach
+from prefixtune.tuning.widening import reach, running_cap
 from prefixtune.twin.catalog import find_gpu, no_twin_model
 
 HERE = Path(__file__).resolve().parent
@@ -52,6 +52,43 @@ CONTROL_SPREAD = 1.01  # "every config within 1%": best / worst true score over 
 CONTROL_KEEP = 0.95  # a control passes when at least this fraction of seeds ends on the deployed config
 LIGHT_RATIO = 0.95  # the light-load suite passes when bo's median full-load ratio is at least this
 SUITE_RATIO = 0.97  # and the named suite keeps bo's median at least this (issue 20's target)
+
+
+@dataclass(frozen=True)
+class TrialWindows:
+    """The warm-up and measurement window of the policy's trials, when not the scenario's own
+    (``Scenario.warmup_s`` / ``measure_s``). Only the trials: a true score stays a long run after the
+    scenario's warm-up (its cache is keyed by the scenario), so both timings compare one truth."""
+
+    warmup_s: float
+    measure_s: float
+    source: str  # where the timings come from, as the JSON setup records it
+
+    @classmethod
+    def production(cls) -> TrialWindows:
+        """The operator's spec defaults (``TuningSettings``: spec.tuning.trial.warmup / measure)."""
+        defaults = TuningSettings()
+        return cls(
+            warmup_s=defaults.warmup_s,
+            measure_s=defaults.measure_s,
+            source="production: the operator's spec defaults (TuningSettings warmup_s, measure_s)",
+        )
+
+
+@dataclass(frozen=True)
+class Trials:
+    """How a method's trials run and what the result keeps of them."""
+
+    windows: TrialWindows | None = None  # None: the scenario's warmup_s / measure_s
+    trace: bool = False  # keep every trial of every seed (``trial_trace``) in the result
+
+    def warmup_s(self, scenario: Scenario) -> float:
+        return scenario.warmup_s if self.windows is None else self.windows.warmup_s
+
+    def measure_s(self, scenario: Scenario) -> float:
+        return scenario.measure_s if self.windows is None else self.windows.measure_s
+
+
 # A scenario's sustainable load is its ``rate``: the suite sizes each scenario at a load its best
 # config sustains within the SLOs (docs/scenarios.md); ``--load-fraction F`` tunes at F x rate.
 SUSTAINABLE = "the scenario's rate (each is sized at a load its oracle config sustains within the SLOs)"
@@ -420,14 +457,17 @@ class TrueScores:
 # Running the methods
 
 
-def settings_for(scenario: Scenario, method: str, budget: int, seed: int) -> TuningSettings:
+def settings_for(
+    scenario: Scenario, method: str, budget: int, seed: int, trials: Trials = Trials()
+) -> TuningSettings:
+    """The policy's settings for one seed, its trials timed by ``trials``."""
     return TuningSettings(
         mode="auto",
         objective=scenario.objective,  # type: ignore[arg-type]
         slo=scenario.slo,
         space=scenario.space,
-        warmup_s=scenario.warmup_s,
-        measure_s=scenario.measure_s,
+        warmup_s=trials.warmup_s(scenario),
+        measure_s=trials.measure_s(scenario),
         min_requests=scenario.min_requests,
         max_trials=max(1, budget - 1),  # the baseline is trial 1 of the budget
         strategy="rolling",
@@ -445,21 +485,23 @@ def run_method(
     truth: TrueScores,
     oracle: float,
     load_fraction: float = 1.0,
+    trials: Trials = Trials(),
 ) -> dict[str, Any]:
     """One seed of one method: the policy tunes at ``load_fraction`` of the scenario's sustainable
-    load; the config it ends on is scored by ``truth`` (the scenario at full load, as the oracle)."""
+    load, its trials run as ``trials`` says; the config it ends on is scored by ``truth`` (the
+    scenario at full load, as the oracle)."""
     env = TwinEnv(scenario.at_load(load_fraction))
     space = scenario.oracle_space()  # the incumbents' true scores are read from the oracle's grid
     t0 = time.perf_counter()
     if method == "default":
-        settings = replace(settings_for(scenario, method, budget, seed), max_trials=1)
+        settings = replace(settings_for(scenario, method, budget, seed, trials), max_trials=1)
         result = drive(
             scenario.engine, settings, scenario.default_config(), env, seed=seed,
             suggester=lambda *_: _stop(),
         )  # fmt: skip
     else:
-        result = drive(scenario.engine, settings_for(scenario, method, budget, seed), scenario.start_config(),
-                       env, seed=seed)  # fmt: skip
+        result = drive(scenario.engine, settings_for(scenario, method, budget, seed, trials),
+                       scenario.start_config(), env, seed=seed)  # fmt: skip
     wall = time.perf_counter() - t0
     final = result.final_config
     final_true = truth.get(final)
@@ -473,7 +515,7 @@ def run_method(
             s = score(t.signals, scenario.objective, scenario.slo, 1)  # type: ignore[arg-type]
             if isinstance(s, Score) and not s.slo_met:
                 violating += 1
-    return {
+    out: dict[str, Any] = {
         "seed": seed,
         "ratio": round(ratio, 4),
         "final_config": final.to_dict(),
@@ -489,6 +531,39 @@ def run_method(
         "wall_seconds": round(wall, 2),
         "sim_seconds": round(env.sim_seconds, 1),
     }
+    if trials.trace:
+        out["trials_trace"] = trial_trace(scenario, result, truth, oracle)
+        out["gate"] = None if result.state.gate is None else result.state.gate.model_dump()
+    return out
+
+
+def trial_trace(
+    scenario: Scenario, result: DriveResult, truth: TrueScores, oracle: float
+) -> list[dict[str, Any]]:
+    """Every trial of one seed as the policy saw it: its config, the window's value and score terms
+    (measured objective, headroom factor and the budget that bounded it), requests, whether the
+    significance gate asked for it, the trial's recorded reason (the score's terms once scored, the
+    failure otherwise); and the config's true ratio at full load where the truth is known (the
+    oracle grid's configs and the ends, no new long run)."""
+    rows: list[dict[str, Any]] = []
+    for t in result.trials:
+        row: dict[str, Any] = {
+            "id": t.id, "role": t.role, "gate_window": t.gate_window, "outcome": t.outcome,
+            "failure": t.failure, "config": t.config.to_dict(), "value": t.value,
+        }  # fmt: skip
+        cap = running_cap(t.config)
+        s = None if t.signals is None else score(t.signals, scenario.objective, scenario.slo, 1, cap)  # type: ignore[arg-type]
+        if isinstance(s, Score):
+            row["measured"] = s.measured_value
+            row["headroom"] = None if s.headroom is None else s.headroom.factor
+            row["headroom_limit"] = None if s.headroom is None else str(s.headroom.limit)
+            row["requests"] = s.requests
+            row["slo_met"] = s.slo_met
+        known = truth.get(t.config) if truth.known(t.config) else None  # no new long run
+        row["true_ratio"] = None if known is None else round(_ratio(scenario.objective, known, oracle), 4)
+        row["reason"] = t.reason
+        rows.append(row)
+    return rows
 
 
 def _stop() -> Any:
@@ -545,10 +620,12 @@ def run_scenario(
     cache_dir: Path,
     log: Any,
     load_fraction: float = 1.0,
+    trials: Trials = Trials(),
 ) -> dict[str, Any]:
     """Every method on ``seeds`` seeds, tuning at ``load_fraction`` of the scenario's sustainable
-    load and scored at full load against the full-load oracle; a control also reports the spread of
-    its grid's true scores at the load it was tuned at and at full load."""
+    load (the trials run as ``trials`` says) and scored at full load against the full-load oracle;
+    a control also reports the spread of its grid's true scores at the load it was tuned at and at
+    full load."""
     env = TwinEnv(scenario)
     truth = TrueScores(scenario, env, cache_dir)
     space = scenario.oracle_space()
@@ -569,6 +646,8 @@ def run_scenario(
         "rate": scenario.rate,
         "load_fraction": load_fraction,
         "tuned_rate": round(scenario.at_load(load_fraction).rate, 6),
+        "trial_warmup_s": trials.warmup_s(scenario),
+        "trial_measure_s": trials.measure_s(scenario),
         "control": scenario.control,
         "bound": scenario.bound,
         "objective": scenario.objective,
@@ -595,7 +674,8 @@ def run_scenario(
         print(f"[{scenario.name}] spread {out['spread']}", file=log)
     for method in methods:
         per_seed = [
-            run_method(scenario, method, seed, budget, truth, oracle, load_fraction) for seed in range(seeds)
+            run_method(scenario, method, seed, budget, truth, oracle, load_fraction, trials)
+            for seed in range(seeds)
         ]
         summary = {
             "median_ratio": round(float(statistics.median(p["ratio"] for p in per_seed)), 4),
@@ -619,12 +699,14 @@ def run_scenario(
     return out
 
 
-Job = tuple[Scenario, Sequence[str], int, int, Path, float]
+Job = tuple[Scenario, Sequence[str], int, int, Path, float, Trials]
 
 
 def _run_one(job: Job) -> tuple[str, dict[str, Any]]:
-    scenario, methods, seeds, budget, cache_dir, load_fraction = job
-    return scenario.name, run_scenario(scenario, methods, seeds, budget, cache_dir, sys.stderr, load_fraction)
+    scenario, methods, seeds, budget, cache_dir, load_fraction, trials = job
+    return scenario.name, run_scenario(
+        scenario, methods, seeds, budget, cache_dir, sys.stderr, load_fraction, trials
+    )
 
 
 def run_scenarios(
@@ -636,15 +718,18 @@ def run_scenarios(
     jobs: int,
     load_fraction: float = 1.0,
     control_seeds: int | None = None,
+    trials: Trials = Trials(),
 ) -> list[tuple[str, dict[str, Any]]]:
     """Every scenario, in order; with ``jobs`` > 1 in forked worker processes (one scenario each:
     a scenario's true-score cache file is only ever written by one process). Controls run
-    ``control_seeds`` seeds (default ``seeds``)."""
+    ``control_seeds`` seeds (default ``seeds``); the trials run as ``trials`` says."""
 
     def n_seeds(sc: Scenario) -> int:
         return control_seeds if sc.control and control_seeds is not None else seeds
 
-    work: list[Job] = [(sc, methods, n_seeds(sc), budget, cache_dir, load_fraction) for sc in scenarios]
+    work: list[Job] = [
+        (sc, methods, n_seeds(sc), budget, cache_dir, load_fraction, trials) for sc in scenarios
+    ]
     if jobs <= 1 or len(work) <= 1:
         return [_run_one(w) for w in work]
     import multiprocessing
@@ -767,6 +852,18 @@ def main(argv: list[str]) -> int:
         "method ends on is still scored at full load against the full-load oracle",
     )
     p.add_argument("--control-seeds", type=int, help="seeds for the controls (default: --seeds)")
+    p.add_argument(
+        "--production-windows",
+        action="store_true",
+        help="time the trials as the operator's spec defaults do (warm-up and measurement window "
+        "of spec.tuning.trial) instead of each scenario's warmup_s/measure_s; true scores unchanged",
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="keep every trial of every seed in the JSON (config, value, score terms, gate windows, "
+        "the trial's recorded reason) and the gate's record",
+    )
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--budget", type=int, default=15, help="trials per run, baseline included")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
@@ -813,6 +910,8 @@ def main(argv: list[str]) -> int:
     except ScenarioError as exc:
         print(f"prefixtune bench tuner: {exc}", file=sys.stderr)
         return 2
+    windows = TrialWindows.production() if args.production_windows else None
+    trials = Trials(windows, trace=args.trace)
     t0 = time.perf_counter()
     result: dict[str, Any] = {
         "setup": {
@@ -821,6 +920,9 @@ def main(argv: list[str]) -> int:
             "budget": args.budget,
             "load_fraction": args.load_fraction,
             "sustainable_load": SUSTAINABLE,
+            "trial_windows": {"source": "each scenario's warmup_s, measure_s (bench/scenarios/*.yaml)"}
+            if windows is None
+            else {"source": windows.source, "warmup_s": windows.warmup_s, "measure_s": windows.measure_s},
             "ratio": "true score at FULL load of the config a method ends on, over the full-load oracle's",
             "control_spread_max": CONTROL_SPREAD,
             "control_keep_min": CONTROL_KEEP,
@@ -835,7 +937,7 @@ def main(argv: list[str]) -> int:
     result["setup"]["jobs"] = args.jobs
     runs = run_scenarios(
         scenarios, methods, args.seeds, args.budget, args.cache_dir, args.jobs,
-        args.load_fraction, args.control_seeds,
+        args.load_fraction, args.control_seeds, trials,
     )  # fmt: skip
     for name, res in runs:
         result["scenarios"][name] = res

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import yaml
 
 from bench import tuner
 from prefixtune.engines.base import KnobConfig
 from prefixtune.metrics.signals import Signals
 from prefixtune.tuning.drive import TrialRun
+from prefixtune.tuning.settings import TuningSettings
 
 FULL_RATE = 5.0
 CAPACITY = {True: 10.0, False: 2.0}  # req/s each config sustains: prefix caching on carries 5x more
@@ -195,3 +198,67 @@ def test_cli_refuses_bad_light_load_arguments(
 ) -> None:
     assert tuner.main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_production_windows_time_the_trials_as_the_operators_spec_defaults(
+    fake_env: type[FakeEnv], tmp_path: Path
+) -> None:
+    scenario = _scenario()
+    truth = tuner.TrueScores(scenario, FakeEnv(scenario), tmp_path)
+    _, oracle = truth.oracle(scenario.oracle_space())
+    fake_env.runs.clear()
+    windows = tuner.TrialWindows.production()
+    spec_defaults = TuningSettings()
+    assert (windows.warmup_s, windows.measure_s) == (spec_defaults.warmup_s, spec_defaults.measure_s)
+    settings = tuner.settings_for(scenario, "bo", 2, 0, tuner.Trials(windows))
+    assert (settings.warmup_s, settings.measure_s) == (spec_defaults.warmup_s, spec_defaults.measure_s)
+    tuner.run_method(scenario, "bo", 0, 2, truth, oracle, load_fraction=0.3, trials=tuner.Trials(windows))
+    trials = {measure_s for rate, measure_s, _ in fake_env.runs if rate < FULL_RATE}
+    assert trials == {spec_defaults.measure_s}
+
+
+def test_the_true_score_keeps_the_scenarios_timings_under_production_windows(
+    fake_env: type[FakeEnv], tmp_path: Path
+) -> None:
+    scenario = _scenario()
+    windows = tuner.TrialWindows.production()
+    out = tuner.run_scenario(scenario, ["bo"], 1, 2, tmp_path, io.StringIO(), 0.3, tuner.Trials(windows))
+    assert (out["trial_warmup_s"], out["trial_measure_s"]) == (windows.warmup_s, windows.measure_s)
+    assert {measure_s for rate, measure_s, _ in fake_env.runs if rate == FULL_RATE} == {scenario.eval_s}
+
+
+def test_the_cli_records_the_trials_timings_in_its_setup(fake_env: type[FakeEnv], tmp_path: Path) -> None:
+    path = tmp_path / "x.yaml"
+    data = {"name": "x", "engine": "vllm", "model": "llama-3.1-8b", "gpu": "H100-80GB", "workload": "qa"}
+    data |= {"rate": FULL_RATE, "eval_s": 400, "oracle_fractions": 1}
+    data["space"] = {"memory_fraction": [0.9, 0.9], "block_size": [16]}
+    path.write_text(yaml.safe_dump(data))
+    common = ["--scenario-file", str(path), "--seeds", "1", "--budget", "2", "--methods", "bo"]
+    common += ["--cache-dir", str(tmp_path / "cache")]
+    assert tuner.main([*common, "--output", str(tmp_path / "a.json")]) == 0
+    assert tuner.main([*common, "--production-windows", "--output", str(tmp_path / "b.json")]) == 0
+    scenario_timed = json.loads((tmp_path / "a.json").read_text())["setup"]["trial_windows"]
+    production = json.loads((tmp_path / "b.json").read_text())["setup"]["trial_windows"]
+    assert "warmup_s" not in scenario_timed and "scenario" in scenario_timed["source"]
+    assert (production["warmup_s"], production["measure_s"]) == (180.0, 600.0)
+
+
+def test_a_trace_keeps_every_trial_with_its_score_terms_and_the_gates_record(
+    fake_env: type[FakeEnv], tmp_path: Path
+) -> None:
+    scenario = _scenario()
+    truth = tuner.TrueScores(scenario, FakeEnv(scenario), tmp_path)
+    _, oracle = truth.oracle(scenario.oracle_space())
+    traced = tuner.run_method(scenario, "bo", 0, 3, truth, oracle, 0.3, tuner.Trials(trace=True))
+    plain = tuner.run_method(scenario, "bo", 0, 3, truth, oracle, 0.3)
+    assert "trials_trace" not in plain and "gate" not in plain
+    rows = traced["trials_trace"]
+    assert [r["role"] for r in rows] == ["baseline"] + ["trial"] * (traced["trials"] - 1)
+    baseline = rows[0]
+    assert baseline["config"] == scenario.start_config().to_dict() and baseline["requests"] == 500
+    # the fake's windows: every config serves the 1.5 req/s offered, caching off a token better
+    assert baseline["measured"] == pytest.approx(151.0) and baseline["slo_met"] is True
+    assert baseline["headroom"] is not None and baseline["headroom_limit"] == "ttft"
+    assert baseline["true_ratio"] == pytest.approx(201.0 / 500.0, abs=1e-4)
+    assert all(isinstance(r["reason"], str) and r["reason"] for r in rows)
+    assert "gate" in traced
