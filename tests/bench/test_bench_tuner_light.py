@@ -74,6 +74,13 @@ def test_at_load_scales_the_rate_and_nothing_else() -> None:
     assert scenario.at_load(1.0) is scenario  # full load shares the named suite's true-score cache
 
 
+def _truth(scenario: tuner.Scenario, tmp_path: Path) -> tuple[tuner.TrueScores, KnobConfig, float]:
+    """The fake's true scores and its oracle (config, score)."""
+    truth = tuner.TrueScores(scenario, FakeEnv(scenario), tmp_path)
+    cfg, oracle = truth.oracle(scenario.oracle_space())
+    return truth, cfg, oracle
+
+
 @pytest.mark.parametrize("fraction", [0.0, -0.3, 1.5])
 def test_a_load_fraction_outside_zero_to_one_is_refused(fraction: float) -> None:
     with pytest.raises(tuner.ScenarioError, match="must be in \\(0, 1\\]"):
@@ -84,8 +91,7 @@ def test_the_policy_tunes_at_the_light_load_and_its_config_is_scored_at_full_loa
     fake_env: type[FakeEnv], tmp_path: Path
 ) -> None:
     scenario = _scenario()
-    truth = tuner.TrueScores(scenario, FakeEnv(scenario), tmp_path)
-    oracle_cfg, oracle = truth.oracle(scenario.oracle_space())
+    truth, oracle_cfg, oracle = _truth(scenario, tmp_path)
     assert oracle_cfg.prefix_caching and oracle == pytest.approx(500.0)
     fake_env.runs.clear()
     out = tuner.run_method(scenario, "bo", seed=0, budget=2, truth=truth, oracle=oracle, load_fraction=0.3)
@@ -204,8 +210,7 @@ def test_production_windows_time_the_trials_as_the_operators_spec_defaults(
     fake_env: type[FakeEnv], tmp_path: Path
 ) -> None:
     scenario = _scenario()
-    truth = tuner.TrueScores(scenario, FakeEnv(scenario), tmp_path)
-    _, oracle = truth.oracle(scenario.oracle_space())
+    truth, _, oracle = _truth(scenario, tmp_path)
     fake_env.runs.clear()
     windows = tuner.TrialWindows.production()
     spec_defaults = TuningSettings()
@@ -247,8 +252,7 @@ def test_a_trace_keeps_every_trial_with_its_score_terms_and_the_gates_record(
     fake_env: type[FakeEnv], tmp_path: Path
 ) -> None:
     scenario = _scenario()
-    truth = tuner.TrueScores(scenario, FakeEnv(scenario), tmp_path)
-    _, oracle = truth.oracle(scenario.oracle_space())
+    truth, _, oracle = _truth(scenario, tmp_path)
     traced = tuner.run_method(scenario, "bo", 0, 3, truth, oracle, 0.3, tuner.Trials(trace=True))
     plain = tuner.run_method(scenario, "bo", 0, 3, truth, oracle, 0.3)
     assert "trials_trace" not in plain and "gate" not in plain
