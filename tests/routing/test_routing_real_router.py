@@ -17,6 +17,8 @@ from vLLM without ``--enable-scale-out``, 404 from trtllm-serve) leaves every de
 ``missing_tokens`` and the requests spread by load alone, cache-blind. That is why TensorRT-LLM runs
 behind sglang-router (``routing/settings.py``); vllm-router's consistent_hash needs no token ids (a
 hash of the session header), so a TensorRT-LLM resource may still name it for session affinity.
+vllm-router's tree budget (``--max-tree-size``) still counts the text's characters, not the token
+ids it routes on, as the operator sizes it (pool tokens x 4).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from prefixtune.twin.router import RouterModel, RoutingConfig
 
 SESSIONS = 16
 SYSTEM_WORDS, USER_WORDS, ANSWER_WORDS = 300, 150, 120  # the system prompt: ~2/3 of a first prompt
+EVICTION_WAIT_S = 5.0  # vllm-router evicts its trees every --eviction-interval-secs (1 s in the test)
 HOLD_S = 2.0  # a held completion's seconds in flight: generous, a turn's requests overlap under load
 _SESSION = re.compile(r"USER(\d+):")
 
@@ -266,11 +269,11 @@ def _second(i: int) -> str:
     return f"{_first(i)} ASSISTANT: {_words(2000 + i, ANSWER_WORDS)} USER{i}: {_words(3000 + i, USER_WORDS)}"
 
 
-def _send(port: int, prompt: str) -> None:
+def _send(port: int, prompt: str, session_header: bool = True) -> None:
     body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 1}).encode()
     headers = {"Content-Type": "application/json"}
-    session = _SESSION.findall(prompt)[-1]
-    headers[SESSION_HEADER] = f"session-{session}"  # the sandbox load's session key; cache_aware ignores it
+    if session_header:  # the sandbox load's session key
+        headers[SESSION_HEADER] = f"session-{_SESSION.findall(prompt)[-1]}"
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body, headers=headers)
     with urllib.request.urlopen(req, timeout=30) as r:
         r.read()
@@ -427,3 +430,57 @@ def test_the_twins_model_decides_the_same_on_the_same_stream() -> None:
         chosen.setdefault(i, set()).add(routed.replica)
     assert len(set().union(*chosen.values())) == 1
     assert all(len(r) == 1 for r in chosen.values())
+
+
+def _shared_prefix(a: str, b: str) -> int:
+    """How many leading characters ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _tree_content(prompts: list[str]) -> tuple[int, int]:
+    """(tokens, characters) a radix tree of ``prompts`` holds: each prompt's part beyond the longest
+    prefix it shares with an earlier one (in words for the tokens: the stub renders a word a token)."""
+    chars = words = 0
+    for k, prompt in enumerate(prompts):
+        shared = max((_shared_prefix(prompt, p) for p in prompts[:k]), default=0)
+        chars += len(prompt) - shared
+        words += len(prompt[shared:].split())
+    return words, chars
+
+
+@pytest.mark.parametrize("workers", [{"render": Render.TOKENS}], ids=["render"], indirect=True)
+def test_vllm_routers_tree_budget_counts_characters_though_it_routes_on_token_ids(workers: _Workers) -> None:
+    """``--max-tree-size`` is a per-worker budget of the text's characters in vllm-router 0.1.17 too,
+    as its help says, though cache_aware matches on rendered token ids: the operator sizes it as the
+    engines' pool tokens x 4 characters (``routing/render.py`` ``tree_size_for``). A budget of twice the
+    first turns' tokens (under a third of their characters) is evicted to the last few sessions: the
+    others' second turns find no prefix (``prefix_miss``); four times their characters keeps every one.
+    Measured 2026-12-05: 2 of 16 second turns hit at twice the tokens, 16 at four times the characters
+    (and, by the chat route, 4, 10, 15, 16 of 16 at 3k, 12k, 20k, 30k for ~18.7k characters)."""
+    tokens, chars = _tree_content([_first(i) for i in range(SESSIONS)])
+    assert 2 * tokens < chars // 3  # the two readings of the budget are far apart
+    second_turn_hits: dict[str, int] = {}
+    for label, budget in (("tokens x 2", 2 * tokens), ("characters x 4", 4 * chars)):
+        running = _launch(Router.VLLM, workers, "--policy", "cache_aware", "--cache-threshold", "0.5",
+                          "--eviction-interval-secs", "1", "--max-tree-size", str(budget))  # fmt: skip
+        try:
+            for i in range(SESSIONS):
+                _send(running.port, _first(i), session_header=False)
+            first = _decisions(running)
+            time.sleep(EVICTION_WAIT_S)  # several eviction cycles, on a loaded machine too
+            for i in range(SESSIONS):
+                _send(running.port, _second(i), session_header=False)
+            decisions = _decisions(running)
+        finally:
+            _stop(running)
+        assert first == Counter({"prefix_miss": 1, "prefix_hit": SESSIONS - 1}), (label, first)
+        second_turn_hits[label] = decisions["prefix_hit"] - first["prefix_hit"]
+    # read as characters, twice the tokens holds the system prompt and the last few sessions (LRU);
+    # read as tokens, it would hold every session twice over
+    assert second_turn_hits["characters x 4"] == SESSIONS, second_turn_hits
+    assert second_turn_hits["tokens x 2"] < SESSIONS // 2, second_turn_hits
