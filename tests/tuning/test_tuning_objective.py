@@ -225,6 +225,18 @@ def test_headroom_is_bounded_by_the_largest_share_a_budget_was_used() -> None:
     assert nothing is None
 
 
+def test_a_predicted_capacity_is_a_share_like_the_others() -> None:
+    # the twin calibrated to the window predicts 1.5x more load fits: tighter than the KV pool's 2x
+    room = headroom(sig(ttft_p99_s=0.2, itl_p99_s=0.01, kv_usage_mean=0.5, capacity_multiple=1.5), SLO)
+    assert room is not None and room.limit == HeadroomLimit.MODEL and room.factor == pytest.approx(1.5)
+    # looser than a measured share: the share bounds
+    loose = headroom(sig(ttft_p99_s=0.2, itl_p99_s=0.01, kv_usage_mean=0.5, capacity_multiple=4.0), SLO)
+    assert loose is not None and (loose.limit, loose.factor) == (HeadroomLimit.KV, 2.0)
+    # at capacity it predicts 1: the score is the measured rate
+    full = score(sig(ttft_p99_s=0.2, capacity_multiple=1.0), "goodput", SLO, 1)
+    assert isinstance(full, Score) and full.value == full.measured_value
+
+
 def test_throughput_ranks_by_headroom_and_ttft_has_none() -> None:
     fast = score(sig(ttft_p99_s=0.5), "throughput", SLO, 1)
     slow = score(sig(ttft_p99_s=1.5), "throughput", SLO, 1)

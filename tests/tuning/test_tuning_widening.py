@@ -114,6 +114,11 @@ def test_chunked_prefill_ttft_that_bounds_the_headroom_brings_in_larger_token_bu
     assert w.values == {MAX_BATCHED_TOKENS: (1024, 2048, 4096)}
     reason = "TTFT p99 0.34 s (SLO 2.00 s), the share that bounds the headroom, is mostly chunked prefill"
     assert w.reasons[0].startswith(reason)
+    # a capacity the twin predicted (tighter than every share: 1/2.9) is not a budget of the engine's;
+    # the widening still asks which budget more load reaches first
+    predicted = widen(replace(light, capacity_multiple=2.9), BatchLimits(max_batched_tokens=1024), SLO, KNOBS,
+                      smaller_budget=False)  # fmt: skip
+    assert predicted.values == w.values
 
 
 def test_both_budget_signs_bring_in_one_value_on_each_side() -> None:

@@ -30,6 +30,9 @@ class Signals:
     requests_per_s: float | None = None
     goodput_tokens_per_s: float | None = None  # output tokens/s of requests meeting the SLOs
     slo_attainment: float | None = None  # share of requests meeting both SLOs
+    # not a metric: the load multiple the twin, calibrated to this window, predicts the config carries
+    # within the SLOs (twin/capacity.py); None where nothing predicted it
+    capacity_multiple: float | None = None
 
     def missing(self) -> tuple[str, ...]:
         return tuple(f.name for f in fields(self) if f.name != "window_s" and getattr(self, f.name) is None)

@@ -167,6 +167,7 @@ class HeadroomLimit(StrEnum):
     ITL = "itl"  # ITL p50 / ITL SLO
     KV = "kv-pool"  # KV cache usage
     RUNNING = "running-cap"  # running batch peak / the config's running-request cap
+    MODEL = "capacity-model"  # 1 / the capacity multiple the twin calibrated to the window predicts
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,7 @@ def headroom(signals: Signals, slo: Slo, running_cap: int | None = None) -> Head
         (HeadroomLimit.ITL, None if signals.itl_p50_s is None else signals.itl_p50_s / slo.itl_p99_s),
         (HeadroomLimit.KV, signals.kv_usage_mean),
         (HeadroomLimit.RUNNING, running),
+        (HeadroomLimit.MODEL, None if not signals.capacity_multiple else 1.0 / signals.capacity_multiple),
     ):
         if used is not None and math.isfinite(used) and used >= 0:
             shares.append((limit, float(used)))
