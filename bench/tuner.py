@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from prefixtune.tuning.objective import SCORING, Score, higher_is_better_ratio, 
 from prefixtune.tuning.settings import Slo, SpaceOverride, TuningSettings
 from prefixtune.tuning.space import SearchSpace, build_space
 from prefixtune.tuning.widening import reach, running_cap
+from prefixtune.twin.capacity import CapacityModel, WorkloadSample, predict_capacity
 from prefixtune.twin.catalog import find_gpu, no_twin_model
 
 HERE = Path(__file__).resolve().parent
@@ -81,6 +82,9 @@ class Trials:
 
     windows: TrialWindows | None = None  # None: the scenario's warmup_s / measure_s
     trace: bool = False  # keep every trial of every seed (``trial_trace``) in the result
+    # the twin calibrated to each trial window predicts the config's capacity (``twin/capacity.py``),
+    # which the headroom then counts; None: not predicted (the operator does not predict it yet)
+    capacity: CapacityModel | None = None
 
     def warmup_s(self, scenario: Scenario) -> float:
         return scenario.warmup_s if self.windows is None else self.windows.warmup_s
@@ -326,10 +330,13 @@ class TwinEnv:
 
     probes_boot = False  # start-up OOM shows up as the trial's result, after the rollout
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, capacity: CapacityModel | None = None) -> None:
         self.scenario = scenario
         self.adapter = get_adapter(scenario.engine)
+        self.capacity = capacity
         self.sim_seconds = 0.0
+        self.capacity_seconds = 0.0  # wall seconds spent predicting capacities
+        self.workload = WorkloadSample()  # every trial window's arrivals (one workload: the scenario's)
 
     def run(self, config: KnobConfig, warmup_s: float, measure_s: float, seed: int) -> TrialRun:
         from prefixtune.twin.run import SimOptions, simulate
@@ -353,7 +360,17 @@ class TwinEnv:
         if summary.status != "ok":
             return TrialRun(summary.status)  # type: ignore[arg-type]
         arrived = sum(1 for r in requests if warmup_s <= r.arrival_s < horizon)
-        return TrialRun("ok", signals_from_summary(summary, measure_s), offered_rps=arrived / measure_s)
+        signals = signals_from_summary(summary, measure_s)
+        if self.capacity is not None and arrived:
+            t0 = time.perf_counter()
+            self.workload.add(requests, warmup_s, horizon)
+            stats = self.workload.stats(summary.prefill_tokens_saved_fraction)
+            multiple = predict_capacity(
+                sc.engine, cmd.argv, sc.gpu, slo, stats, files=cmd.files, model=self.capacity
+            )
+            signals = replace(signals, capacity_multiple=multiple)
+            self.capacity_seconds += time.perf_counter() - t0
+        return TrialRun("ok", signals, offered_rps=arrived / measure_s)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -490,7 +507,7 @@ def run_method(
     """One seed of one method: the policy tunes at ``load_fraction`` of the scenario's sustainable
     load, its trials run as ``trials`` says; the config it ends on is scored by ``truth`` (the
     scenario at full load, as the oracle)."""
-    env = TwinEnv(scenario.at_load(load_fraction))
+    env = TwinEnv(scenario.at_load(load_fraction), trials.capacity)
     space = scenario.oracle_space()  # the incumbents' true scores are read from the oracle's grid
     t0 = time.perf_counter()
     if method == "default":
@@ -531,6 +548,8 @@ def run_method(
         "wall_seconds": round(wall, 2),
         "sim_seconds": round(env.sim_seconds, 1),
     }
+    if trials.capacity is not None:
+        out["capacity_model_seconds"] = round(env.capacity_seconds, 1)
     if trials.trace:
         out["trials_trace"] = trial_trace(scenario, result, truth, oracle)
         out["gate"] = None if result.state.gate is None else result.state.gate.model_dump()
@@ -864,6 +883,16 @@ def main(argv: list[str]) -> int:
         help="keep every trial of every seed in the JSON (config, value, score terms, gate windows, "
         "the trial's recorded reason) and the gate's record",
     )
+    p.add_argument(
+        "--capacity-model",
+        nargs="?",
+        const="measured",
+        choices=("measured", "poisson"),
+        help="the twin, calibrated to the trial windows (arrival rate and dispersion, prompt and output "
+        "length quantiles: pooled over the windows; the config's prefill saved), predicts each trial's "
+        "capacity, which the headroom counts (twin/capacity.py; an experiment: the operator does not "
+        "predict it). 'poisson': the synthetic arrivals are Poisson, not as bursty as measured",
+    )
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--budget", type=int, default=15, help="trials per run, baseline included")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
@@ -911,7 +940,10 @@ def main(argv: list[str]) -> int:
         print(f"prefixtune bench tuner: {exc}", file=sys.stderr)
         return 2
     windows = TrialWindows.production() if args.production_windows else None
-    trials = Trials(windows, trace=args.trace)
+    capacity = (
+        None if args.capacity_model is None else CapacityModel(dispersion=args.capacity_model == "measured")
+    )
+    trials = Trials(windows, trace=args.trace, capacity=capacity)
     t0 = time.perf_counter()
     result: dict[str, Any] = {
         "setup": {
@@ -927,6 +959,7 @@ def main(argv: list[str]) -> int:
             "control_spread_max": CONTROL_SPREAD,
             "control_keep_min": CONTROL_KEEP,
             "methods": methods,
+            "capacity_model": None if capacity is None else asdict(capacity),
             "trial_count_includes_baseline": True,
             "true_score": "long twin run (eval_s) with a fixed seed; trials_to_X incumbents use the "
             "oracle grid interpolated in memory fraction",

@@ -29,7 +29,7 @@ class FakeEnv:
     runs: ClassVar[list[tuple[float, float, KnobConfig]]] = []
     infeasible: ClassVar[set[bool]] = set()  # prefix_caching values that fail at runtime
 
-    def __init__(self, scenario: tuner.Scenario) -> None:
+    def __init__(self, scenario: tuner.Scenario, capacity: object = None) -> None:
         self.scenario = scenario
         self.sim_seconds = 0.0
 

@@ -185,3 +185,26 @@ def test_the_oracle_leaves_out_limits_the_engine_refuses_with_the_deployed_confi
     data["oracle_widen"] = ["max_batched_tokens"]  # 512 and 1024 below the default cap of 1024: 512 out
     scenario = bench().parse_scenario(data, "x.yaml")
     assert scenario.widening_reach()["max_batched_tokens"] == (1024, 2048, 4096, 8192)
+
+
+def test_with_a_capacity_model_each_window_carries_the_twins_prediction_and_it_bounds_the_headroom() -> None:
+    from prefixtune.tuning.objective import HeadroomLimit, headroom
+    from prefixtune.twin.capacity import CapacityModel
+
+    data: dict[str, object] = {"name": "x", "engine": "vllm", "model": "llama-3.1-8b", "gpu": "H100-80GB"}
+    data.update({"workload": "qa", "rate": 1.0})
+    scenario = bench().parse_scenario(data, "x.yaml")
+    quick = CapacityModel(seeds=(7,), warmup_s=20.0, window_s=60.0, refine=1)
+    env = bench().TwinEnv(scenario, capacity=quick)
+    first = env.run(scenario.start_config(), 20.0, 60.0, seed=1)
+    second = env.run(scenario.start_config(), 20.0, 60.0, seed=2)
+    assert first.signals is not None and second.signals is not None
+    predicted = second.signals.capacity_multiple
+    assert predicted is not None and 1.0 < predicted <= quick.top
+    assert len(env.workload.counts) == 8  # both windows' scrape intervals: the workload's sample pools them
+    room = headroom(second.signals, scenario.slo)
+    assert (
+        room is not None and room.limit == HeadroomLimit.MODEL and room.share == pytest.approx(1 / predicted)
+    )
+    plain = bench().TwinEnv(scenario).run(scenario.start_config(), 20.0, 60.0, seed=1)
+    assert plain.signals is not None and plain.signals.capacity_multiple is None
