@@ -45,6 +45,10 @@ load the config would carry within the SLOs, ``1 / max(share used)`` of four bud
   64 in ``vllm-chatbot-running-cap``: a peak of 25-31 at 3 req/s, 54-61 at 6 req/s, at the cap with
   a queue at 10 req/s) where the mean (12, 30, 63) says five times the load would fit. Without the
   cap (the engine's own default, not known to the policy) the term is not measured.
+- ``capacity-model``, only where a window carries one (``Signals.capacity_multiple``: the bench's
+  ``--capacity-model`` experiment, never the operator): 1 / the load multiple the twin, calibrated
+  to the windows, predicts the config carries within the SLOs (``twin/capacity.py``; measured and not
+  adopted: docs/objective.md, "The twin calibrated to the window").
 
 At or past saturation a share is >= 1 and the factor is 1: the score IS the measured goodput, and a
 config that serves more within the SLOs wins by that. Below it, the config whose tail is furthest
