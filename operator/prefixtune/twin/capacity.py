@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from prefixtune.twin.request import Request
 from prefixtune.twin.run import SimOptions, simulate
-from prefixtune.twin.summary import GoodputSlo
+from prefixtune.twin.summary import GoodputSlo, percentiles
 from prefixtune.twin.workloads import ArrivalSpec, Dist, PrefixPool, WorkloadSpec, generate
 
 Z90 = 1.2815515655446004  # the standard normal's 90th percentile: a lognormal's p90 = p50 * exp(Z90 * sigma)
@@ -196,14 +196,6 @@ def arrival_cv(counts: Sequence[int]) -> float:
     return min(max(math.sqrt(var / mean), MIN_CV), MAX_CV)
 
 
-def _quantile(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
-
-
 @dataclass
 class WorkloadSample:
     """The workload's observations, pooled over the windows ``add``ed (one workload's epoch)."""
@@ -226,12 +218,14 @@ class WorkloadSample:
         CapacityError when no request arrived."""
         if not self.prompts:
             raise CapacityError("no request arrived in the windows")
+        prompt_p50, prompt_p90 = percentiles(self.prompts, (0.5, 0.9))
+        output_p50, output_p90 = percentiles(self.outputs, (0.5, 0.9))
         return WindowStats(
             rate_rps=len(self.prompts) / self.seconds,
-            prompt_p50=_quantile(self.prompts, 0.5),
-            prompt_p90=_quantile(self.prompts, 0.9),
-            output_p50=_quantile(self.outputs, 0.5),
-            output_p90=_quantile(self.outputs, 0.9),
+            prompt_p50=prompt_p50,
+            prompt_p90=prompt_p90,
+            output_p50=output_p50,
+            output_p90=output_p90,
             prefill_reduction=min(max(prefill_reduction, 0.0), 0.999),
             arrival_cv=arrival_cv(self.counts),
         )
