@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -118,11 +119,7 @@ def test_capacity_is_where_the_slos_stop_holding_and_is_deterministic() -> None:
     assert tight < loose  # a tighter TTFT SLO is met at less load
     assert _predict(8192, st, GoodputSlo(ttft_s=3.0, itl_s=0.1)) == loose  # fixed seeds: the same answer
     # a window already past what the config carries: no headroom
-    assert _predict(8192, replace_rate(st, 40.0), GoodputSlo(ttft_s=3.0, itl_s=0.1)) == 1.0
-
-
-def replace_rate(st: WindowStats, rate: float) -> WindowStats:
-    return WindowStats(**{**st.__dict__, "rate_rps": rate})
+    assert _predict(8192, replace(st, rate_rps=40.0), GoodputSlo(ttft_s=3.0, itl_s=0.1)) == 1.0
 
 
 def test_a_smaller_token_budget_carries_more_short_answers_behind_long_prompts() -> None:

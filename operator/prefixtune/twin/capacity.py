@@ -8,8 +8,8 @@ the cache saved); ``synthetic_workload`` turns it into a workload of the twin (l
 through those quantiles, one shared prefix as long as the saved share of a prompt, gamma-renewal
 arrivals with the window's dispersion); ``predict_capacity`` raises that workload's rate on the
 config's twin until too few requests meet the SLOs and returns the largest multiple of the window's
-rate that still met them (bisection in log space, on fixed arrival seeds: the same stats give the
-same answer).
+rate that still met them (in steps from the window's own rate, then bisections, on fixed arrival
+seeds: the same stats give the same answer).
 
 What it cannot see: the workload's prefix structure (how many distinct prefixes, their popularity),
 so a cache's hit rate does not fall with load as a corpus larger than the pool's spare room makes it
