@@ -73,6 +73,7 @@ _METRICS = MetricNames(
     requests_running="stub_running", requests_waiting="stub_waiting", kv_usage="stub_kv",
     prompt_tokens="stub_prompt_total", generation_tokens="stub_generation_total",
     requests_finished="stub_finished_total", ttft="stub_ttft_seconds", itl="stub_itl_seconds",
+    tpot="",
     e2e="stub_e2e_seconds", preemptions="", hit_numerator="stub_hits_total",
     hit_denominator="stub_queries_total", hit_miss="", hit_unit="tokens", cached_prompt_tokens="",
     config_info="stub_config_info",

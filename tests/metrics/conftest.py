@@ -56,6 +56,11 @@ class Event:
     missed_blocks: int
     preempted: int
 
+    @property
+    def tpot(self) -> float | None:
+        """The request's mean time per output token (None for a one-token answer)."""
+        return sum(self.itls) / len(self.itls) if self.itls else None
+
 
 def _base(name: str) -> str:
     return name[: -len("_total")] if name.endswith("_total") else name
@@ -113,6 +118,13 @@ class SyntheticEngine:
         self.itl = Histogram(n.itl, "itl", keys, buckets=ITL_BUCKETS, registry=r)
         self.ttft.labels(**labels)
         self.itl.labels(**labels)
+        # vLLM and SGLang also export each request's mean time per token; TensorRT-LLM's one
+        # histogram is that (MetricNames.tpot == itl), observed once per request
+        self.per_request_itl = n.tpot == n.itl
+        self.tpot = None
+        if n.tpot and not self.per_request_itl:
+            self.tpot = Histogram(n.tpot, "tpot", keys, buckets=ITL_BUCKETS, registry=r)
+            self.tpot.labels(**labels)
         if self.engine is EngineName.SGLANG:
             self.effective = counter(n.hit_numerator, ("mode",), ("input", "device_hit"))
             self.cached = counter(n.cached_prompt_tokens, ("cache_source",), ("device",))
@@ -172,8 +184,10 @@ class SyntheticEngine:
         inc(self.preemptions, e.preempted)
         self.ttft.labels(**lab).observe(e.ttft)
         h = self.itl.labels(**lab)
-        for gap in e.itls:
+        for gap in e.itls if not self.per_request_itl else ():
             h.observe(gap)
+        if e.tpot is not None:
+            (self.itl if self.per_request_itl else self.tpot).labels(**lab).observe(e.tpot)  # type: ignore[union-attr]
 
     def tick(self, now: float) -> None:
         with self.lock:
@@ -220,7 +234,8 @@ def ground_truth(engines: list[SyntheticEngine], t0: float, t1: float) -> dict[s
     else:
         hit_rate = hit / prompt
     ttfts = [e.ttft for e in ev]
-    itls = [g for e in ev for g in e.itls]
+    tpots = [e.tpot for e in ev if e.tpot is not None]
+    itls = tpots if engines[0].per_request_itl else [g for e in ev for g in e.itls]
     return {
         "requests": len(ev),
         "requests_per_s": len(ev) / span,
@@ -231,6 +246,7 @@ def ground_truth(engines: list[SyntheticEngine], t0: float, t1: float) -> dict[s
         "preemptions_per_s": sum(e.preempted for e in ev) / span,
         "ttft": ttfts,
         "itl": itls,
+        "tpot": tpots,
     }
 
 

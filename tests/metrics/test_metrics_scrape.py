@@ -134,6 +134,11 @@ def test_window_signals_match_ground_truth_per_engine(engine: EngineName) -> Non
     assert s.kv_usage_mean == pytest.approx(0.55) and s.waiting_mean == 0
     assert s.slo_attainment is not None and 0 < s.slo_attainment < 1
     assert s.goodput_tokens_per_s == pytest.approx(s.output_tokens_per_s * s.slo_attainment)
+    # the ITL test is per request, as goodput defines it: each request's mean time per token, from
+    # the per-request histogram (both SLOs sit on bucket bounds, so the shares are exact counts)
+    ttft_ok = sum(x <= 0.5 for x in truth["ttft"]) / len(truth["ttft"])
+    tpot_ok = sum(x <= 0.05 for x in truth["tpot"]) / len(truth["tpot"])
+    assert s.slo_attainment == pytest.approx(ttft_ok * tpot_ok, rel=1e-9)
     if engine is EngineName.TRTLLM:
         assert s.preemptions_per_s is None and "preemptions_per_s" in s.missing()
         assert s.hit_rate != pytest.approx(s.prefill_reduction)  # blocks vs tokens

@@ -26,8 +26,10 @@ def test_a_slimmed_window_reads_the_same_signals_as_the_whole_scrapes(engine: En
     rec = for_engine(engine)
     kept = rec.sample_names()
     slim_start, slim_end = start.only(kept), end.only(kept)
-    assert 0 < len(slim_start.values) < len(start.values) / 2  # most of an exposition is not read
-    assert {n for n, _ in slim_start.values} <= kept and slim_start.identity == start.identity
+    # every sample the recipe reads is kept, every other one dropped (the stand-ins are short
+    # expositions: SGLang's keeps 92 of its 158 samples, vLLM's 81 of 291)
+    assert {n for n, _ in slim_start.values} == {n for n, _ in start.values} & kept
+    assert 0 < len(slim_start.values) < len(start.values) and slim_start.identity == start.identity
     slo = Slo(1.0, 0.1)
     whole = window_signals(rec, {"p": [start, end]}, slo=slo)
     slim = window_signals(rec, {"p": [slim_start, slim_end]}, slo=slo)

@@ -317,7 +317,10 @@ class MetricNames:
     generation_tokens: str  # counter
     requests_finished: str  # counter
     ttft: str  # histogram base name
-    itl: str  # histogram base name
+    itl: str  # histogram base name: per-token gaps where the engine has them
+    # histogram base name: each finished request's mean time per output token ("" if absent); the
+    # SLO's ITL test of goodput is per request (a request meets it when this does)
+    tpot: str
     e2e: str  # histogram base name
     preemptions: str  # counter ("" where the engine has none)
     hit_numerator: str  # counter of hit tokens (or blocks)

@@ -380,6 +380,7 @@ METRICS = MetricNames(
     requests_finished="sglang:num_requests_total",
     ttft="sglang:time_to_first_token_seconds",
     itl="sglang:inter_token_latency_seconds",
+    tpot="sglang:request_time_per_output_token_seconds",
     e2e="sglang:e2e_request_latency_seconds",
     preemptions="sglang:num_retracted_requests_total",
     # Hit rate = sum over modes matching hit_label_regex / sum over all modes, of the same counter:
@@ -399,7 +400,6 @@ METRICS = MetricNames(
         "num_pages": "sglang:num_pages",
         "cache_hit_rate_gauge": "sglang:cache_hit_rate",  # last prefill batch only: noisy, do not average
         "queue_time": "sglang:queue_time_seconds",
-        "tpot": "sglang:request_time_per_output_token_seconds",
         "evicted_tokens": "sglang:evicted_tokens_total",
     },
 )

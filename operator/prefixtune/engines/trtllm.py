@@ -252,7 +252,11 @@ METRICS = MetricNames(
     generation_tokens="trtllm_generation_tokens_total",
     requests_finished="trtllm_request_success_total",
     ttft="trtllm_time_to_first_token_seconds",
-    itl="trtllm_time_per_output_token_seconds",  # per-token time; TRT-LLM exports no separate ITL
+    # TRT-LLM exports no per-token gaps: its one latency-per-token histogram is observed once per
+    # request, (last token - first token) / (output tokens - 1) (tensorrt_llm/executor/result.py,
+    # metrics/collector.py), so the ITL quantiles are per request there
+    itl="trtllm_time_per_output_token_seconds",
+    tpot="trtllm_time_per_output_token_seconds",
     e2e="trtllm_e2e_request_latency_seconds",
     preemptions="",  # no preemption counter; see extra["paused_requests"]
     hit_numerator="trtllm_kv_cache_reused_blocks_total",

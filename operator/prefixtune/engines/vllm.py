@@ -312,6 +312,7 @@ METRICS = MetricNames(
     requests_finished="vllm:request_success_total",
     ttft="vllm:time_to_first_token_seconds",
     itl="vllm:inter_token_latency_seconds",
+    tpot="vllm:request_time_per_output_token_seconds",
     e2e="vllm:e2e_request_latency_seconds",
     preemptions="vllm:num_preemptions_total",
     hit_numerator="vllm:prefix_cache_hits_total",
@@ -322,7 +323,6 @@ METRICS = MetricNames(
     config_info="vllm:cache_config_info",
     extra={
         "queue_time": "vllm:request_queue_time_seconds",
-        "tpot": "vllm:request_time_per_output_token_seconds",
         "prefill_time": "vllm:request_prefill_time_seconds",
         "external_hits": "vllm:external_prefix_cache_hits_total",
         "external_queries": "vllm:external_prefix_cache_queries_total",

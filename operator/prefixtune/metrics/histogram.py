@@ -144,8 +144,12 @@ def slo_attainment(ttft: Iterable[Bucket], itl: Iterable[Bucket], slo: Slo) -> f
     """Approximate share of requests meeting both SLOs.
 
     Approximation (stated, because histograms cannot do better): share(TTFT <= slo) x share(ITL <= slo),
-    where the ITL share is per generated token, not per request, and the two are taken as independent.
-    Requests whose tokens sometimes exceed the ITL target are thus counted fractionally.
+    the two taken as independent. ``itl`` should be the per-request histogram of each request's mean
+    time per output token (vLLM's and SGLang's ``request_time_per_output_token_seconds``,
+    TensorRT-LLM's ``time_per_output_token_seconds``): a request meets the ITL target when its mean
+    does, as goodput defines it. Given per-token gaps instead (an engine without the per-request
+    histogram), the share is of tokens, and a request whose tokens sometimes exceed the target is
+    counted fractionally.
     """
     ttft_share = share_at_most(slo.ttft_p99_s, ttft)
     itl_share = share_at_most(slo.itl_p99_s, itl)

@@ -54,6 +54,7 @@ class Recipe:
     kv_usage: str | None
     ttft: str | None  # histogram base names
     itl: str | None
+    tpot: str | None  # per request (``MetricNames.tpot``); may be the same series as ``itl``
 
     def counters(self) -> tuple[Term, ...]:
         terms: list[Term | None] = [
@@ -73,7 +74,7 @@ class Recipe:
         return tuple(g for g in (self.running, self.waiting, self.kv_usage) if g)
 
     def histograms(self) -> tuple[str, ...]:
-        return tuple(h for h in (self.ttft, self.itl) if h)
+        return tuple(dict.fromkeys(h for h in (self.ttft, self.itl, self.tpot) if h))
 
     def sample_names(self) -> frozenset[str]:
         """Every sample name the recipe reads (a histogram's buckets, sum and count)."""
@@ -133,6 +134,7 @@ def recipe(engine: EngineName | str, names: MetricNames) -> Recipe:
         kv_usage=names.kv_usage or None,
         ttft=names.ttft or None,
         itl=names.itl or None,
+        tpot=names.tpot or None,
     )
 
 

@@ -213,9 +213,11 @@ def compose(
     requests = _sum_term(incs, rec.requests) if rec.requests and incs else None
     ttft = _buckets(incs, rec.ttft) if rec.ttft else ()
     itl = _buckets(incs, rec.itl) if rec.itl else ()
+    tpot = _buckets(incs, rec.tpot) if rec.tpot else ()  # per request: the SLO's ITL test
     running, waiting, kv = gauge(rec.running), gauge(rec.waiting), gauge(rec.kv_usage)
     output_rate = rate(rec.generation_tokens)
-    attainment = H.slo_attainment(ttft, itl, slo) if slo is not None and ttft else None
+    per_request = tpot if H.total(tpot) else itl  # per-token gaps where no request was counted
+    attainment = H.slo_attainment(ttft, per_request, slo) if slo is not None and ttft else None
     return Signals(
         window_s=span,
         requests=requests,
