@@ -5,12 +5,13 @@ pod, so at 500 resources whole scrapes held ~0.75 GB; the signals must not chang
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from prefixtune.engines.base import EngineName
-from prefixtune.metrics.exposition import parse
+from prefixtune.metrics.exposition import Snapshot, parse
 from prefixtune.metrics.histogram import Slo
 from prefixtune.metrics.recipe import for_engine
 from prefixtune.metrics.scrape_source import window_signals
@@ -86,3 +87,36 @@ def test_the_shape_check_passes_every_line_of_the_engines_recorded_expositions()
         kept = for_engine(engine).sample_names()
         for text in (recorded["start"], recorded["end"]):
             assert parse(text, target="p", t=0.0, only=kept).values  # no line refused
+
+
+@pytest.mark.parametrize("engine", [EngineName.VLLM, EngineName.SGLANG, EngineName.TRTLLM])
+def test_a_windows_later_scrapes_reuse_its_start_scrapes_series_keys(engine: EngineName) -> None:
+    recorded = json.loads((DATA / f"standin-{engine.value}.json").read_text())
+    rec = for_engine(engine)
+    kept = rec.sample_names()
+
+    def scrape(text: str, t: float) -> Snapshot:
+        return parse(text, target="p", t=t, only=kept)
+
+    first = scrape(recorded["start"], 0.0)
+    plain = scrape(recorded["end"], float(recorded["interval_s"]))
+    later = plain.only(kept, like=first)
+    assert later == plain  # the same scrape: equal keys, values, identity
+    reused = [key for key in later.values if key in first.values]
+    assert reused and all(any(key is mine for mine in first.values) for key in reused)
+    slo = Slo(1.0, 0.1)
+    assert window_signals(rec, {"p": [first, later]}, slo=slo) == window_signals(
+        rec, {"p": [first, plain]}, slo=slo
+    )
+
+    def held(like: Snapshot | None) -> int:
+        """Bytes four later scrapes of the window hold (the start scrape's are the window's anyway)."""
+        tracemalloc.start()
+        kept_scrapes = [scrape(recorded["end"], float(i)).only(kept, like) for i in range(4)]
+        size = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        assert len(kept_scrapes) == 4
+        return size
+
+    # measured: 12 KB a scrape against 78 KB (vLLM), 10 against 105 (SGLang), 3 against 47 (TRT-LLM)
+    assert held(first) < 0.5 * held(None)

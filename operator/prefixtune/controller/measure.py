@@ -281,7 +281,7 @@ class Meter:
                 self.starts[uid] = _Start(key, now, _slim(spec, end), now)  # rolling windows while watching
         else:
             start.last_partial = now
-            for name, snap in _slim(spec, end).items():
+            for name, snap in _slim(spec, end, like=start.snaps).items():
                 start.between.setdefault(name, []).append(snap)
         if signals is None:
             return MetricsUnavailable(
@@ -378,11 +378,15 @@ def _kept(spec: ServingDeploymentSpec) -> frozenset[str]:
     return recipe(spec.engine, _names(spec)).sample_names()
 
 
-def _slim(spec: ServingDeploymentSpec, snaps: Mapping[str, Snapshot]) -> dict[str, Snapshot]:
+def _slim(
+    spec: ServingDeploymentSpec, snaps: Mapping[str, Snapshot], like: Mapping[str, Snapshot] | None = None
+) -> dict[str, Snapshot]:
     """Scrapes as a window keeps them until its end: only the series it reads (``Snapshot.only``),
-    so that a fleet's open windows hold kilobytes per pod, not a whole exposition per scrape."""
+    so that a fleet's open windows hold kilobytes per pod, not a whole exposition per scrape; with
+    ``like`` (the window's start scrapes, by pod), reusing their series keys."""
     kept = _kept(spec)
-    return {name: snap.only(kept) for name, snap in snaps.items()}
+    first = like or {}
+    return {name: snap.only(kept, first.get(name)) for name, snap in snaps.items()}
 
 
 def _names(spec: ServingDeploymentSpec) -> MetricNames:

@@ -38,12 +38,31 @@ class Snapshot:
     identity: tuple[tuple[SeriesKey, float], ...] = ()  # start time and _created samples, sorted
     labels: Mapping[str, str] = field(default_factory=dict)  # target labels (pod, namespace, ...)
 
-    def only(self, names: frozenset[str]) -> Snapshot:
+    def only(self, names: frozenset[str], like: Snapshot | None = None) -> Snapshot:
         """This scrape with only the samples called one of ``names`` (its identity kept): what a
         window keeps of a scrape for minutes. A whole engine exposition parses to ~300 KB (vLLM:
-        ~300 series); a window keeps up to five scrapes per pod."""
-        values = {key: v for key, v in self.values.items() if key[0] in names}
-        return Snapshot(self.target, self.t, values, self.cumulative & names, self.identity, self.labels)
+        ~300 series); a window keeps up to five scrapes per pod.
+
+        ``like``: an earlier scrape of the same target whose series keys this one reuses where they
+        are equal (the same objects, not copies): a key (name and label set) costs several times its
+        value, and a target's keys rarely change between scrapes, so a window's later scrapes then
+        cost little more than their values."""
+        canon: dict[SeriesKey, SeriesKey] = {}
+        if like is not None:
+            canon = {key: key for key in like.values}
+            canon.update((key, key) for key, _ in like.identity)
+        values = {canon.get(key, key): v for key, v in self.values.items() if key[0] in names}
+        identity = self.identity
+        if like is not None:
+            identity = (
+                like.identity
+                if identity == like.identity
+                else tuple((canon.get(k, k), v) for k, v in identity)
+            )
+        cumulative = self.cumulative & names
+        if like is not None and cumulative == like.cumulative:
+            cumulative = like.cumulative
+        return Snapshot(self.target, self.t, values, cumulative, identity, self.labels)
 
     def series(self, name: str) -> Iterator[tuple[Labels, float]]:
         for (n, labels), v in self.values.items():
