@@ -4,11 +4,16 @@ does: a request meets the ITL target when its mean time per output token does.
 From per-token gaps the estimate overstated the share within the SLOs by 0.26 on
 `vllm-rag-long-itl` at its full load: a short answer whose few steps carry 8k-token prefill chunks
 misses the 20 ms target as a request, while most of all tokens (those of the long answers) meet it.
+From the per-request histogram it is within 0.06 at full load and at 30% of it; the 20 ms target
+sits inside vLLM's 10-25 ms bucket, where the share is interpolated linearly (a target on a bucket
+bound is counted exactly).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+
+import pytest
 
 from bench.tuner import suite
 from prefixtune.engines import get_adapter
@@ -23,9 +28,10 @@ from prefixtune.twin.summary import SummaryCollector
 from prefixtune.twin.workloads import generate, parse_workload
 
 
-def _window(seed: int) -> tuple[float, list[Snapshot], Slo]:
+def _window(seed: int, load: float) -> tuple[float, list[Snapshot], Slo]:
     """(the share of the window's finished requests within both SLOs, the twin's expositions at the
-    window's start and end, the SLO) for the deployed config of ``vllm-rag-long-itl`` at full load."""
+    window's start and end, the SLO) for the deployed config of ``vllm-rag-long-itl`` at ``load``
+    times its rate."""
     sc = suite()["vllm-rag-long-itl"]
     adapter = get_adapter(sc.engine)
     rendered = adapter.render(sc.model, sc.start_config())
@@ -38,7 +44,9 @@ def _window(seed: int) -> tuple[float, list[Snapshot], Slo]:
         eng.gauges, lambda: eng.cache.stats, eng.model.kv_bytes_per_token(eng.limits.kv_cache_dtype)
     )
     assert not isinstance(sc.workload, str)
-    eng.submit_all(generate(parse_workload(sc.workload), rate=sc.rate, duration_s=end + 60.0, seed=seed))
+    eng.submit_all(
+        generate(parse_workload(sc.workload), rate=sc.rate * load, duration_s=end + 60.0, seed=seed)
+    )
     eng.advance(start)
     first = parse(exporter.render().decode(), target="p", t=start)
     eng.advance(end)
@@ -46,18 +54,26 @@ def _window(seed: int) -> tuple[float, list[Snapshot], Slo]:
     slo = Slo(sc.slo.ttft_p99_s, sc.slo.itl_p99_s)
     done = [d for d in collector.done if start <= d.end_s <= end]
     within = [d for d in done if d.ttft_s <= slo.ttft_p99_s and d.tpot_s <= slo.itl_p99_s]
-    assert len(done) > 400
+    assert len(done) > 100
     return len(within) / len(done), [first, last], slo
 
 
-def test_scraped_slo_attainment_is_per_request_as_the_twin_counts_it() -> None:
-    truth, window, slo = _window(seed=0)
+@pytest.mark.parametrize(
+    ("load", "twin", "from_tpot", "from_gaps"),
+    [(1.0, (0.5, 0.7), 0.547, 0.859), (0.3, (0.95, 1.0), 0.928, 0.991)],
+)
+def test_scraped_slo_attainment_is_per_request_as_the_twin_counts_it(
+    load: float, twin: tuple[float, float], from_tpot: float, from_gaps: float
+) -> None:
+    truth, window, slo = _window(seed=0, load=load)
     recipe = for_engine("vllm")
     per_request = window_signals(recipe, {"p": window}, slo=slo).signals.slo_attainment
     per_token = window_signals(replace(recipe, tpot=None), {"p": window}, slo=slo).signals.slo_attainment
     assert per_request is not None and per_token is not None
-    assert 0.5 < truth < 0.7  # 0.603: the window is past what the deployed budget carries
-    # from the per-request histogram: 0.547 (the SLO sits inside the 10-25 ms bucket, interpolated)
+    # the twin's count: 0.603 at full load (past what the deployed budget carries), 0.988 at 30%
+    assert twin[0] < truth < twin[1]
+    assert per_request == pytest.approx(from_tpot, abs=0.001)
+    assert per_token == pytest.approx(from_gaps, abs=0.001)  # the fallback without a TPOT histogram
     assert abs(per_request - truth) < 0.07
-    # from per-token gaps, the fallback where an engine exports no per-request histogram: 0.859
-    assert per_token - truth > 0.2
+    if load == 1.0:
+        assert per_token - truth > 0.2
