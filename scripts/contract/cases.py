@@ -24,6 +24,7 @@ from prefixtune.controller import render as R
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import MAX_BATCHED_TOKENS, MAX_RUNNING, ArgsError, KnobConfig
 from prefixtune.engines.knobs import ENGINE_DEFAULT
+from prefixtune.engines.sglang import itl_buckets, ttft_buckets
 from prefixtune.routing.policy import AUTO_POLICY, RoutingPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +66,20 @@ ACCEPTED: dict[str, list[tuple[list[str], dict[str, Any]]]] = {
 }
 
 
+# The SLO targets the knob cases render with; SGLang's histograms take them as bounds.
+TTFT_SLO_S, ITL_SLO_S = 0.05, 0.15
+
+
+def metric_sets(engine: str) -> dict[str, Any]:
+    """What SGLang's parser must read of the histogram bounds prefixtune renders."""
+    if engine != "sglang":
+        return {}
+    return {
+        "bucket_time_to_first_token": list(ttft_buckets(TTFT_SLO_S)),
+        "bucket_inter_token_latency": list(itl_buckets(ITL_SLO_S)),
+    }
+
+
 def knob_cases(engine: str) -> list[dict[str, Any]]:
     adapter = get_adapter(engine)
     knobs = adapter.knobs()
@@ -77,13 +92,16 @@ def knob_cases(engine: str) -> list[dict[str, Any]]:
         (1, 2),
     ):
         config = KnobConfig(float(fraction), int(block), bool(caching), str(policy))  # type: ignore[arg-type]
-        rendered = adapter.render(MODEL, config, tensor_parallel=tp, ttft_slo_s=0.05)
+        rendered = adapter.render(
+            MODEL, config, tensor_parallel=tp, ttft_slo_s=TTFT_SLO_S, itl_slo_s=ITL_SLO_S
+        )
         out.append(
             {
                 "engine": engine,
                 "source": "knobs",
                 "argv": list(rendered.argv),
                 "expect": expect(config, tp, engine),
+                "sets": metric_sets(engine),
             }
         )
     return out

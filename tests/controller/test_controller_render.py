@@ -118,6 +118,16 @@ def test_vllm_has_no_configmap_and_sglang_uses_its_own_port() -> None:
     assert _container(dep)["ports"][0]["containerPort"] == get_adapter("sglang").metrics_port == 30000
 
 
+def test_sglangs_latency_histograms_have_the_resources_slo_targets_as_bounds() -> None:
+    # Goodput counts the requests within each target from these histograms: a target between two
+    # bounds would be interpolated (the default ITL target, 150 ms, lies in SGLang's 100-200 ms).
+    spec = _spec("sglang", tuning={"slo": {"ttftP99": "700ms", "itlP99": "150ms"}})
+    parsed = get_adapter("sglang").parse(R.render_command(spec, spec.knob_config()).argv)
+    # the bounds are the targets the goodput is computed against, to the bit
+    assert float(spec.tuning.slo.ttft_p99) in parsed.options["ttft_buckets"]
+    assert float(spec.tuning.slo.itl_p99) in parsed.options["itl_buckets"]
+
+
 def test_config_hash_is_stable_and_distinguishes_configs() -> None:
     a = KnobConfig(0.9, 16, True, "fcfs")
     assert R.config_hash(a) == R.config_hash(KnobConfig(0.9, 16, True, "fcfs"))

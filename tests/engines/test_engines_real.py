@@ -9,7 +9,12 @@ import yaml
 from prefixtune.api import validate_spec
 from prefixtune.engines import get_adapter
 from prefixtune.engines.base import ArgsError, KnobConfig
-from prefixtune.engines.sglang import default_mem_fraction_static, ttft_buckets
+from prefixtune.engines.sglang import (
+    SGLANG_ITL_BUCKETS,
+    default_mem_fraction_static,
+    itl_buckets,
+    ttft_buckets,
+)
 from prefixtune.engines.trtllm import OPTIONS_PATH
 from prefixtune.twin.catalog import get_gpu
 
@@ -154,6 +159,22 @@ def test_sglang_ttft_buckets_resolve_sub_100ms_slos() -> None:
     assert 0.05 in bounds and min(bounds) < 0.05 and 0.1 in bounds and 400.0 in bounds
     assert SGLANG.parse(rendered.argv).options["ttft_buckets"] == ttft_buckets(0.05)
     assert "--bucket-time-to-first-token" in SGLANG.tuned_flags()  # the operator owns it
+
+
+def test_sglang_itl_buckets_keep_sglangs_own_and_add_the_itl_target() -> None:
+    rendered = SGLANG.render(M, SGLANG.default_config(), itl_slo_s=0.15)
+    args = list(rendered.args)
+    i = args.index("--bucket-inter-token-latency")
+    bounds = []
+    for a in args[i + 1 :]:
+        if a.startswith("-"):
+            break
+        bounds.append(float(a))
+    assert 0.15 in bounds and set(SGLANG_ITL_BUCKETS) <= set(bounds) and bounds == sorted(bounds)
+    assert SGLANG.parse(rendered.argv).options["itl_buckets"] == itl_buckets(0.15)
+    assert "--bucket-inter-token-latency" in SGLANG.tuned_flags()  # the operator owns it
+    # a target already on a bound adds none
+    assert itl_buckets(0.1) == tuple(float(b) for b in SGLANG_ITL_BUCKETS)
 
 
 def test_sglang_hrrn_is_offered_and_falls_back_like_lpm() -> None:

@@ -45,20 +45,31 @@ def test_trtllm_1_2_twin_serves_only_the_latency_histograms_and_request_count() 
     assert _families("trtllm", [], "1.3") == new
 
 
-def test_sglang_twin_histogram_uses_the_rendered_ttft_buckets() -> None:
+def test_sglang_twin_histograms_use_the_rendered_buckets() -> None:
     adapter = get_adapter("sglang")
-    rendered = adapter.render(MODEL, adapter.default_config(), ttft_slo_s=0.05)
+    rendered = adapter.render(MODEL, adapter.default_config(), ttft_slo_s=0.05, itl_slo_s=0.15)
     parsed = adapter.parse(rendered.argv)
     exporter = EngineExporter("sglang", MODEL, parsed=parsed)
     text = exporter.render().decode()
-    bounds = {
-        float(s.labels["le"])
-        for fam in text_string_to_metric_families(text)
-        if fam.name == "sglang:time_to_first_token_seconds"
-        for s in fam.samples
-        if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"
-    }
-    assert 0.05 in bounds and 0.01 in bounds
+
+    def bounds(name: str) -> set[float]:
+        return {
+            float(s.labels["le"])
+            for fam in text_string_to_metric_families(text)
+            if fam.name == name
+            for s in fam.samples
+            if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"
+        }
+
+    assert 0.05 in bounds("sglang:time_to_first_token_seconds")
+    assert 0.01 in bounds("sglang:time_to_first_token_seconds")
+    # SGLang bounds its per-request TPOT histogram with the ITL list (--bucket-inter-token-latency)
+    for name in ("sglang:inter_token_latency_seconds", "sglang:request_time_per_output_token_seconds"):
+        assert 0.15 in bounds(name) and {0.002, 0.1, 0.2, 8.0} <= bounds(name), name
+    # without the flag, SGLang's own lists
+    plain = EngineExporter("sglang", MODEL, parsed=adapter.parse([*adapter.command, "--model-path", MODEL]))
+    text = plain.render().decode()
+    assert 0.15 not in bounds("sglang:request_time_per_output_token_seconds")
 
 
 def test_hrrn_runs_and_is_fcfs_without_the_radix_cache() -> None:

@@ -177,9 +177,12 @@ def render_command(spec: ServingDeploymentSpec, config: KnobConfig) -> RenderedC
     """The engine's command for ``config``: what a router needs of the engines follows the resource,
     not the config's routing knobs (``routing.render.engines_config``)."""
     adapter = get_adapter(spec.engine)
-    slo = float(spec.tuning.slo.ttft_p99)
+    slo = spec.tuning.slo
     engines = routing_render.engines_config(spec, config)
-    return adapter.render(spec.model, engines, spec.extra_args, None, spec.gpu.count, ttft_slo_s=slo)
+    return adapter.render(
+        spec.model, engines, spec.extra_args, None, spec.gpu.count,
+        ttft_slo_s=float(slo.ttft_p99), itl_slo_s=float(slo.itl_p99),
+    )  # fmt: skip
 
 
 def _options_data(files: Mapping[str, str]) -> dict[str, str]:

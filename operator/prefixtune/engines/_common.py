@@ -353,16 +353,17 @@ class AdapterBase(ABC):
         port: int | None = None,
         tensor_parallel: int = 1,
         ttft_slo_s: float | None = None,
+        itl_slo_s: float | None = None,
     ) -> RenderedCommand:
         """Check the inputs (model, config, extra args, port, TP, in this order), render, read back.
 
-        ``ttft_slo_s``: the TTFT SLO, for engines whose histogram bounds the operator renders so that
-        the SLO can be resolved (SGLang)."""
+        ``ttft_slo_s``, ``itl_slo_s``: the SLO's targets, for engines whose histogram bounds the
+        operator renders so that each target is a bound, counted exactly (SGLang)."""
         require_model(model)
         self.check_config(config)
         self.check_extra_args(extra_args)
         port = require_port(self.default_port if port is None else port)
-        args = (*self.metric_args(ttft_slo_s), *self.routing_args(config), *extra_args)
+        args = (*self.metric_args(ttft_slo_s, itl_slo_s), *self.routing_args(config), *extra_args)
         rendered = self.render_args(model, config, args, port, require_tensor_parallel(tensor_parallel))
         # What we render must read back: unknown extra flags and bad values fail here.
         parsed = self.parse(rendered.argv, rendered.files)
@@ -374,7 +375,7 @@ class AdapterBase(ABC):
             raise ArgsError(f"unrecognized arguments: {' '.join(lost)}")
         return rendered
 
-    def metric_args(self, ttft_slo_s: float | None) -> tuple[str, ...]:
+    def metric_args(self, ttft_slo_s: float | None, itl_slo_s: float | None = None) -> tuple[str, ...]:
         """Owned flags that shape the engine's metrics (rendered before the extra args)."""
         return ()
 

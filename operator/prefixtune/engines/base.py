@@ -391,6 +391,7 @@ class EngineAdapter(Protocol):
         port: int | None = None,
         tensor_parallel: int = 1,
         ttft_slo_s: float | None = None,
+        itl_slo_s: float | None = None,
     ) -> RenderedCommand:
         """The container command for ``config``; raises ArgsError for an invalid config or extra args."""
         ...

@@ -80,12 +80,31 @@ SGLANG_TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 8
 FINE_TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.075)
 
 
+# SGLang's default ITL buckets, which also bound its per-request TPOT histogram (the one goodput's
+# ITL test reads: sglang/srt/observability/metrics_collector.py, 0.5.23). A target between two of them
+# is interpolated within its bucket (the spec's default 150 ms lies in 100-200 ms), so the operator
+# renders --bucket-inter-token-latency with these and the target.
+SGLANG_ITL_BUCKETS = (
+    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+    0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
+)  # fmt: skip
+
+
+def _with_target(bounds: Sequence[float], slo_s: float | None) -> tuple[float, ...]:
+    out = {float(b) for b in bounds}
+    if slo_s is not None and slo_s > 0:
+        out.add(float(slo_s))
+    return tuple(sorted(out))
+
+
 def ttft_buckets(slo_s: float | None = None) -> tuple[float, ...]:
     """The TTFT histogram bounds rendered: sub-100 ms steps, the SLO, SGLang's own defaults."""
-    bounds = {float(b) for b in (*FINE_TTFT_BUCKETS, *SGLANG_TTFT_BUCKETS)}
-    if slo_s is not None and slo_s > 0:
-        bounds.add(float(slo_s))
-    return tuple(sorted(bounds))
+    return _with_target((*FINE_TTFT_BUCKETS, *SGLANG_TTFT_BUCKETS), slo_s)
+
+
+def itl_buckets(slo_s: float | None = None) -> tuple[float, ...]:
+    """The ITL (and per-request TPOT) histogram bounds rendered: SGLang's own defaults and the SLO."""
+    return _with_target(SGLANG_ITL_BUCKETS, slo_s)
 
 
 MIB = 2**20
@@ -348,6 +367,13 @@ FLAGS = FlagTable(
             role=Role.OWNED,
             convert=to_float(0.0),
         ),
+        Flag(
+            "bucket_inter_token_latency",
+            ("--bucket-inter-token-latency",),
+            Kind.LIST,
+            role=Role.OWNED,
+            convert=to_float(0.0),
+        ),
         Flag("tokenizer_path", ("--tokenizer-path",), convert=to_text),
         Flag("revision", ("--revision",), convert=to_text),
         Flag("download_dir", ("--download-dir",), convert=to_text),
@@ -447,8 +473,13 @@ class SglangAdapter(AdapterBase):
             return {SCHEDULE_POLICY: PRIORITY_POLICIES}
         return {}
 
-    def metric_args(self, ttft_slo_s: float | None) -> tuple[str, ...]:
-        return ("--bucket-time-to-first-token", *(format_float(b) for b in ttft_buckets(ttft_slo_s)))
+    def metric_args(self, ttft_slo_s: float | None, itl_slo_s: float | None = None) -> tuple[str, ...]:
+        return (
+            "--bucket-time-to-first-token",
+            *(format_float(b) for b in ttft_buckets(ttft_slo_s)),
+            "--bucket-inter-token-latency",
+            *(format_float(b) for b in itl_buckets(itl_slo_s)),
+        )
 
     def normalize(self, config: KnobConfig) -> KnobConfig:
         """With the radix cache off, a cache-aware policy (lpm, dfs-weight) runs as fcfs in SGLang.
@@ -488,9 +519,13 @@ class SglangAdapter(AdapterBase):
                 f"scheduling; '{config.schedule_policy}' is not supported (SGLang asserts this at start)"
             )
         options = options_from(scan, _OPTION_KEYS)
-        buckets = scan.value("bucket_time_to_first_token")
-        if isinstance(buckets, tuple):
-            options["ttft_buckets"] = tuple(float(b) for b in buckets)
+        for dest, key in (
+            ("bucket_time_to_first_token", "ttft_buckets"),
+            ("bucket_inter_token_latency", "itl_buckets"),
+        ):
+            buckets = scan.value(dest)
+            if isinstance(buckets, tuple):
+                options[key] = tuple(float(b) for b in buckets)
         chunk = scan.last("chunked_prefill_size")
         if chunk is not None:
             options[CHUNKED_PREFILL] = chunk.value != -1

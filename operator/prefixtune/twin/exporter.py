@@ -43,6 +43,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from prefixtune.engines.base import ParsedCommand
+from prefixtune.engines.sglang import SGLANG_ITL_BUCKETS, SGLANG_TTFT_BUCKETS
 from prefixtune.twin.cache.base import CacheStats, Match
 from prefixtune.twin.models.base import twin_model
 from prefixtune.twin.observer import Gauges, NullObserver
@@ -65,14 +66,11 @@ VLLM_LATENCY = (
     480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 VLLM_ITERATION_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-SGLANG_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+SGLANG_TTFT = SGLANG_TTFT_BUCKETS  # SGLang's own defaults (the adapter's fact)
 SGLANG_E2E = (
     0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400,
 )  # fmt: skip
-SGLANG_ITL = (
-    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
-    0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
-)  # fmt: skip
+SGLANG_ITL = SGLANG_ITL_BUCKETS  # SGLang's own defaults (the adapter's fact)
 TRT_PREFILL = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
     640.0, 2560.0,
@@ -164,10 +162,11 @@ def tpot(decode_s: float, output_len: int) -> float:
     return decode_s / (output_len - 1) if output_len > 1 else 0.0
 
 
-def ttft_buckets(value: object) -> tuple[float, ...]:
+def rendered_buckets(value: object, default: Sequence[float]) -> tuple[float, ...]:
+    """A histogram's bounds as the command rendered them (a parsed option), else ``default``."""
     if isinstance(value, tuple) and value and all(isinstance(b, int | float) for b in value):
         return tuple(float(b) for b in value)
-    return tuple(float(b) for b in SGLANG_TTFT)
+    return tuple(float(b) for b in default)
 
 
 # --- metric tables: each engine's series as data, one builder -------------------------------------

@@ -21,6 +21,7 @@ from prefixtune.twin.exporter import (
     SGLANG_TTFT,
     Admitted,
     Child,
+    EngineExporter,
     Finished,
     FirstToken,
     MetricState,
@@ -36,8 +37,8 @@ from prefixtune.twin.exporter import (
     counter,
     gauge,
     histogram,
+    rendered_buckets,
     tpot,
-    ttft_buckets,
 )
 from prefixtune.twin.memory import NON_TORCH_BYTES, MemoryStart, StartupOOM
 from prefixtune.twin.models.base import SchedulerDefaults, TwinModel, adapter_defaults, register
@@ -72,6 +73,10 @@ def _hit(e: Finished) -> bool:
 
 def _evicted(s: Scrape) -> float | None:
     return None if s.stats is None else s.stats.evicted_blocks * s.gauges.block_size
+
+
+def _itl_buckets(x: EngineExporter) -> tuple[float, ...]:
+    return rendered_buckets(x.option("itl_buckets", None), SGLANG_ITL)
 
 
 def _admitted(amount: Callable[[Admitted], float]) -> tuple[Move[Admitted]]:
@@ -150,17 +155,19 @@ SERIES: tuple[Series, ...] = (
     histogram(
         "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", STREAMING,
         # --bucket-time-to-first-token (the operator renders bounds that resolve the SLO)
-        lambda x: ttft_buckets(x.option("ttft_buckets", SGLANG_TTFT)),
+        lambda x: rendered_buckets(x.option("ttft_buckets", None), SGLANG_TTFT),
         Move(FirstToken, lambda e: e.ttft_s),
     ),
     histogram(
         "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TOK,
-        SGLANG_ITL, Move(Tokens, lambda e: e.gap_s, times=lambda e: e.n),
+        # --bucket-inter-token-latency (the operator renders the ITL target as a bound); SGLang
+        # bounds the per-request TPOT histogram below with the same list
+        _itl_buckets, Move(Tokens, lambda e: e.gap_s, times=lambda e: e.n),
     ),
     histogram(
         "sglang:request_time_per_output_token_seconds",
         "Histogram of time per output token per request in seconds.", STREAMING,
-        SGLANG_ITL, at_finish(lambda e: tpot(e.decode_s, e.req.output_len)),
+        _itl_buckets, at_finish(lambda e: tpot(e.decode_s, e.req.output_len)),
     ),
     histogram(
         "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
