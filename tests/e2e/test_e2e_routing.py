@@ -124,12 +124,19 @@ async def test_four_replicas_behind_the_real_router_converge_on_cache_aware_with
         assert _hit_rate(best) > _hit_rate(baseline) + 0.1, (_hit_rate(best), _hit_rate(baseline))
 
         # What runs now: the operator's router objects, and the resource's Service in front of them.
+        # The best config's rollout follows the convergence: when the last trial ran without the
+        # router, the router's objects are re-created then (a fresh-clone CI run on a busy machine
+        # read the Deployment before they were), so they are waited for.
         api = cluster.sb.api
-        assert await api.get(f"/apis/apps/v1/namespaces/default/deployments/{NAME}-router") is not None
-        for kind in ("serviceaccounts", "roles", "rolebindings"):
-            group = "/api/v1" if kind == "serviceaccounts" else "/apis/rbac.authorization.k8s.io/v1"
-            found = await api.get(f"{group}/namespaces/default/{kind}/{NAME}-router")
-            assert found is not None, kind
+
+        async def router_objects() -> bool | None:
+            paths = [f"/apis/apps/v1/namespaces/default/deployments/{NAME}-router"]
+            for kind in ("serviceaccounts", "roles", "rolebindings"):
+                group = "/api/v1" if kind == "serviceaccounts" else "/apis/rbac.authorization.k8s.io/v1"
+                paths.append(f"{group}/namespaces/default/{kind}/{NAME}-router")
+            return True if all([await api.get(p) is not None for p in paths]) else None
+
+        await cluster.wait_for(router_objects, 120, "the router's Deployment, account, role and binding")
 
         async def front_on_the_router() -> bool:
             # The resource's Service selects the router pods once the (re-created) router is ready.
