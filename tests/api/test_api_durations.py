@@ -76,3 +76,11 @@ def test_round_trip_milliseconds(millis: int) -> None:
     assert re.fullmatch(DURATION_PATTERN, text)
     assert parse_duration(text) == pytest.approx(seconds, abs=1e-9)
     assert format_duration(parse_duration(text)) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("700ms", 0.7), ("150ms", 0.15), ("1h2m3s4ms", 3723.004), ("20ms", 0.02)]
+)
+def test_parse_is_exact_to_the_float_nearest_the_decimal(text: str, seconds: float) -> None:
+    # 700 x 0.001 is 0.7000000000000001: an SGLang pod's rendered histogram bounds showed it
+    assert parse_duration(text) == seconds

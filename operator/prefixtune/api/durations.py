@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 
 # RE2-compatible (the API server checks it with Go's regexp): no lookarounds.
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(h|ms|m|s))+$"
@@ -17,7 +18,9 @@ DURATION_EXAMPLES = '"150ms", "2s", "1m30s", "10m", "1h"'
 
 _PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|ms|m|s)")
 _WHOLE = re.compile(DURATION_PATTERN)
-_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+# Exact: "700ms" is 0.7 s, not 700 x 0.001 = 0.7000000000000001 (a bound SGLang's histograms are
+# rendered with, read by whoever reads the pod's command)
+_UNIT_SECONDS = {"h": Fraction(3600), "m": Fraction(60), "s": Fraction(1), "ms": Fraction(1, 1000)}
 
 
 class DurationError(ValueError):
@@ -33,7 +36,9 @@ def parse_duration(text: object) -> float:
             f"{text!r} is not a duration; use a number followed by a unit (h, m, s, ms), "
             f"e.g. {DURATION_EXAMPLES}"
         )
-    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in _PART.findall(text))
+    return float(
+        sum((Fraction(number) * _UNIT_SECONDS[unit] for number, unit in _PART.findall(text)), Fraction(0))
+    )
 
 
 def format_duration(seconds: float) -> str:
