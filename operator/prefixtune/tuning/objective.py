@@ -195,19 +195,24 @@ class Headroom:
         return self.factor < HEADROOM_BOUNDS[1]
 
 
-def headroom(signals: Signals, slo: Slo, running_cap: int | None = None) -> Headroom | None:
+def headroom(
+    signals: Signals, slo: Slo, running_cap: int | None = None, *, engine_budgets_only: bool = False
+) -> Headroom | None:
     """The window's headroom (module docstring); None when no budget's share was measured.
-    ``running_cap``: the running-request cap of the config the window measured (None: not known)."""
+    ``running_cap``: the running-request cap of the config the window measured (None: not known).
+    ``engine_budgets_only``: only the engine's own budgets, without a capacity the twin predicted
+    (which of them more load reaches first: the widening's question)."""
     running = None
     if running_cap is not None and running_cap > 0 and signals.running_max is not None:
         running = signals.running_max / running_cap
+    multiple = None if engine_budgets_only else signals.capacity_multiple
     shares: list[tuple[HeadroomLimit, float]] = []
     for limit, used in (
         (HeadroomLimit.TTFT, None if signals.ttft_p99_s is None else signals.ttft_p99_s / slo.ttft_p99_s),
         (HeadroomLimit.ITL, None if signals.itl_p50_s is None else signals.itl_p50_s / slo.itl_p99_s),
         (HeadroomLimit.KV, signals.kv_usage_mean),
         (HeadroomLimit.RUNNING, running),
-        (HeadroomLimit.MODEL, None if not signals.capacity_multiple else 1.0 / signals.capacity_multiple),
+        (HeadroomLimit.MODEL, None if not multiple else 1.0 / multiple),
     ):
         if used is not None and math.isfinite(used) and used >= 0:
             shares.append((limit, float(used)))

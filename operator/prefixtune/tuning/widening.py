@@ -47,7 +47,7 @@ valid.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import product
 
 from prefixtune.engines.base import KnobConfig, KnobSpec
@@ -114,8 +114,7 @@ def widen(
     vLLM: a token budget below the running cap); a value refused in any combination the widened space
     holds is left out."""
     codes = set(diagnose(signals, limits=limits).codes)
-    # the engine's budget more load reaches first: its shares, not a capacity the twin predicted
-    room = headroom(replace(signals, capacity_multiple=None), slo, limits.max_running)
+    room = headroom(signals, slo, limits.max_running, engine_budgets_only=True)
     bounds = None if room is None or not room.bounded else room.limit
     values: dict[str, tuple[int, ...]] = {}
     reasons: dict[str, str] = {}
