@@ -1,12 +1,12 @@
 """The goodput the operator scrapes counts requests as the twin (and the tuner benchmark's truth)
 does: a request meets the ITL target when its mean time per output token does.
 
-From per-token gaps the estimate overstated the share within the SLOs by 0.26 on
+From per-token gaps the estimate overstates the share within the SLOs by 0.31 on
 `vllm-rag-long-itl` at its full load: a short answer whose few steps carry 8k-token prefill chunks
 misses the 20 ms target as a request, while most of all tokens (those of the long answers) meet it.
-From the per-request histogram it is within 0.06 at full load and at 30% of it; the 20 ms target
-sits inside vLLM's 10-25 ms bucket, where the share is interpolated linearly (a target on a bucket
-bound is counted exactly).
+From the per-request histogram it is within 0.01 at full load and at 30% of it. The 20 ms target
+lies inside vLLM's 10-25 ms bucket, read by a monotone cubic in log(bound) (``share_within``);
+read linearly, as ``histogram_fraction`` would, the same windows gave 0.547 and 0.928.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _window(seed: int, load: float) -> tuple[float, list[Snapshot], Slo]:
 
 @pytest.mark.parametrize(
     ("load", "twin", "from_tpot", "from_gaps"),
-    [(1.0, (0.5, 0.7), 0.547, 0.859), (0.3, (0.95, 1.0), 0.928, 0.991)],
+    [(1.0, (0.5, 0.7), 0.601, 0.915), (0.3, (0.95, 1.0), 0.978, 0.991)],
 )
 def test_scraped_slo_attainment_is_per_request_as_the_twin_counts_it(
     load: float, twin: tuple[float, float], from_tpot: float, from_gaps: float
@@ -74,6 +74,6 @@ def test_scraped_slo_attainment_is_per_request_as_the_twin_counts_it(
     assert twin[0] < truth < twin[1]
     assert per_request == pytest.approx(from_tpot, abs=0.001)
     assert per_token == pytest.approx(from_gaps, abs=0.001)  # the fallback without a TPOT histogram
-    assert abs(per_request - truth) < 0.07
+    assert abs(per_request - truth) < 0.02
     if load == 1.0:
         assert per_token - truth > 0.2

@@ -115,3 +115,38 @@ def test_estimate_lies_in_the_bucket_of_the_true_quantile(values: list[float], q
     i = bisect.bisect_left(BOUNDS, true)
     lower = BOUNDS[i - 1] if i > 0 else 0.0
     assert lower <= est <= BOUNDS[i]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 100.0), min_size=3, max_size=20),
+    st.floats(0.0, 10.0),
+    st.floats(0.01, 0.99),
+)
+def test_share_within_is_scipys_monotone_cubic_in_log_bound(
+    adds: list[float], above: float, where: float
+) -> None:
+    from numpy import array, log
+    from scipy.interpolate import PchipInterpolator
+
+    bounds = [0.001 * 1.8**i for i in range(len(adds))]
+    counts = [sum(adds[: i + 1]) for i in range(len(adds))]
+    n = counts[-1] + above
+    if n <= 0:
+        return
+    buckets = bk(*zip(bounds, counts, strict=True), (INF, n))
+    x = math.exp(math.log(bounds[0]) + where * (math.log(bounds[-1]) - math.log(bounds[0])))
+    want = float(PchipInterpolator(log(bounds), array(counts) / n)(math.log(x)))
+    assert H.share_within(x, buckets) == pytest.approx(min(1.0, max(0.0, want)), abs=1e-9)
+
+
+def test_share_within_is_exact_at_a_bound_and_linear_where_the_cubic_has_no_knots() -> None:
+    skewed = bk((0.01, 0), (0.025, 90), (0.05, 98), (0.1, 100), (INF, 100))
+    assert H.share_within(0.025, skewed) == pytest.approx(0.9)  # a bound: the count itself
+    # inside (10, 25] ms, where 90 of 100 lie: the cubic follows the steep rise below and the flat
+    # above; the linear reading spreads the 90 evenly
+    assert H.share_within(0.02, skewed) > H.share_at_most(0.02, skewed) == pytest.approx(0.6)
+    assert H.share_within(0.005, skewed) == H.share_at_most(0.005, skewed)  # below the first bound
+    assert H.share_within(1.0, skewed) == H.share_at_most(1.0, skewed) == 1.0  # past the last
+    assert H.share_within(0.02, bk((0.01, 0), (0.025, 90), (INF, 100))) == pytest.approx(0.6)  # 2 knots
+    assert H.share_within(0.02, bk((0.01, 0), (INF, 0))) is None

@@ -10,6 +10,15 @@ mistaken for a measurement.
 ``share_at_most`` is the share of observations <= a threshold, interpolated the same way (what
 ``histogram_fraction(0, x, ...)`` gives): linear inside the bucket holding the threshold; observations in
 the +Inf bucket always count as above any finite threshold (the conservative reading for an SLO).
+
+``share_within`` is the share goodput reads against an SLO target: the cumulative counts at the
+positive finite bounds joined by a monotone cubic in log(bound) (PCHIP, Fritsch-Carlson, as scipy's
+``PchipInterpolator``), where the linear reading puts a bucket's observations evenly between its
+bounds. Latencies are right-skewed and buckets wide (vLLM's TTFT bounds jump from 1 to 2.5 s, its
+TPOT bounds from 10 to 25 ms): on two twin windows whose 20 ms target lies inside a bucket the
+twin counted 0.603 and 0.988 of the requests within the SLOs, the linear reading 0.547 and 0.928,
+the cubic 0.601 and 0.978 (``tests/metrics/test_metrics_goodput_twin.py``). At a bound both are the
+exact count.
 """
 
 from __future__ import annotations
@@ -125,6 +134,59 @@ def share_at_most(threshold: float, buckets: Iterable[Bucket]) -> float | None:
     return min(1.0, max(0.0, below / n))
 
 
+def share_within(threshold: float, buckets: Iterable[Bucket]) -> float | None:
+    """Share of observations <= ``threshold`` (0..1), interpolated in log(bound) by a monotone cubic
+    (module docstring); ``share_at_most``'s linear reading below the first positive bound, at or above
+    the last finite one, and with fewer than three positive bounds. None when the histogram is empty."""
+    bs = _monotone(buckets_from((b.le, b.count) for b in buckets))
+    n = total(bs)
+    if n is None or n <= 0:
+        return None
+    knots = [(math.log(b.le), b.count / n) for b in bs if 0 < b.le < INF]
+    inside = threshold > 0 and len(knots) >= 3 and knots[0][0] < math.log(threshold) < knots[-1][0]
+    if not inside:
+        return share_at_most(threshold, bs)
+    xs, ys = [x for x, _ in knots], [y for _, y in knots]
+    x = math.log(threshold)
+    k = max(i for i in range(len(xs) - 1) if xs[i] <= x)
+    slopes = _pchip_slopes(xs, ys)
+    h = xs[k + 1] - xs[k]
+    t = (x - xs[k]) / h
+    value = (
+        (2 * t**3 - 3 * t**2 + 1) * ys[k]
+        + (t**3 - 2 * t**2 + t) * h * slopes[k]
+        + (-2 * t**3 + 3 * t**2) * ys[k + 1]
+        + (t**3 - t**2) * h * slopes[k + 1]
+    )
+    return min(1.0, max(0.0, value))
+
+
+def _pchip_slopes(xs: list[float], ys: list[float]) -> list[float]:
+    """The derivatives at the knots of a monotone piecewise cubic Hermite interpolant (Fritsch-Carlson,
+    with scipy's end conditions: ``scipy.interpolate.PchipInterpolator``)."""
+    h = [xs[i + 1] - xs[i] for i in range(len(xs) - 1)]
+    delta = [(ys[i + 1] - ys[i]) / h[i] for i in range(len(h))]
+    d = [0.0] * len(xs)
+    for i in range(1, len(xs) - 1):
+        a, b = delta[i - 1], delta[i]
+        if a == 0 or b == 0 or (a > 0) != (b > 0):
+            continue
+        w1, w2 = 2 * h[i] + h[i - 1], h[i] + 2 * h[i - 1]
+        d[i] = (w1 + w2) / (w1 / a + w2 / b)
+    d[0] = _edge_slope(h[0], h[1], delta[0], delta[1])
+    d[-1] = _edge_slope(h[-1], h[-2], delta[-1], delta[-2])
+    return d
+
+
+def _edge_slope(h0: float, h1: float, m0: float, m1: float) -> float:
+    d = ((2 * h0 + h1) * m0 - h0 * m1) / (h0 + h1)
+    if math.copysign(1, d) != math.copysign(1, m0) or m0 == 0:
+        return 0.0
+    if math.copysign(1, m0) != math.copysign(1, m1) and abs(d) > abs(3 * m0):
+        return 3 * m0
+    return d
+
+
 @dataclass(frozen=True)
 class Slo:
     """Latency objectives: TTFT and inter-token latency p99 targets, in seconds. The one Slo: goodput
@@ -151,8 +213,8 @@ def slo_attainment(ttft: Iterable[Bucket], itl: Iterable[Bucket], slo: Slo) -> f
     histogram), the share is of tokens, and a request whose tokens sometimes exceed the target is
     counted fractionally.
     """
-    ttft_share = share_at_most(slo.ttft_p99_s, ttft)
-    itl_share = share_at_most(slo.itl_p99_s, itl)
+    ttft_share = share_within(slo.ttft_p99_s, ttft)
+    itl_share = share_within(slo.itl_p99_s, itl)
     if ttft_share is None:
         return None
     if itl_share is None:
