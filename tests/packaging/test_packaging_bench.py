@@ -25,7 +25,7 @@ def test_bench_help_lists_the_benchmarks(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["--help"]) == 0
     listed = capsys.readouterr().out.split("benchmarks: ")[1].strip().split(", ")
     # private modules (_*) are not listed
-    assert listed == ["client", "day", "reliability", "routing", "scale", "state", "tuner", "twin"]
+    assert listed == ["client", "day", "goodput", "reliability", "routing", "scale", "state", "tuner", "twin"]
     assert main(["nope"]) == 2
     assert "unknown benchmark 'nope'" in capsys.readouterr().err
 

@@ -119,6 +119,13 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
+def window_buckets(chain: Sequence[Snapshot], base: str) -> tuple[Bucket, ...]:
+    """The histogram ``base``'s bucket increases over one target's chain of scrapes (empty with
+    fewer than two)."""
+    inc = increases(chain)
+    return _buckets([inc], base) if inc is not None else ()
+
+
 def _buckets(incs: Sequence[Increases], base: str) -> tuple[Bucket, ...]:
     name = base + "_bucket"
     pairs: list[tuple[float, float]] = []
