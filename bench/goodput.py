@@ -7,9 +7,10 @@ at both ends as the operator scrapes a pod. Reported, per histogram the estimate
 per-request TPOT): the exact share of the window's observations within the SLO target, and the
 share read from the buckets linearly (``share_at_most``, ``histogram_fraction``'s reading) and by the
 monotone cubic in log(bound) the operator uses (``share_within``); and per window the operator's
-whole estimate (``slo_attainment``) against the twin's own count of the finished requests within
-both targets (which differs by more than the buckets: the TTFT histogram counts the first tokens of
-the window, the twin the requests that finished in it).
+whole estimate (``slo_attainment``; also as from per-token gaps, an engine's fallback) against the
+twin's own count of the finished requests within both targets (which differs by more than the
+buckets: the TTFT histogram counts the first tokens of the window, the twin the requests that
+finished in it).
 
     prefixtune bench goodput --loads 1.0,0.3 --seeds 3 --output docs/bench-results/goodput.json
 """
@@ -21,6 +22,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from bench.tuner import Scenario, suite
@@ -93,10 +95,14 @@ def window(sc: Scenario, load: float, seed: int) -> dict[str, Any]:
         }
     done = [d for d in served.done if start <= d.end_s <= end]
     within = [d for d in done if d.ttft_s <= slo.ttft_p99_s and d.tpot_s <= slo.itl_p99_s]
-    estimate = window_signals(recipe, {"p": [first, last]}, slo=slo).signals.slo_attainment
+    chain = {"p": [first, last]}
     row["attainment"] = {
         "twin": len(within) / len(done) if done else None,
-        "estimate": estimate,
+        "estimate": window_signals(recipe, chain, slo=slo).signals.slo_attainment,
+        # what an engine without a per-request TPOT histogram gives: the ITL test per token
+        "estimate_from_gaps": window_signals(
+            replace(recipe, tpot=None), chain, slo=slo
+        ).signals.slo_attainment,
         "finished": len(done),
     }
     return row

@@ -11,51 +11,10 @@ read linearly, as ``histogram_fraction`` would, the same windows gave 0.547 and 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
+from bench.goodput import window
 from bench.tuner import suite
-from prefixtune.engines import get_adapter
-from prefixtune.metrics.exposition import Snapshot, parse
-from prefixtune.metrics.histogram import Slo
-from prefixtune.metrics.recipe import for_engine
-from prefixtune.metrics.scrape_source import window_signals
-from prefixtune.twin.engine import TwinEngine
-from prefixtune.twin.exporter import EngineExporter
-from prefixtune.twin.observer import FanOut
-from prefixtune.twin.summary import SummaryCollector
-from prefixtune.twin.workloads import generate, parse_workload
-
-
-def _window(seed: int, load: float) -> tuple[float, list[Snapshot], Slo]:
-    """(the share of the window's finished requests within both SLOs, the twin's expositions at the
-    window's start and end, the SLO) for the deployed config of ``vllm-rag-long-itl`` at ``load``
-    times its rate."""
-    sc = suite()["vllm-rag-long-itl"]
-    adapter = get_adapter(sc.engine)
-    rendered = adapter.render(sc.model, sc.start_config())
-    parsed = adapter.parse(rendered.argv, rendered.files)
-    start, end = sc.warmup_s, sc.warmup_s + sc.measure_s
-    exporter = EngineExporter(adapter.name, sc.model, parsed=parsed, start_time=0.0)
-    collector = SummaryCollector(start)
-    eng = TwinEngine(parsed, sc.gpu, seed, FanOut([exporter, collector]))
-    exporter.bind(
-        eng.gauges, lambda: eng.cache.stats, eng.model.kv_bytes_per_token(eng.limits.kv_cache_dtype)
-    )
-    assert not isinstance(sc.workload, str)
-    eng.submit_all(
-        generate(parse_workload(sc.workload), rate=sc.rate * load, duration_s=end + 60.0, seed=seed)
-    )
-    eng.advance(start)
-    first = parse(exporter.render().decode(), target="p", t=start)
-    eng.advance(end)
-    last = parse(exporter.render().decode(), target="p", t=end)
-    slo = Slo(sc.slo.ttft_p99_s, sc.slo.itl_p99_s)
-    done = [d for d in collector.done if start <= d.end_s <= end]
-    within = [d for d in done if d.ttft_s <= slo.ttft_p99_s and d.tpot_s <= slo.itl_p99_s]
-    assert len(done) > 100
-    return len(within) / len(done), [first, last], slo
 
 
 @pytest.mark.parametrize(
@@ -65,11 +24,14 @@ def _window(seed: int, load: float) -> tuple[float, list[Snapshot], Slo]:
 def test_scraped_slo_attainment_is_per_request_as_the_twin_counts_it(
     load: float, twin: tuple[float, float], from_tpot: float, from_gaps: float
 ) -> None:
-    truth, window, slo = _window(seed=0, load=load)
-    recipe = for_engine("vllm")
-    per_request = window_signals(recipe, {"p": window}, slo=slo).signals.slo_attainment
-    per_token = window_signals(replace(recipe, tpot=None), {"p": window}, slo=slo).signals.slo_attainment
-    assert per_request is not None and per_token is not None
+    # one window of the deployed config of ``vllm-rag-long-itl``, scraped at both ends
+    attainment = window(suite()["vllm-rag-long-itl"], load, seed=0)["attainment"]
+    truth, per_request, per_token = (
+        attainment["twin"],
+        attainment["estimate"],
+        attainment["estimate_from_gaps"],
+    )
+    assert attainment["finished"] > 100
     # the twin's count: 0.603 at full load (past what the deployed budget carries), 0.988 at 30%
     assert twin[0] < truth < twin[1]
     assert per_request == pytest.approx(from_tpot, abs=0.001)
